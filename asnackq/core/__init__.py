@@ -1,0 +1,1 @@
+"""The I/O-free state machine of asnackq and its sqlite3 driver (``worker.py``)."""

@@ -19,6 +19,7 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -92,7 +93,7 @@ def check_fault(fault: object) -> Fault:
     """Return ``fault`` if it is ``None`` or callable."""
     if fault is not None and not callable(fault):
         raise ValueError(f"fault must be None or a callable: {fault!r}")
-    return fault  # type: ignore[return-value]
+    return fault
 
 
 def check_callable(value: object, name: str) -> Callable[..., Any]:
@@ -147,7 +148,8 @@ def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
     check_int(base_ms, "base_ms", 1, 60_000)
     check_int(cap_ms, "cap_ms", base_ms, 60_000)
     check_jitter(jitter)
-    return math.floor(min(cap_ms, base_ms * 2 ** (attempt - 1)) * jitter)
+    capped: int = min(cap_ms, base_ms * 2 ** (attempt - 1))
+    return math.floor(capped * jitter)
 
 
 # --- schema and SQL --------------------------------------------------------------
@@ -320,7 +322,7 @@ def _claim_many(first: Plan, owner: str, now_ms: int, lease_ms: int, count: int)
 def _matches(row: tuple[Any, ...], ticket: Ticket, now_ms: int) -> bool:
     """Whether a job row is still exactly the lease the ticket names, at ``now_ms``."""
     qty, status, attempts, _, token, deadline, owner, lease_until = row
-    return (status == "leased" and qty == ticket["qty"] and owner == ticket["owner"]
+    return bool(status == "leased" and qty == ticket["qty"] and owner == ticket["owner"]
             and token == ticket["token"] and attempts == ticket["attempt"]
             and lease_until == ticket["lease_until"]
             and now_ms < lease_until and now_ms < deadline)
@@ -426,10 +428,8 @@ def _redrive(job_id: str, now_ms: int, ttl_ms: int, note: str) -> Plan:
 def _rollback(con: sqlite3.Connection) -> None:
     """Roll back if a transaction is open; a failing rollback never hides the original error."""
     if con.in_transaction:
-        try:
+        with contextlib.suppress(sqlite3.Error):
             con.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
 
 def _drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:

@@ -1,0 +1,91 @@
+"""Claim+finish cycle of the sync core against the raw SQLite commit rate, in one run.
+
+    python benchmarks/core_cycle.py [--jobs 2000] [--history 1000000] [--dir DIR]
+
+All files live in one temporary directory (on the file system of --dir, default: the
+current directory), with journal_mode=DELETE and synchronous=FULL throughout.
+Prints jobs/s and the ratios the core issue targets:
+  cycle / raw commit rate        >= 0.40  (two commits per job make 0.5 the ceiling)
+  cycle with history / without   >= 0.90  (claims must not slow down with finished rows)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from asnackq.core import worker as w
+
+T0 = 1_700_000_000_000
+
+
+def raw_commit_rate(path: Path, commits: int) -> float:
+    """Commits/s of `BEGIN IMMEDIATE; UPDATE one row; COMMIT` with the core's settings."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.execute("PRAGMA synchronous=FULL")
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.execute("INSERT INTO t VALUES (0)")
+    start = time.perf_counter()
+    for _ in range(commits):
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("UPDATE t SET x = x + 1")
+        con.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    con.close()
+    return commits / elapsed
+
+
+def prefill(con: sqlite3.Connection, jobs: int, history: int) -> None:
+    """``history`` done rows, then ``jobs`` pending rows, in one transaction."""
+    con.execute("BEGIN IMMEDIATE")
+    con.executemany(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+        " deadline) VALUES (?, 1, 'done', 1, 3, 1, ?, ?)",
+        ((f"old-{i}", T0, T0 + 60_000) for i in range(history)))
+    con.executemany(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+        " deadline) VALUES (?, 1, 'pending', 0, 3, 0, ?, ?)",
+        ((f"job-{i}", T0, T0 + 60_000) for i in range(jobs)))
+    con.execute("COMMIT")
+
+
+def cycle_rate(path: Path, jobs: int, history: int) -> float:
+    """Jobs/s of claim + finish('ok'), one transaction each, over ``jobs`` pending jobs."""
+    con = w.open_queue(path)
+    prefill(con, jobs, history)
+    start = time.perf_counter()
+    for _ in range(jobs):
+        ticket = w.claim(con, "bench", T0 + 1)
+        assert ticket is not None
+        assert w.finish(con, ticket, "ok", T0 + 2) == "done"
+    elapsed = time.perf_counter() - start
+    assert w.claim(con, "bench", T0 + 1) is None
+    con.close()
+    return jobs / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--dir", default=".")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        raw = raw_commit_rate(root / "raw.db", args.jobs * 2)
+        empty = cycle_rate(root / "empty.db", args.jobs, 0)
+        full = cycle_rate(root / "history.db", args.jobs, args.history)
+    print(f"file system of:              {Path(args.dir).resolve()}")
+    print(f"raw commit rate:             {raw:10.0f} commits/s")
+    print(f"claim+finish, empty history: {empty:10.0f} jobs/s")
+    print(f"claim+finish, {args.history:,} done:  {full:10.0f} jobs/s")
+    print(f"cycle / raw commit rate:     {empty / raw:10.3f}   (target >= 0.40, ceiling 0.5)")
+    print(f"history / empty:             {full / empty:10.3f}   (target >= 0.90)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Shared fixtures: real queue files, fake clocks, recorded fault hooks."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asnackq.core import worker as w
+
+T0 = 1_700_000_000_000
+
+
+class Clock:
+    """A fake clock returning the given readings in order (the last one repeats)."""
+
+    def __init__(self, *readings: Any) -> None:
+        self.readings = list(readings)
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        return self.readings[min(self.calls, len(self.readings)) - 1]
+
+
+class Hooks:
+    """A fault callable that records every point, and raises at ``fail_at``."""
+
+    def __init__(self, fail_at: str | None = None, action: Any = None) -> None:
+        self.points: list[str] = []
+        self.fail_at = fail_at
+        self.action = action
+
+    def __call__(self, point: str) -> None:
+        self.points.append(point)
+        if self.action is not None:
+            self.action(point)
+        if point == self.fail_at:
+            raise RuntimeError(point)
+
+
+def rows(path: Path | str) -> list[tuple[Any, ...]]:
+    """Every job and audit row, read through a separate connection."""
+    con = sqlite3.connect(path)
+    try:
+        jobs = con.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+        audit = con.execute("SELECT * FROM redrives ORDER BY seq").fetchall()
+        return [*jobs, ("--",), *audit]
+    finally:
+        con.close()
+
+
+def job(path: Path | str, job_id: str) -> dict[str, Any] | None:
+    """One job row as a dict, read through a separate connection."""
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    try:
+        row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dict(row) if row else None
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "queue.db"
+
+
+@pytest.fixture
+def con(db: Path) -> Iterator[sqlite3.Connection]:
+    connection = w.open_queue(db)
+    yield connection
+    assert not connection.in_transaction, "a function left a transaction open"
+    connection.close()
+
+
+@pytest.fixture
+def statements(con: sqlite3.Connection) -> Iterator[list[str]]:
+    """The transaction-control statements and first keywords that reach ``con``."""
+    seen: list[str] = []
+    con.set_trace_callback(lambda sql: seen.append(" ".join(sql.split()[:2]).upper()))
+    yield seen
+    con.set_trace_callback(None)
