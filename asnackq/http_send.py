@@ -1,0 +1,169 @@
+"""Senders: POST one event to a sink and turn the answer into evidence, or an exception.
+
+Rules (shared by the sync and the async sender; the decision lives in ``judge`` once):
+
+* Only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
+  ``applied`` or ``duplicate`` is evidence of completion: the sender returns ``True``.
+* ``400 409 413 415 422`` raise ``Permanent``; ``408 425 429 5xx``, connection errors,
+  resets and timeouts raise ``Retryable``; a redirect, a wrong id, a malformed or
+  oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
+* Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
+  variables; read at most ``MAX_ACK_BYTES`` of an answer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import urllib.parse
+from typing import Any
+
+import aiohttp
+
+from asnackq.core.worker import BadAck, Permanent, Retryable, check_event, check_int
+
+__all__ = ["MAX_ACK_BYTES", "TOKEN_HEADER", "AsyncHttpSender", "HttpSender", "judge"]
+
+TOKEN_HEADER = "X-Asnackq-Token"
+MAX_ACK_BYTES = 4096
+PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+ACK_STATUSES = ("applied", "duplicate")
+
+
+def judge(status: int, body: bytes, event_id: str) -> bool:
+    """Return True for a verified ACK of ``event_id``; raise the exception the answer means."""
+    if status in PERMANENT_STATUSES:
+        raise Permanent(f"sink rejected {event_id!r} with {status}")
+    if status in RETRYABLE_STATUSES or 500 <= status <= 599:
+        raise Retryable(f"sink answered {status} for {event_id!r}")
+    if status != 200:
+        raise BadAck(f"sink answered {status} for {event_id!r}: not an ACK")
+    if len(body) > MAX_ACK_BYTES:
+        raise BadAck(f"ACK for {event_id!r} is over {MAX_ACK_BYTES} bytes")
+    try:
+        ack = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadAck(f"ACK for {event_id!r} is not JSON") from None
+    if type(ack) is not dict or ack.get("id") != event_id or ack.get("status") not in ACK_STATUSES:
+        raise BadAck(f"ACK {ack!r} does not confirm {event_id!r}")
+    return True
+
+
+def check_url(url: object, allow_remote: bool) -> urllib.parse.SplitResult:
+    """Parse a sink URL; refuse anything but http(s), and non-loopback hosts unless allowed."""
+    if type(url) is not str:
+        raise ValueError(f"url must be a str: {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}")
+    if not allow_remote and not is_loopback(parts.hostname):
+        raise ValueError(f"refusing non-loopback sink {parts.hostname!r} (pass allow_remote=True)")
+    return parts
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_timeout(timeout_s: object) -> float:
+    if type(timeout_s) not in (int, float) or not 0 < timeout_s <= 600:  # type: ignore[operator]
+        raise ValueError(f"timeout_s must be a number in (0, 600]: {timeout_s!r}")
+    return float(timeout_s)  # type: ignore[arg-type]
+
+
+def request_parts(event: object, token: object) -> tuple[str, bytes, dict[str, str]]:
+    """Validate an event (and optional token) and return ``(id, body, headers)``."""
+    event_id, qty = check_event(event)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers[TOKEN_HEADER] = str(check_int(token, "token", 1, 10**15))
+    return event_id, json.dumps({"id": event_id, "qty": qty}).encode(), headers
+
+
+async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
+    """Read at most ``MAX_ACK_BYTES + 1`` bytes: enough to tell an oversized ACK."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_ACK_BYTES:
+        chunk = await stream.read(MAX_ACK_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+class HttpSender:
+    """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises."""
+
+    def __init__(self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False) -> None:
+        self.parts = check_url(url, allow_remote)
+        self.timeout_s = check_timeout(timeout_s)
+        self.path = self.parts.path or "/"
+        if self.parts.query:
+            self.path += "?" + self.parts.query
+
+    def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
+        event_id, body, headers = request_parts(event, token)
+        # http.client never consults proxy variables and never follows redirects.
+        kind = http.client.HTTPSConnection if self.parts.scheme == "https" else \
+            http.client.HTTPConnection
+        conn = kind(self.parts.hostname or "", self.parts.port, timeout=self.timeout_s)
+        try:
+            conn.request("POST", self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            answer = response.read(MAX_ACK_BYTES + 1)
+        except (OSError, http.client.HTTPException) as error:   # resets, timeouts, refusals
+            raise Retryable(f"sending {event_id!r}: {error!r}") from error
+        finally:
+            conn.close()
+        return judge(response.status, answer, event_id)
+
+
+class AsyncHttpSender:
+    """Asynchronous sender (aiohttp, one pooled session): ``await sender(event, token=None)``.
+
+    Use as ``async with AsyncHttpSender(url) as send: ...``.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False,
+                 limit: int = 256) -> None:
+        check_url(url, allow_remote)
+        self.url = url
+        self.timeout_s = check_timeout(timeout_s)
+        self.limit = limit
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncHttpSender:
+        connector = aiohttp.TCPConnector(limit=self.limit)
+        self._session = aiohttp.ClientSession(
+            connector=connector, trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
+        if self._session is None:
+            raise RuntimeError("AsyncHttpSender is used outside 'async with'")
+        event_id, body, headers = request_parts(event, token)
+        try:
+            async with self._session.post(self.url, data=body, headers=headers,
+                                          allow_redirects=False) as response:
+                answer = await read_bounded(response.content)
+                status = response.status
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise Retryable(f"sending {event_id!r}: {error!r}") from error
+        return judge(status, answer, event_id)
+

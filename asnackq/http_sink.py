@@ -1,0 +1,338 @@
+"""The HTTP sink: an inbox that applies each event's effect once, however often it arrives.
+
+Rules of this module:
+
+* ``POST /events`` carries ``{"id", "qty"}`` (the core's value rules).  The inbox row and
+  the effect (stock += qty) are written in one transaction; the ACK leaves only after
+  COMMIT.  The same id and qty again is a ``duplicate`` (no effect); another qty is a
+  ``conflict`` (nothing changes).
+* Group commit: one writer task takes every request waiting at that moment and decides
+  them in arrival order inside one transaction - exactly as if they had come one by one.
+  A failed batch answers 503 to each of its requests and changes nothing.
+* One aiosqlite connection and one lock: a read never sees the writer's open transaction.
+* Bad input is a 4xx, never a 500; fault injection (fail, drop, delay) is off by default
+  and seeded for reproducible experiments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from aiohttp import web
+
+from asnackq.core.worker import check_event
+from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
+
+__all__ = ["SinkConfig", "make_app", "open_sink_db", "serve"]
+
+SINK_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
+  first_token INTEGER, last_token INTEGER, deliveries INTEGER NOT NULL,
+  applied_at_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL)""",
+    "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
+    " total INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
+)
+SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN ({marks})"
+SQL_APPLY = """INSERT INTO inbox (id, qty, first_token, last_token, deliveries, applied_at_ms,
+  last_seen_ms) VALUES (?, ?, ?, ?, 1, ?, ?)"""
+SQL_SEEN_AGAIN = """UPDATE inbox SET deliveries = deliveries + 1,
+  last_token = coalesce(?, last_token), last_seen_ms = ? WHERE id = ?"""
+SQL_ADD_STOCK = "UPDATE stock SET total = total + ? WHERE one = 1"
+SQL_STOCK = "SELECT total FROM stock WHERE one = 1"
+SQL_RECORD = """SELECT id, qty, first_token, last_token, deliveries, applied_at_ms, last_seen_ms
+FROM inbox WHERE id = ?"""
+RECORD_FIELDS = ("id", "qty", "first_token", "last_token", "deliveries", "applied_at_ms",
+                 "last_seen_ms")
+COUNTERS = ("requests", "applied", "duplicates", "conflicts", "rejected", "failed", "dropped")
+
+
+@dataclass
+class SinkConfig:
+    """How a sink runs: its DB, its batching, and the faults it injects (all off by default)."""
+
+    db: Path
+    auth_token: str | None = None
+    fail_rate: float = 0.0
+    drop_rate: float = 0.0
+    delay_ms: int = 0
+    seed: int | None = None
+    batch_max: int = 512
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("fail_rate", "drop_rate"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a number in 0..1: {value!r}")
+        if type(self.delay_ms) is not int or not 0 <= self.delay_ms <= 60_000:
+            raise ValueError(f"delay_ms must be an int in 0..60000: {self.delay_ms!r}")
+        if type(self.batch_max) is not int or not 1 <= self.batch_max <= 10_000:
+            raise ValueError(f"batch_max must be an int in 1..10000: {self.batch_max!r}")
+        self.rng = random.Random(self.seed)
+
+
+def decide(known: dict[str, int], event_id: str, qty: int) -> str:
+    """The inbox decision for one event, given the ids already applied (updated in place)."""
+    if event_id not in known:
+        known[event_id] = qty
+        return "applied"
+    return "duplicate" if known[event_id] == qty else "conflict"
+
+
+@dataclass
+class Delivery:
+    event_id: str
+    qty: int
+    token: int | None
+    done: asyncio.Future[str]
+
+
+async def open_sink_db(path: Path) -> aiosqlite.Connection:
+    """Open (creating if needed) a sink DB with the core's durability settings."""
+    db = await aiosqlite.connect(path, timeout=5, isolation_level=None)
+    try:
+        await db.execute("PRAGMA journal_mode=DELETE")
+        await db.execute("PRAGMA synchronous=FULL")
+        await db.execute("BEGIN IMMEDIATE")
+        for statement in SINK_SCHEMA:
+            await db.execute(statement)
+        await db.execute("COMMIT")
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+class Inbox:
+    """The single writer: batches waiting deliveries into one transaction each."""
+
+    def __init__(self, db: aiosqlite.Connection, batch_max: int) -> None:
+        self.db = db
+        self.lock = asyncio.Lock()       # one transaction at a time on this connection
+        self.batch_max = batch_max
+        self.waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        self.commits = 0
+
+    async def submit(self, event_id: str, qty: int, token: int | None) -> str:
+        """Queue a delivery and wait for its committed decision."""
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.waiting.put_nowait(Delivery(event_id, qty, token, done))
+        return await asyncio.shield(done)
+
+    async def run(self) -> None:
+        """Commit batches until a ``None`` arrives, then return (after the last batch)."""
+        while True:
+            first = await self.waiting.get()
+            batch = [first]
+            while len(batch) < self.batch_max and not self.waiting.empty():
+                batch.append(self.waiting.get_nowait())
+            deliveries = [item for item in batch if item is not None]
+            if deliveries:
+                await self._settle(deliveries)
+            if None in batch:
+                return
+
+    async def _settle(self, batch: list[Delivery]) -> None:
+        try:
+            async with self.lock:
+                statuses = await self._commit(batch)
+        except Exception as error:
+            for item in batch:
+                if not item.done.done():
+                    item.done.set_exception(SinkUnavailable(str(error)))
+            return
+        for item, status in zip(batch, statuses, strict=True):
+            if not item.done.done():
+                item.done.set_result(status)
+
+    async def _commit(self, batch: list[Delivery]) -> list[str]:
+        now = int(time.time() * 1000)
+        ids = sorted({item.event_id for item in batch})
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = await self.db.execute_fetchall(
+                SQL_KNOWN.format(marks=",".join("?" * len(ids))), ids)
+            known: dict[str, int] = {row[0]: row[1] for row in rows}
+            statuses = [decide(known, item.event_id, item.qty) for item in batch]
+            applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
+            again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
+            await self.db.executemany(SQL_APPLY, [(i.event_id, i.qty, i.token, i.token, now, now)
+                                                  for i in applied])
+            await self.db.executemany(SQL_SEEN_AGAIN, [(i.token, now, i.event_id) for i in again])
+            if applied:
+                await self.db.execute(SQL_ADD_STOCK, (sum(i.qty for i in applied),))
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await _rollback(self.db)
+            raise
+        self.commits += 1
+        return statuses
+
+    async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """A read outside any writer transaction."""
+        async with self.lock:
+            return list(await self.db.execute_fetchall(sql, params))
+
+
+class SinkUnavailable(Exception):
+    """Raised to a request whose batch failed to commit (answered as 503)."""
+
+
+async def _rollback(db: aiosqlite.Connection) -> None:
+    """Roll back; a failing rollback never hides the original error."""
+    with contextlib.suppress(sqlite3.Error):
+        await db.execute("ROLLBACK")
+
+
+CONFIG = web.AppKey("config", SinkConfig)
+INBOX = web.AppKey("inbox", Inbox)
+STATS = web.AppKey("stats", dict[str, int])
+
+
+def answer(status: int, event_id: str | None, outcome: str) -> web.Response:
+    return web.json_response({"id": event_id, "status": outcome}, status=status)
+
+
+def check_token_header(value: str | None) -> int | None:
+    """The optional lease token header: digits only, 1..10**15."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 10**15:
+        raise ValueError(f"{TOKEN_HEADER} must be an int in 1..10**15")
+    return int(value)
+
+
+def authorized(request: web.Request, expected: str | None) -> bool:
+    if expected is None:
+        return True
+    given = request.headers.get("Authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+
+
+async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
+    """Read and validate one event; raise the aiohttp HTTP error its flaw deserves."""
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text='{"status": "unsupported media type"}',
+                                           content_type="application/json")
+    body = await request.read()          # over client_max_size: aiohttp answers 413
+    try:
+        event_id, qty = check_event(json.loads(body))
+        token = check_token_header(request.headers.get(TOKEN_HEADER))
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise web.HTTPBadRequest(text=json.dumps({"status": "bad request",
+                                                  "error": str(error)[:200]}),
+                                 content_type="application/json") from None
+    return event_id, qty, token
+
+
+async def post_event(request: web.Request) -> web.StreamResponse:
+    config, stats = request.app[CONFIG], request.app[STATS]
+    stats["requests"] += 1
+    if not authorized(request, config.auth_token):
+        stats["rejected"] += 1
+        return answer(401, None, "unauthorized")
+    try:
+        event_id, qty, token = await parse_event(request)
+    except web.HTTPException:
+        stats["rejected"] += 1
+        raise
+    if config.fail_rate and config.rng.random() < config.fail_rate:
+        stats["failed"] += 1
+        return answer(503, event_id, "unavailable")       # before any change
+    if config.delay_ms:
+        await asyncio.sleep(config.delay_ms / 1000)
+    try:
+        outcome = await request.app[INBOX].submit(event_id, qty, token)
+    except SinkUnavailable:
+        stats["failed"] += 1
+        return answer(503, event_id, "unavailable")
+    stats[{"applied": "applied", "duplicate": "duplicates", "conflict": "conflicts"}[outcome]] += 1
+    if config.drop_rate and config.rng.random() < config.drop_rate:
+        stats["dropped"] += 1
+        if request.transport is not None:
+            request.transport.abort()                      # committed, but the ACK is lost
+        raise asyncio.CancelledError
+    return answer(409 if outcome == "conflict" else 200, event_id, outcome)
+
+
+async def get_event(request: web.Request) -> web.Response:
+    rows = await request.app[INBOX].read(SQL_RECORD, (request.match_info["id"],))
+    if not rows:
+        return answer(404, request.match_info["id"], "unknown")
+    return web.json_response(dict(zip(RECORD_FIELDS, rows[0], strict=True)))
+
+
+async def stock(app: web.Application) -> int:
+    rows = await app[INBOX].read(SQL_STOCK)
+    return int(rows[0][0])
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    counters: dict[str, int] = request.app[STATS]
+    stats = counters.copy()
+    stats.update(stock=await stock(request.app), commits=request.app[INBOX].commits)
+    return web.json_response(stats)
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    lines = []
+    for name, value in request.app[STATS].items():
+        lines += [f"# TYPE asnackq_sink_{name}_total counter", f"asnackq_sink_{name}_total {value}"]
+    lines += ["# TYPE asnackq_sink_commits_total counter",
+              f"asnackq_sink_commits_total {request.app[INBOX].commits}",
+              "# TYPE asnackq_sink_stock gauge", f"asnackq_sink_stock {await stock(request.app)}"]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+async def inbox_context(app: web.Application) -> AsyncIterator[None]:
+    """Open the DB and start the writer; at cleanup, finish the last batch and close."""
+    db = await open_sink_db(app[CONFIG].db)
+    inbox = Inbox(db, app[CONFIG].batch_max)
+    app[INBOX] = inbox
+    writer = asyncio.create_task(inbox.run())
+    try:
+        yield
+    finally:
+        inbox.waiting.put_nowait(None)
+        await writer
+        await db.close()
+
+
+def make_app(config: SinkConfig) -> web.Application:
+    """The sink as an aiohttp application (bodies over 4 KiB are refused with 413)."""
+    app = web.Application(client_max_size=MAX_ACK_BYTES)
+    app[CONFIG] = config
+    app[STATS] = dict.fromkeys(COUNTERS, 0)
+    app.cleanup_ctx.append(inbox_context)
+    app.router.add_post("/events", post_event)
+    app.router.add_get("/events/{id}", get_event)
+    app.router.add_get("/stats", get_stats)
+    app.router.add_get("/metrics", get_metrics)
+    return app
+
+
+async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set; print the listening line first (flushed)."""
+    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        print(f"asnackq sink listening on http://{shown}:{bound[1]}/events", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()            # in-flight requests are answered, then the DB closes

@@ -1,0 +1,68 @@
+"""Real servers on 127.0.0.1 port 0 for tests: the asnackq sink and small misbehaving peers."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from asnackq.http_sink import SinkConfig, make_app
+
+
+class Running:
+    """A running app: its URL and, for a sink, its config and DB path."""
+
+    def __init__(self, runner: web.AppRunner, app: web.Application) -> None:
+        host, port = runner.addresses[0][:2]
+        self.base = f"http://{host}:{port}"
+        self.url = f"{self.base}/events"
+        self.app = app
+        self.runner = runner
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[Running]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield Running(runner, app)
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def sink(db: Path, **options: Any) -> AsyncIterator[Running]:
+    async with serving(make_app(SinkConfig(db, **options))) as running:
+        yield running
+
+
+def peer(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.Application:
+    """A one-route app answering POST /events (and GET /elsewhere) with ``handler``."""
+    app = web.Application()
+    app.router.add_post("/events", handler)
+    app.router.add_post("/elsewhere", handler)
+    return app
+
+
+def sink_state(db: Path) -> tuple[int, list[tuple[Any, ...]]]:
+    """(stock, [(id, qty, deliveries)]) read through a separate connection."""
+    con = sqlite3.connect(db)
+    try:
+        total = con.execute("SELECT total FROM stock").fetchone()[0]
+        inbox = con.execute("SELECT id, qty, deliveries FROM inbox ORDER BY id").fetchall()
+        return total, inbox
+    finally:
+        con.close()
+
+
+def dead_port() -> int:
+    """A loopback port with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

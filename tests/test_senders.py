@@ -1,0 +1,152 @@
+"""Both senders against real loopback peers: only a verified ACK is evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from asnackq.core.worker import BadAck, Permanent, Retryable
+from asnackq.http_send import AsyncHttpSender, HttpSender, judge
+
+from .sinks import dead_port, peer, serving, sink, sink_state
+
+EVENT = {"id": "a", "qty": 2}
+
+
+async def send_both(url, event=EVENT, **options):
+    """Send with each sender; return what each returned or raised, by type."""
+    outcomes = []
+    try:
+        outcomes.append(await asyncio.to_thread(HttpSender(url, **options), dict(event)))
+    except Exception as error:
+        outcomes.append(type(error))
+    async with AsyncHttpSender(url, **options) as send:
+        try:
+            outcomes.append(await send(dict(event)))
+        except Exception as error:
+            outcomes.append(type(error))
+    return outcomes
+
+
+def answering(status=200, body=None, headers=None):
+    async def handler(request):
+        await request.read()
+        text = json.dumps({"id": "a", "status": "applied"}) if body is None else body
+        return web.Response(status=status, text=text, headers=headers,
+                            content_type="application/json")
+    return peer(handler)
+
+
+@pytest.mark.parametrize(("app", "expected"), [
+    (answering(), True),
+    (answering(body=json.dumps({"id": "a", "status": "duplicate"})), True),
+    (answering(body=json.dumps({"id": "b", "status": "applied"})), BadAck),
+    (answering(body=json.dumps({"id": "a", "status": "conflict"})), BadAck),
+    (answering(body=json.dumps({"id": "a"})), BadAck),
+    (answering(body=json.dumps(["a", "applied"])), BadAck),
+    (answering(body="OK"), BadAck),
+    (answering(body=json.dumps({"id": "a", "status": "applied", "pad": "x" * 5000})), BadAck),
+    (answering(status=302, headers={"Location": "/elsewhere"}), BadAck),
+    (answering(status=307, headers={"Location": "/elsewhere"}), BadAck),
+    (answering(status=201), BadAck),
+    (answering(status=404), BadAck),
+    (answering(status=400), Permanent), (answering(status=409), Permanent),
+    (answering(status=413), Permanent), (answering(status=415), Permanent),
+    (answering(status=422), Permanent),
+    (answering(status=408), Retryable), (answering(status=425), Retryable),
+    (answering(status=429), Retryable), (answering(status=500), Retryable),
+    (answering(status=503), Retryable),
+])
+async def test_answers_are_classified_the_same_by_both_senders(app, expected):
+    async with serving(app) as running:
+        assert await send_both(running.url) == [expected, expected]
+
+
+async def test_a_redirect_is_never_followed(tmp_path):
+    hits = []
+
+    async def elsewhere(request):
+        hits.append(request.path)
+        return web.json_response({"id": "a", "status": "applied"})
+
+    async def redirect(request):
+        raise web.HTTPFound("/elsewhere")
+
+    app = web.Application()
+    app.router.add_post("/events", redirect)
+    app.router.add_post("/elsewhere", elsewhere)
+    async with serving(app) as running:
+        assert await send_both(running.url) == [BadAck, BadAck]
+    assert hits == []
+
+
+async def test_a_reset_connection_and_a_refused_port_are_retryable():
+    async def reset(request):
+        request.transport.abort()
+        raise asyncio.CancelledError
+
+    async with serving(peer(reset)) as running:
+        assert await send_both(running.url) == [Retryable, Retryable]
+    assert await send_both(f"http://127.0.0.1:{dead_port()}/events") == [Retryable, Retryable]
+
+
+async def test_a_timeout_is_retryable():
+    async def slow(request):
+        await asyncio.sleep(1)
+        return web.json_response({"id": "a", "status": "applied"})
+
+    async with serving(peer(slow)) as running:
+        assert await send_both(running.url, timeout_s=0.1) == [Retryable, Retryable]
+
+
+async def test_proxy_variables_are_ignored(tmp_path, monkeypatch):
+    proxy = f"http://127.0.0.1:{dead_port()}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    async with sink(tmp_path / "s.db") as running:
+        assert await send_both(running.url) == [True, True]
+    assert sink_state(tmp_path / "s.db") == (2, [("a", 2, 2)])
+
+
+@pytest.mark.parametrize("url", [
+    "http://10.0.0.1/events", "http://192.168.1.5:8080/events", "http://example.com/events",
+    "http://0.0.0.0/events", "ftp://127.0.0.1/events", "127.0.0.1:80/events", "", 5])
+def test_non_loopback_or_malformed_urls_are_refused(url):
+    with pytest.raises(ValueError):
+        HttpSender(url)
+    with pytest.raises(ValueError):
+        AsyncHttpSender(url)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/events", "http://localhost/events",
+                                 "http://[::1]:8080/events", "http://127.8.9.10/x"])
+def test_loopback_urls_are_accepted(url):
+    HttpSender(url)
+    AsyncHttpSender(url)
+
+
+def test_remote_urls_need_the_explicit_flag():
+    assert HttpSender("http://10.0.0.1/events", allow_remote=True).parts.hostname == "10.0.0.1"
+
+
+@pytest.mark.parametrize(("event", "token"), [
+    ({"id": "a b", "qty": 1}, None), ({"id": "a", "qty": 0}, None), ({"id": "a"}, None),
+    ({"id": "a", "qty": 1}, 0), ({"id": "a", "qty": 1}, True), ({"id": "a", "qty": 1}, "1")])
+async def test_bad_events_and_tokens_are_refused_before_sending(tmp_path, event, token):
+    async with sink(tmp_path / "s.db") as running, AsyncHttpSender(running.url) as send:
+        with pytest.raises(ValueError):
+            await send(event, token)
+        with pytest.raises(ValueError):
+            await asyncio.to_thread(HttpSender(running.url), event, token)
+    assert sink_state(tmp_path / "s.db") == (0, [])
+
+
+def test_judge_reads_only_a_bounded_ack():
+    assert judge(200, json.dumps({"id": "a", "status": "applied"}).encode(), "a") is True
+    with pytest.raises(BadAck):
+        judge(200, b" " * 4097, "a")
