@@ -10,10 +10,16 @@ import pytest
 from asnackq.core import worker as w
 
 from .conftest import T0, Hooks, job, rows
+from .drivers import connect, q
+
+
+@pytest.fixture(params=["sync", "aio"])
+def con(request, db):
+    yield from connect(request.param, db)
 
 
 def put(con, job_id, qty=1, now=T0, ttl=10_000, max_attempts=3):
-    assert w.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
+    assert q.enqueue(con, {"id": job_id, "qty": qty}, now, ttl, max_attempts) is True
 
 
 def visible_status(db, job_id):
@@ -42,17 +48,19 @@ def test_open_queue_keeps_rows_across_reopen(db):
     con = w.open_queue(Path(db))
     put(con, "a", qty=4)
     put(con, "b", ttl=1)
-    w.claim(con, "w1", T0 + 5)  # b dead by deadline, a leased
-    w.redrive(con, "b", T0 + 10, 1000, "ops")
+    q.claim(con, "w1", T0 + 5)  # b dead by deadline, a leased
+    q.redrive(con, "b", T0 + 10, 1000, "ops")
     before = rows(db)
     con.close()
     w.open_queue(str(db)).close()
     assert rows(db) == before
 
 
-def test_claim_plan_does_not_scan_finished_rows(con):
+def test_claim_plan_does_not_scan_finished_rows(db):
+    con = w.open_queue(db)
     plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1}))
              for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE)]
+    con.close()
     for plan in plans:
         assert "SCAN jobs" not in plan, plan
 
@@ -69,9 +77,9 @@ def test_enqueue_inserts_pending_row(con, db):
 
 def test_duplicate_intake_keeps_whole_row(con, db):
     put(con, "a", qty=3)
-    w.claim(con, "w1", T0)
+    q.claim(con, "w1", T0)
     before = rows(db)
-    assert w.enqueue(con, {"id": "a", "qty": 3}, T0 + 1, 60_000, 16) is False
+    assert q.enqueue(con, {"id": "a", "qty": 3}, T0 + 1, 60_000, 16) is False
     assert rows(db) == before
 
 
@@ -80,7 +88,7 @@ def test_conflicting_intake_raises_and_rolls_back(con, db, statements):
     before = rows(db)
     statements.clear()
     with pytest.raises(w.Conflict):
-        w.enqueue(con, {"id": "a", "qty": 4}, T0, 1000)
+        q.enqueue(con, {"id": "a", "qty": 4}, T0, 1000)
     assert rows(db) == before
     assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "ROLLBACK"
 
@@ -88,12 +96,12 @@ def test_conflicting_intake_raises_and_rolls_back(con, db, statements):
 def test_every_operation_is_one_immediate_transaction(con, statements):
     put(con, "a")
     calls = [
-        lambda: w.enqueue(con, {"id": "a", "qty": 1}, T0, 1000),
-        lambda: w.claim(con, "w1", T0),
-        lambda: w.claim(con, "w1", T0),
-        lambda: w.finish(con, {"id": "a", "qty": 1, "owner": "w1", "token": 1, "attempt": 1,
+        lambda: q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000),
+        lambda: q.claim(con, "w1", T0),
+        lambda: q.claim(con, "w1", T0),
+        lambda: q.finish(con, {"id": "a", "qty": 1, "owner": "w1", "token": 1, "attempt": 1,
                                "lease_until": T0 + 1000}, "permanent", T0 + 1),
-        lambda: w.redrive(con, "a", T0 + 2, 1000, "ops"),
+        lambda: q.redrive(con, "a", T0 + 2, 1000, "ops"),
     ]
     for call in calls:
         statements.clear()
@@ -107,7 +115,7 @@ def test_every_operation_is_one_immediate_transaction(con, statements):
 
 def test_claim_returns_exact_ticket_and_leases(con, db):
     put(con, "a", qty=5)
-    got = w.claim(con, "w1", T0 + 10, 250)
+    got = q.claim(con, "w1", T0 + 10, 250)
     assert got == {"id": "a", "qty": 5, "owner": "w1", "token": 1, "attempt": 1,
                    "lease_until": T0 + 260}
     row = job(db, "a")
@@ -118,31 +126,31 @@ def test_claim_returns_exact_ticket_and_leases(con, db):
 def test_claim_caps_lease_at_deadline_and_defaults_to_1000(con):
     put(con, "a", ttl=600)
     put(con, "b", ttl=5000)
-    assert w.claim(con, "w1", T0)["lease_until"] == T0 + 600
-    assert w.claim(con, "w1", T0)["lease_until"] == T0 + 1000
+    assert q.claim(con, "w1", T0)["lease_until"] == T0 + 600
+    assert q.claim(con, "w1", T0)["lease_until"] == T0 + 1000
 
 
 def test_claim_on_empty_queue_is_none(con):
-    assert w.claim(con, "w1", T0) is None
+    assert q.claim(con, "w1", T0) is None
 
 
 def test_claim_takes_lowest_seq_not_lowest_id(con):
     for job_id in ("z", "a", "m"):
         put(con, job_id)
-    assert [w.claim(con, "w1", T0)["id"] for _ in range(3)] == ["z", "a", "m"]
+    assert [q.claim(con, "w1", T0)["id"] for _ in range(3)] == ["z", "a", "m"]
 
 
 def test_claim_available_at_is_inclusive(con):
     put(con, "a", now=T0 + 5)
-    assert w.claim(con, "w1", T0 + 4) is None
-    assert w.claim(con, "w1", T0 + 5)["id"] == "a"
+    assert q.claim(con, "w1", T0 + 4) is None
+    assert q.claim(con, "w1", T0 + 5)["id"] == "a"
 
 
 def test_claim_takes_over_an_expired_lease_at_equality(con, db):
     put(con, "a")
-    first = w.claim(con, "w1", T0, 100)
-    assert w.claim(con, "w2", T0 + 99) is None
-    second = w.claim(con, "w2", T0 + 100)
+    first = q.claim(con, "w1", T0, 100)
+    assert q.claim(con, "w2", T0 + 99) is None
+    second = q.claim(con, "w2", T0 + 100)
     assert (second["token"], second["attempt"], second["owner"]) == (2, 2, "w2")
     assert first["token"] == 1
 
@@ -150,20 +158,20 @@ def test_claim_takes_over_an_expired_lease_at_equality(con, db):
 def test_claim_interleaves_pending_and_expired_leases_by_seq(con):
     put(con, "a")
     put(con, "b")
-    w.claim(con, "w1", T0, 10)           # a leased until T0+10
+    q.claim(con, "w1", T0, 10)           # a leased until T0+10
     put(con, "c")
-    assert w.claim(con, "w2", T0 + 10)["id"] == "a"   # expired a before pending b
-    assert w.claim(con, "w2", T0 + 10)["id"] == "b"
+    assert q.claim(con, "w2", T0 + 10)["id"] == "a"   # expired a before pending b
+    assert q.claim(con, "w2", T0 + 10)["id"] == "b"
 
 
 def test_claim_quarantines_deadline_before_exhausted(con, db):
     put(con, "late", ttl=100)
     put(con, "spent", ttl=10_000, max_attempts=1)
     put(con, "both", ttl=100, max_attempts=1)
-    w.claim(con, "w1", T0, 50)   # late
-    w.claim(con, "w1", T0, 50)   # spent (attempt 1 of 1)
-    w.claim(con, "w1", T0, 50)   # both
-    assert w.claim(con, "w1", T0 + 100) is None
+    q.claim(con, "w1", T0, 50)   # late
+    q.claim(con, "w1", T0, 50)   # spent (attempt 1 of 1)
+    q.claim(con, "w1", T0, 50)   # both
+    assert q.claim(con, "w1", T0 + 100) is None
     assert [(job(db, i)["status"], job(db, i)["reason"], job(db, i)["owner"],
              job(db, i)["lease_until"]) for i in ("late", "spent", "both")] == [
         ("dead", "deadline", None, None), ("dead", "exhausted", None, None),
@@ -172,21 +180,21 @@ def test_claim_quarantines_deadline_before_exhausted(con, db):
 
 def test_claim_quarantines_pending_at_deadline_equality(con, db):
     put(con, "a", ttl=10)
-    assert w.claim(con, "w1", T0 + 10) is None
+    assert q.claim(con, "w1", T0 + 10) is None
     assert (job(db, "a")["status"], job(db, "a")["reason"]) == ("dead", "deadline")
 
 
 def test_claim_never_quarantines_a_live_lease(con, db):
     put(con, "a", ttl=100, max_attempts=1)
-    w.claim(con, "w1", T0, 100)      # lease_until = deadline = T0+100, attempts = max
-    assert w.claim(con, "w2", T0 + 99) is None
+    q.claim(con, "w1", T0, 100)      # lease_until = deadline = T0+100, attempts = max
+    assert q.claim(con, "w2", T0 + 99) is None
     assert job(db, "a")["status"] == "leased"
 
 
 def test_quarantine_commits_without_hooks_when_nothing_is_claimable(con, db):
     put(con, "a", ttl=10)
     hooks = Hooks(fail_at="after-claim")
-    assert w.claim(con, "w1", T0 + 10, fault=hooks) is None
+    assert q.claim(con, "w1", T0 + 10, fault=hooks) is None
     assert hooks.points == []
     assert job(db, "a")["status"] == "dead"
 
@@ -195,11 +203,15 @@ def test_claim_hooks_in_order_inside_then_after_commit(con, db):
     put(con, "a")
     seen = []
     hooks = Hooks(action=lambda p: seen.append((p, con.in_transaction, visible_status(db, "a"))))
-    w.claim(con, "w1", T0, fault=hooks)
+    q.claim(con, "w1", T0, fault=hooks)
     assert seen == [("after-claim", True, "pending"), ("after-commit", False, "leased")]
 
 
-@pytest.mark.parametrize("error", [RuntimeError("after-claim"), KeyboardInterrupt()])
+class Abort(BaseException):
+    """Not an Exception, like KeyboardInterrupt (which asyncio re-raises out of its loop)."""
+
+
+@pytest.mark.parametrize("error", [RuntimeError("after-claim"), Abort()])
 def test_claim_fault_before_commit_rolls_back_quarantine_too(con, db, error):
     put(con, "old", ttl=5)
     put(con, "a")
@@ -209,7 +221,7 @@ def test_claim_fault_before_commit_rolls_back_quarantine_too(con, db, error):
         raise error
 
     with pytest.raises(type(error)) as raised:
-        w.claim(con, "w1", T0 + 5, fault=fault)
+        q.claim(con, "w1", T0 + 5, fault=fault)
     assert raised.value is error
     assert rows(db) == before
 
@@ -217,7 +229,7 @@ def test_claim_fault_before_commit_rolls_back_quarantine_too(con, db, error):
 def test_claim_fault_after_commit_keeps_the_claim(con, db):
     put(con, "a")
     with pytest.raises(RuntimeError, match="after-commit"):
-        w.claim(con, "w1", T0, fault=Hooks(fail_at="after-commit"))
+        q.claim(con, "w1", T0, fault=Hooks(fail_at="after-commit"))
     assert job(db, "a")["status"] == "leased"
 
 
@@ -226,7 +238,7 @@ def test_claim_fault_after_commit_keeps_the_claim(con, db):
 @pytest.fixture
 def leased(con):
     put(con, "a", qty=2, ttl=10_000, max_attempts=3)
-    return w.claim(con, "w1", T0, 1000)
+    return q.claim(con, "w1", T0, 1000)
 
 
 @pytest.mark.parametrize(("outcome", "delay", "expected"), [
@@ -237,7 +249,7 @@ def leased(con):
 ])
 def test_finish_outcomes(con, db, leased, outcome, delay, expected):
     before = job(db, "a")
-    assert w.finish(con, leased, outcome, T0 + 7, delay) == expected[0]
+    assert q.finish(con, leased, outcome, T0 + 7, delay) == expected[0]
     after = job(db, "a")
     assert (after["status"], after["reason"], after["available_at"]) == expected
     assert after["owner"] is None and after["lease_until"] is None
@@ -247,22 +259,22 @@ def test_finish_outcomes(con, db, leased, outcome, delay, expected):
 
 def test_finish_retry_at_deadline_equality_is_dead(con, db):
     put(con, "d", ttl=1000)
-    issued = w.claim(con, "w1", T0, 1000)
-    assert w.finish(con, issued, "retry", T0 + 400, 600) == "dead"
+    issued = q.claim(con, "w1", T0, 1000)
+    assert q.finish(con, issued, "retry", T0 + 400, 600) == "dead"
     assert job(db, "d")["reason"] == "deadline"
     assert job(db, "d")["available_at"] == T0 + 400
 
 
 def test_finish_retry_one_before_deadline_is_pending(con, db):
     put(con, "d", ttl=1000)
-    issued = w.claim(con, "w1", T0, 1000)
-    assert w.finish(con, issued, "retry", T0 + 400, 599) == "pending"
+    issued = q.claim(con, "w1", T0, 1000)
+    assert q.finish(con, issued, "retry", T0 + 400, 599) == "pending"
 
 
 def test_finish_retry_exhausted_wins_over_deadline(con, db):
     put(con, "e", ttl=1000, max_attempts=1)
-    issued = w.claim(con, "w1", T0)
-    assert w.finish(con, issued, "retry", T0 + 1, 60_000) == "dead"
+    issued = q.claim(con, "w1", T0)
+    assert q.finish(con, issued, "retry", T0 + 1, 60_000) == "dead"
     assert job(db, "e")["reason"] == "exhausted"
 
 
@@ -272,45 +284,45 @@ def test_finish_retry_exhausted_wins_over_deadline(con, db):
 def test_finish_rejects_any_ticket_mismatch(con, db, leased, field, value):
     put(con, "b", qty=2)
     before = rows(db)
-    assert w.finish(con, {**leased, field: value}, "ok", T0 + 1) is False
+    assert q.finish(con, {**leased, field: value}, "ok", T0 + 1) is False
     assert rows(db) == before
 
 
 def test_finish_rejects_at_lease_end_and_at_deadline(con, db, leased):
     before = rows(db)
     hooks = Hooks()
-    assert w.finish(con, leased, "ok", T0 + 1000, fault=hooks) is False
+    assert q.finish(con, leased, "ok", T0 + 1000, fault=hooks) is False
     put(con, "short", ttl=300)
-    short = w.claim(con, "w1", T0, 1000)    # lease capped at the deadline
-    assert w.finish(con, {**short, "lease_until": T0 + 300}, "ok", T0 + 300) is False
+    short = q.claim(con, "w1", T0, 1000)    # lease capped at the deadline
+    assert q.finish(con, {**short, "lease_until": T0 + 300}, "ok", T0 + 300) is False
     assert hooks.points == []
     assert rows(db)[0] == before[0]
 
 
 def test_stale_same_owner_cannot_finish_a_newer_lease(con, db, leased):
-    newer = w.claim(con, "w1", T0 + 1000, 1000)
+    newer = q.claim(con, "w1", T0 + 1000, 1000)
     assert newer["token"] == 2
-    assert w.finish(con, leased, "ok", T0 + 1001) is False
-    assert w.finish(con, newer, "ok", T0 + 1001) == "done"
-    assert w.finish(con, newer, "ok", T0 + 1002) is False    # not leased any more
+    assert q.finish(con, leased, "ok", T0 + 1001) is False
+    assert q.finish(con, newer, "ok", T0 + 1001) == "done"
+    assert q.finish(con, newer, "ok", T0 + 1002) is False    # not leased any more
 
 
 def test_finish_hooks_and_faults(con, db, leased):
     seen = []
     hooks = Hooks(action=lambda p: seen.append((p, visible_status(db, "a"))))
     with pytest.raises(RuntimeError, match="after-finish"):
-        w.finish(con, leased, "ok", T0 + 1, fault=Hooks(fail_at="after-finish"))
+        q.finish(con, leased, "ok", T0 + 1, fault=Hooks(fail_at="after-finish"))
     assert job(db, "a")["status"] == "leased"
     with pytest.raises(RuntimeError, match="after-commit"):
-        w.finish(con, leased, "ok", T0 + 1, fault=Hooks(fail_at="after-commit"))
+        q.finish(con, leased, "ok", T0 + 1, fault=Hooks(fail_at="after-commit"))
     assert job(db, "a")["status"] == "done"
-    assert w.finish(con, leased, "ok", T0 + 2, fault=hooks) is False
+    assert q.finish(con, leased, "ok", T0 + 2, fault=hooks) is False
     assert seen == []
 
 
 def test_finish_hook_positions(con, db, leased):
     seen = []
-    w.finish(con, leased, "retry", T0 + 1, 10,
+    q.finish(con, leased, "retry", T0 + 1, 10,
              fault=lambda p: seen.append((p, con.in_transaction, visible_status(db, "a"))))
     assert seen == [("after-finish", True, "leased"), ("after-commit", False, "pending")]
 
@@ -319,10 +331,10 @@ def test_finish_hook_positions(con, db, leased):
 
 def test_redrive_renews_budget_keeps_token_and_audits(con, db):
     put(con, "a", qty=9, ttl=10_000, max_attempts=2)
-    issued = w.claim(con, "w1", T0)
-    w.finish(con, issued, "permanent", T0 + 1)
+    issued = q.claim(con, "w1", T0)
+    q.finish(con, issued, "permanent", T0 + 1)
     hooks = Hooks()
-    assert w.redrive(con, "a", T0 + 50, 700, "ops-fix", fault=hooks) is True
+    assert q.redrive(con, "a", T0 + 50, 700, "ops-fix", fault=hooks) is True
     assert hooks.points == ["after-audit", "after-redrive", "after-commit"]
     row = job(db, "a")
     assert {k: row[k] for k in row if k != "seq"} == {
@@ -330,20 +342,20 @@ def test_redrive_renews_budget_keeps_token_and_audits(con, db):
         "available_at": T0 + 50, "deadline": T0 + 750, "owner": None, "lease_until": None,
         "reason": None}
     assert rows(db)[-1] == (1, "a", 1, T0 + 50, "ops-fix")
-    assert w.claim(con, "w2", T0 + 50)["token"] == 2      # never a reused generation
+    assert q.claim(con, "w2", T0 + 50)["token"] == 2      # never a reused generation
 
 
 @pytest.mark.parametrize("state", ["missing", "pending", "leased", "done"])
 def test_redrive_refuses_a_job_that_is_not_dead(con, db, state, statements):
     put(con, "a")
     if state in ("leased", "done"):
-        issued = w.claim(con, "w1", T0)
+        issued = q.claim(con, "w1", T0)
         if state == "done":
-            w.finish(con, issued, "ok", T0 + 1)
+            q.finish(con, issued, "ok", T0 + 1)
     before = rows(db)
     statements.clear()
     with pytest.raises(ValueError, match=r"redrive|not dead"):
-        w.redrive(con, "zz" if state == "missing" else "a", T0 + 2, 1000, "ops", fault=Hooks())
+        q.redrive(con, "zz" if state == "missing" else "a", T0 + 2, 1000, "ops", fault=Hooks())
     assert rows(db) == before
     assert statements[-1] == "ROLLBACK"
 
@@ -351,16 +363,16 @@ def test_redrive_refuses_a_job_that_is_not_dead(con, db, state, statements):
 @pytest.mark.parametrize("point", ["after-audit", "after-redrive"])
 def test_redrive_fault_before_commit_leaves_no_half_redrive(con, db, point):
     put(con, "a", ttl=1)
-    w.claim(con, "w1", T0 + 1)
+    q.claim(con, "w1", T0 + 1)
     before = rows(db)
     with pytest.raises(RuntimeError, match=point):
-        w.redrive(con, "a", T0 + 2, 1000, "ops", fault=Hooks(fail_at=point))
+        q.redrive(con, "a", T0 + 2, 1000, "ops", fault=Hooks(fail_at=point))
     assert rows(db) == before
 
 
 def test_redrive_hook_positions_and_after_commit_fault(con, db):
     put(con, "a", ttl=1)
-    w.claim(con, "w1", T0 + 1)
+    q.claim(con, "w1", T0 + 1)
 
     def audit_rows():
         other = sqlite3.connect(db)
@@ -373,7 +385,7 @@ def test_redrive_hook_positions_and_after_commit_fault(con, db):
     hooks = Hooks(fail_at="after-commit",
                   action=lambda p: seen.append((p, visible_status(db, "a"), audit_rows())))
     with pytest.raises(RuntimeError, match="after-commit"):
-        w.redrive(con, "a", T0 + 2, 1000, "ops", fault=hooks)
+        q.redrive(con, "a", T0 + 2, 1000, "ops", fault=hooks)
     assert seen == [("after-audit", "dead", 0), ("after-redrive", "dead", 0),
                     ("after-commit", "pending", 1)]
 
@@ -382,20 +394,20 @@ def test_redrive_hook_positions_and_after_commit_fault(con, db):
 
 def test_extend_is_fenced_and_capped_at_the_deadline(con, db):
     put(con, "a", ttl=3000)
-    issued = w.claim(con, "w1", T0, 1000)
-    longer = w.extend(con, issued, T0 + 500, 2000)
+    issued = q.claim(con, "w1", T0, 1000)
+    longer = q.extend(con, issued, T0 + 500, 2000)
     assert longer == {**issued, "lease_until": T0 + 2500}
-    assert w.extend(con, issued, T0 + 600, 2000) is False          # old ticket is stale
-    capped = w.extend(con, longer, T0 + 2000, 60_000)
+    assert q.extend(con, issued, T0 + 600, 2000) is False          # old ticket is stale
+    capped = q.extend(con, longer, T0 + 2000, 60_000)
     assert capped["lease_until"] == T0 + 3000
-    assert w.finish(con, capped, "ok", T0 + 2999) == "done"
+    assert q.finish(con, capped, "ok", T0 + 2999) == "done"
 
 
 def test_extend_never_shortens_and_refuses_expired(con):
     put(con, "a")
-    issued = w.claim(con, "w1", T0, 1000)
-    assert w.extend(con, issued, T0 + 1, 10)["lease_until"] == T0 + 1000
-    assert w.extend(con, issued, T0 + 1000, 1000) is False
+    issued = q.claim(con, "w1", T0, 1000)
+    assert q.extend(con, issued, T0 + 1, 10)["lease_until"] == T0 + 1000
+    assert q.extend(con, issued, T0 + 1000, 1000) is False
 
 
 def test_claim_many_is_identical_to_sequential_claims(tmp_path):
@@ -406,12 +418,12 @@ def test_claim_many_is_identical_to_sequential_claims(tmp_path):
         return con
 
     one, many = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
-    sequential = [w.claim(one, "w1", T0 + 5, 700) for _ in range(3)]
-    batch = w.claim_many(many, "w1", T0 + 5, 700, 3)
+    sequential = [q.claim(one, "w1", T0 + 5, 700) for _ in range(3)]
+    batch = q.claim_many(many, "w1", T0 + 5, 700, 3)
     assert batch == sequential
     assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
-    assert len(w.claim_many(many, "w1", T0 + 5, 700, 10)) == 1
-    assert w.claim_many(many, "w1", T0 + 5, 700, 10) == []
+    assert len(q.claim_many(many, "w1", T0 + 5, 700, 10)) == 1
+    assert q.claim_many(many, "w1", T0 + 5, 700, 10) == []
     one.close()
     many.close()
 
@@ -419,9 +431,9 @@ def test_claim_many_is_identical_to_sequential_claims(tmp_path):
 def test_finish_many_fences_each_ticket_on_its_own(con, db):
     for job_id in ("a", "b", "c"):
         put(con, job_id)
-    tickets = w.claim_many(con, "w1", T0, 1000, 3)
+    tickets = q.claim_many(con, "w1", T0, 1000, 3)
     stale = {**tickets[1], "token": 9}
-    got = w.finish_many(con, [(tickets[0], "ok", T0 + 1, 0), (stale, "ok", T0 + 1, 0),
+    got = q.finish_many(con, [(tickets[0], "ok", T0 + 1, 0), (stale, "ok", T0 + 1, 0),
                               (tickets[2], "retry", T0 + 1, 100)])
     assert got == ["done", False, "pending"]
     assert [job(db, i)["status"] for i in "abc"] == ["done", "leased", "pending"]

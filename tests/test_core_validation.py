@@ -11,6 +11,7 @@ import pytest
 from asnackq.core import worker as w
 
 from .conftest import T0, rows
+from .drivers import connect, q
 
 
 class MyStr(str):
@@ -58,6 +59,11 @@ def test_retry_delay_rejects_bad_input(args):
         w.retry_delay(*args)
 
 
+@pytest.fixture(params=["sync", "aio"])
+def con(request, db):
+    yield from connect(request.param, db)
+
+
 def test_exceptions_are_distinct_exception_subclasses():
     classes = [w.Conflict, w.Retryable, w.Permanent, w.BadAck]
     assert all(issubclass(cls, Exception) for cls in classes)
@@ -67,13 +73,13 @@ def test_exceptions_are_distinct_exception_subclasses():
 
 @pytest.mark.parametrize("bad", BAD_IDS)
 def test_identifier_rule_rejects(con, db, bad):
-    w.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
+    q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
     before = rows(db)
     for call in (
-        lambda: w.enqueue(con, {"id": bad, "qty": 1}, T0, 1000),
-        lambda: w.claim(con, bad, T0 + 5_000),  # quarantine would have changed "a"
-        lambda: w.redrive(con, bad, T0, 1000, "ops"),
-        lambda: w.redrive(con, "a", T0, 1000, bad),
+        lambda: q.enqueue(con, {"id": bad, "qty": 1}, T0, 1000),
+        lambda: q.claim(con, bad, T0 + 5_000),  # quarantine would have changed "a"
+        lambda: q.redrive(con, bad, T0, 1000, "ops"),
+        lambda: q.redrive(con, "a", T0, 1000, bad),
     ):
         with pytest.raises(ValueError):
             call()
@@ -82,8 +88,8 @@ def test_identifier_rule_rejects(con, db, bad):
 
 @pytest.mark.parametrize("good", GOOD_IDS)
 def test_identifier_rule_accepts(con, good):
-    assert w.enqueue(con, {"id": good, "qty": 1}, T0, 1000) is True
-    assert w.claim(con, good, T0)["owner"] == good
+    assert q.enqueue(con, {"id": good, "qty": 1}, T0, 1000) is True
+    assert q.claim(con, good, T0)["owner"] == good
 
 
 @pytest.mark.parametrize("event", [
@@ -93,7 +99,7 @@ def test_identifier_rule_accepts(con, good):
 ])
 def test_enqueue_rejects_bad_events(con, db, event):
     with pytest.raises(ValueError):
-        w.enqueue(con, event, T0, 1000)
+        q.enqueue(con, event, T0, 1000)
     assert rows(db) == [("--",)]
 
 
@@ -103,13 +109,13 @@ def test_enqueue_rejects_bad_events(con, db, event):
 ])
 def test_enqueue_rejects_bad_numbers(con, db, now, ttl, max_attempts):
     with pytest.raises(ValueError):
-        w.enqueue(con, {"id": "a", "qty": 1}, now, ttl, max_attempts)
+        q.enqueue(con, {"id": "a", "qty": 1}, now, ttl, max_attempts)
     assert rows(db) == [("--",)]
 
 
 def test_enqueue_accepts_every_inclusive_bound(con, db):
-    assert w.enqueue(con, {"id": "lo", "qty": 1}, 0, 1, 1)
-    assert w.enqueue(con, {"id": "hi", "qty": 1000}, w.MAX_NOW, 60_000, 16)
+    assert q.enqueue(con, {"id": "lo", "qty": 1}, 0, 1, 1)
+    assert q.enqueue(con, {"id": "hi", "qty": 1000}, w.MAX_NOW, 60_000, 16)
     assert rows(db)[1][1:] == ("hi", 1000, "pending", 0, 16, 0, w.MAX_NOW, 10**15,
                                None, None, None)
 
@@ -120,10 +126,10 @@ def test_enqueue_accepts_every_inclusive_bound(con, db):
     (T0, 1000, "after-claim"), (T0, 1000, 1),
 ])
 def test_claim_rejects_bad_arguments_before_quarantine(con, db, now, lease, fault):
-    w.enqueue(con, {"id": "a", "qty": 1}, T0 - 10, 1)  # quarantine-ready
+    q.enqueue(con, {"id": "a", "qty": 1}, T0 - 10, 1)  # quarantine-ready
     before = rows(db)
     with pytest.raises(ValueError):
-        w.claim(con, "w1", now, lease, fault)
+        q.claim(con, "w1", now, lease, fault)
     assert rows(db) == before
 
 
@@ -140,11 +146,11 @@ def ticket(**change):
     ticket(lease_until=10**15 + 1), ticket(lease_until=False), None,
 ])
 def test_finish_rejects_bad_tickets(con, db, bad):
-    w.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
-    w.claim(con, "w1", T0)
+    q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
+    q.claim(con, "w1", T0)
     before = rows(db)
     with pytest.raises(ValueError):
-        w.finish(con, bad, "ok", T0 + 1)
+        q.finish(con, bad, "ok", T0 + 1)
     assert rows(db) == before
 
 
@@ -154,20 +160,20 @@ def test_finish_rejects_bad_tickets(con, db, bad):
     ("ok", T0, True, None), ("ok", T0, 0, "hook"),
 ])
 def test_finish_rejects_bad_arguments(con, db, outcome, now, delay, fault):
-    w.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
-    issued = w.claim(con, "w1", T0)
+    q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
+    issued = q.claim(con, "w1", T0)
     before = rows(db)
     with pytest.raises(ValueError):
-        w.finish(con, issued, outcome, now, delay, fault)
+        q.finish(con, issued, outcome, now, delay, fault)
     assert rows(db) == before
 
 
 def test_finish_accepts_ticket_bounds(con):
-    w.enqueue(con, {"id": "a", "qty": 1000}, w.MAX_NOW - 1, 60_000)
+    q.enqueue(con, {"id": "a", "qty": 1000}, w.MAX_NOW - 1, 60_000)
     # Not leased with these values, so stale - but the values themselves are valid.
     big = ticket(qty=1000, token=10**15, attempt=16, lease_until=10**15)
-    assert w.finish(con, big, "ok", w.MAX_NOW) is False
-    assert w.finish(con, ticket(lease_until=1), "retry", 0, 60_000) is False
+    assert q.finish(con, big, "ok", w.MAX_NOW) is False
+    assert q.finish(con, ticket(lease_until=1), "retry", 0, 60_000) is False
 
 
 @pytest.mark.parametrize(("job_id", "now", "ttl", "note"), [
@@ -176,21 +182,21 @@ def test_finish_accepts_ticket_bounds(con):
     ("a", T0, 1000, None),
 ])
 def test_redrive_rejects_bad_arguments(con, db, job_id, now, ttl, note):
-    w.enqueue(con, {"id": "a", "qty": 1}, T0, 1, 1)
-    w.claim(con, "w1", T0 + 1)  # quarantines "a" as dead/deadline
+    q.enqueue(con, {"id": "a", "qty": 1}, T0, 1, 1)
+    q.claim(con, "w1", T0 + 1)  # quarantines "a" as dead/deadline
     before = rows(db)
     with pytest.raises(ValueError):
-        w.redrive(con, job_id, now, ttl, note)
+        q.redrive(con, job_id, now, ttl, note)
     assert rows(db) == before
 
 
 def test_validation_errors_reach_no_statement(con, statements):
     for call in (
-        lambda: w.enqueue(con, {"id": "a", "qty": False}, T0, 1000),
-        lambda: w.claim(con, "w1", T0, lease_ms=0),
-        lambda: w.finish(con, {}, "ok", T0),
-        lambda: w.redrive(con, "a", T0, 1000, "no note"),
-        lambda: w.extend(con, ticket(), T0, 0),
+        lambda: q.enqueue(con, {"id": "a", "qty": False}, T0, 1000),
+        lambda: q.claim(con, "w1", T0, lease_ms=0),
+        lambda: q.finish(con, {}, "ok", T0),
+        lambda: q.redrive(con, "a", T0, 1000, "no note"),
+        lambda: q.extend(con, ticket(), T0, 0),
     ):
         with pytest.raises(ValueError):
             call()
@@ -199,11 +205,11 @@ def test_validation_errors_reach_no_statement(con, statements):
 
 def test_inputs_are_never_mutated(con):
     event = {"id": "a", "qty": 2}
-    w.enqueue(con, event, T0, 1000)
+    q.enqueue(con, event, T0, 1000)
     assert event == {"id": "a", "qty": 2}
-    issued = w.claim(con, "w1", T0)
+    issued = q.claim(con, "w1", T0)
     copy = dict(issued)
-    assert w.extend(con, issued, T0 + 1, 2000) is not issued
+    assert q.extend(con, issued, T0 + 1, 2000) is not issued
     assert issued == copy
 
 

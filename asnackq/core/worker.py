@@ -226,6 +226,9 @@ WHERE id = :id AND status = 'dead' AND token = :token"""
 
 SQL_CHANGES = "SELECT changes()"
 
+# Read-only: how many jobs are still in flight (pending or leased).
+SQL_ACTIVE = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'leased')"
+
 
 # --- plans: the state machine, free of I/O ----------------------------------------
 
@@ -550,22 +553,31 @@ def check_run_args(owner: object, clock: object, send: object, jitter: object,
     check_int(lease_ms, "lease_ms", 1, 60_000)
 
 
-def classify(send: Callable[[dict[str, Any]], object], ticket: Ticket,
-             jitter: float) -> tuple[str, int]:
-    """Send a fresh ``{id, qty}`` once and map the answer to ``(outcome, delay_ms)``.
+def fresh_event(ticket: Ticket) -> dict[str, Any]:
+    """A new ``{id, qty}`` dict for one send: the sender may mutate it, never our ticket."""
+    return {"id": ticket["id"], "qty": ticket["qty"]}
 
-    Only the exact ``True`` is ok; another return value raises ``BadAck``.  Any
-    exception other than ``Retryable``/``Permanent`` (``BadAck`` included) propagates.
-    """
-    try:
-        ack = send({"id": ticket["id"], "qty": ticket["qty"]})
-    except Retryable:
+
+def judge_send(ticket: Ticket, jitter: float, ack: object = None,
+               error: Retryable | Permanent | None = None) -> tuple[str, int]:
+    """Map a send's answer to ``(outcome, delay_ms)``: only the exact ``True`` is ok."""
+    if isinstance(error, Retryable):
         return "retry", retry_delay(ticket["attempt"], 100, 1000, jitter)
-    except Permanent:
+    if isinstance(error, Permanent):
         return "permanent", 0
     if ack is not True:
         raise BadAck(f"send returned {ack!r} for {ticket['id']!r}; only True is an ACK")
     return "ok", 0
+
+
+def classify(send: Callable[[dict[str, Any]], object], ticket: Ticket,
+             jitter: float) -> tuple[str, int]:
+    """Send once and classify; exceptions other than Retryable/Permanent propagate unchanged."""
+    try:
+        ack = send(fresh_event(ticket))
+    except (Retryable, Permanent) as error:
+        return judge_send(ticket, jitter, error=error)
+    return judge_send(ticket, jitter, ack)
 
 
 def second_reading(clock: Callable[[], object], first: int) -> int:

@@ -1,0 +1,392 @@
+"""The asyncio layer: the core's plans driven through aiosqlite, and a concurrent Dispatcher.
+
+Rules of this module:
+
+* No state machine here: every transition is a ``worker.plan_*`` plan, run by ``_pump``
+  (the async twin of ``worker._drive``; only this small loop exists twice).
+* One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
+  interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
+  caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
+* No transaction is ever open across a network await: sends happen between plans.
+* ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with
+  a bounded, jittered backoff, then surfaces as ``QueueBusy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import random
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Generic, TypeVar
+
+import aiosqlite
+
+from asnackq.core import worker as w
+
+__all__ = ["AsyncQueue", "Dispatcher", "QueueBusy", "Summary", "epoch_ms"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+AsyncSend = Callable[..., Awaitable[object]]
+Claimed = tuple[dict[str, Any], int]          # a ticket and the clock reading it was claimed at
+
+
+class QueueBusy(sqlite3.OperationalError):
+    """Raised when the queue file stayed locked by other processes beyond the retry bound."""
+
+
+def epoch_ms() -> int:
+    """The default clock: milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def check_async_fault(fault: object) -> w.Fault:
+    """A fault hook must be a plain callable: one returning a coroutine is refused."""
+    if inspect.iscoroutinefunction(fault):
+        raise TypeError("fault must be a plain callable, not a coroutine function")
+    return w.check_fault(fault)
+
+
+def call_fault(fault: w.Fault, point: str) -> None:
+    if fault is None:
+        return
+    result = fault(point)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
+
+
+async def _rollback(db: aiosqlite.Connection) -> None:
+    """Roll back if a transaction is open; a failing rollback never hides the original error."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            await db.execute("ROLLBACK")
+
+
+async def _begin(db: aiosqlite.Connection, attempts: int = 8) -> None:
+    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff."""
+    for attempt in range(attempts):
+        try:
+            await db.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            if attempt == attempts - 1:
+                raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
+            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+
+
+async def _pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
+    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db`` (twin of ``worker._drive``)."""
+    await _begin(db)
+    try:
+        reply: list[tuple[Any, ...]] | None = None
+        while True:
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                result, changed = stop.value
+                break
+            if isinstance(step, w.Sql):
+                reply = [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
+            else:
+                reply = None
+                call_fault(fault, step.name)
+        await db.execute("COMMIT")
+    except BaseException:
+        await _rollback(db)
+        raise
+    if changed:
+        call_fault(fault, w.AFTER_COMMIT)
+    return result
+
+
+class AsyncQueue:
+    """A queue file driven through aiosqlite: the same validation, results and hooks as the core."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, path: Any) -> AsyncQueue:
+        """Open a queue file (``open_queue``'s format and settings); close it with ``close()``."""
+        filename = w.check_queue_path(path)
+        db = await aiosqlite.connect(filename, timeout=1, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=DELETE")
+            await db.execute("PRAGMA synchronous=FULL")
+            await _begin(db)
+            for statement in w.SCHEMA:
+                await db.execute(statement)
+            await db.execute("COMMIT")
+        except BaseException:
+            await _rollback(db)
+            await db.close()
+            raise
+        return cls(db)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, path: Any) -> AsyncIterator[AsyncQueue]:
+        """``async with AsyncQueue.open(path) as q:`` - closed on exit."""
+        queue = await cls.connect(path)
+        try:
+            yield queue
+        finally:
+            await queue.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._db.close()
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._db.in_transaction)
+
+    async def _run(self, plan: w.Plan, fault: w.Fault = None) -> Any:
+        """Run one plan under the lock, shielded: cancellation never splits the transaction."""
+        async def locked() -> Any:
+            async with self._lock:
+                return await _pump(self._db, plan, fault)
+
+        task = asyncio.ensure_future(locked())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])     # let COMMIT or ROLLBACK land, then re-raise
+            raise
+
+    async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A read-only query outside any write transaction."""
+        async with self._lock:
+            return [tuple(row) for row in await self._db.execute_fetchall(sql, params)]
+
+    async def enqueue(self, event: dict[str, Any], now_ms: int, ttl_ms: int,
+                      max_attempts: int = 3) -> bool:
+        return bool(await self._run(w.plan_enqueue(event, now_ms, ttl_ms, max_attempts)))
+
+    async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
+                    fault: w.Fault = None) -> w.Ticket | None:
+        plan = w.plan_claim(owner, now_ms, lease_ms)
+        result: w.Ticket | None = await self._run(plan, check_async_fault(fault))
+        return result
+
+    async def claim_many(self, owner: str, now_ms: int, lease_ms: int,
+                         count: int) -> list[w.Ticket]:
+        result: list[w.Ticket] = await self._run(w.plan_claim_many(owner, now_ms, lease_ms, count))
+        return result
+
+    async def finish(self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0,
+                     fault: w.Fault = None) -> str | bool:
+        plan = w.plan_finish(ticket, outcome, now_ms, delay_ms)
+        result: str | bool = await self._run(plan, check_async_fault(fault))
+        return result
+
+    async def finish_many(self, results: list[tuple[w.Ticket, str, int, int]]) -> list[str | bool]:
+        statuses: list[str | bool] = await self._run(w.plan_finish_many(results))
+        return statuses
+
+    async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
+                     fault: w.Fault = None) -> w.Ticket | bool:
+        plan = w.plan_extend(ticket, now_ms, lease_ms)
+        result: w.Ticket | bool = await self._run(plan, check_async_fault(fault))
+        return result
+
+    async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
+                      fault: w.Fault = None) -> bool:
+        plan = w.plan_redrive(job_id, now_ms, ttl_ms, note)
+        return bool(await self._run(plan, check_async_fault(fault)))
+
+    async def run_once(self, owner: str, clock: Callable[[], int],
+                       send: Callable[[dict[str, Any]], Awaitable[object]], jitter: float,
+                       lease_ms: int = 1000) -> dict[str, Any] | None:
+        """The core's ``run_once`` with an async ``send``, awaited outside any transaction."""
+        w.check_run_args(owner, clock, send, jitter, lease_ms)
+        first = w.check_now(clock(), "first clock reading")
+        ticket = await self.claim(owner, first, lease_ms)
+        if ticket is None:
+            return None
+        mine = dict(ticket)
+        outcome, delay = await classify(send, mine, jitter)
+        now = w.second_reading(clock, first)
+        return w.delivery_result(mine, await self.finish(dict(mine), outcome, now, delay))
+
+
+async def classify(send: AsyncSend, ticket: w.Ticket, jitter: float,
+                   *extra: Any) -> tuple[str, int]:
+    """The async twin of ``worker.classify``: the judgement itself is ``worker.judge_send``."""
+    try:
+        ack = await send(w.fresh_event(ticket), *extra)
+    except (w.Retryable, w.Permanent) as error:
+        return w.judge_send(ticket, jitter, error=error)
+    return w.judge_send(ticket, jitter, ack)
+
+
+class Batcher(Generic[T, R]):
+    """Group commit: callers that arrive while a batch runs are served by the next one."""
+
+    def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+        self._run = run
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._busy = False
+        self._drainer: asyncio.Future[None] | None = None
+
+    async def submit(self, item: T) -> R:
+        done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, done))
+        if not self._busy:
+            self._busy = True
+            self._drainer = asyncio.ensure_future(self._drain())
+        return await asyncio.shield(done)
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = await self._run([item for item, _ in batch])
+                except BaseException as error:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(error)
+                    if not isinstance(error, Exception):
+                        raise
+                    continue
+                for (_, done), result in zip(batch, results, strict=True):
+                    if not done.done():
+                        done.set_result(result)
+        finally:
+            self._busy = False
+
+
+@dataclass
+class Summary:
+    """What a dispatcher run did."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    stale: int = 0
+    bad_acks: int = 0
+    errors: int = 0
+    requests: int = 0
+    extended: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Dispatcher:
+    """Many delivery coroutines over one AsyncQueue, each following ``run_once``'s contract."""
+
+    def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
+                 lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
+                 jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
+                 idle_ms: int = 20) -> None:
+        w.check_run_args(owner, clock, send, 0.5, lease_ms)
+        w.check_int(concurrency, "concurrency", 1, 1024)
+        timeout_s = getattr(send, "timeout_s", None)
+        if timeout_s is not None and timeout_s * 1000 >= lease_ms:
+            raise ValueError(f"the sender's timeout ({timeout_s}s) must be below the lease "
+                             f"({lease_ms}ms): a late ACK would arrive after the lease ended")
+        self.queue, self.send, self.owner = queue, send, owner
+        self.concurrency, self.lease_ms, self.clock = concurrency, lease_ms, clock
+        self.jitter, self.grace_s, self.idle_ms = jitter, grace_s, idle_ms
+        self.summary = Summary()
+        self._claims: Batcher[None, Claimed | None] = Batcher(self._claim_batch)
+        self._finishes: Batcher[tuple[w.Ticket, str, int, int], str | bool] = \
+            Batcher(self.queue.finish_many)
+        self._stopping = False
+        self._budget: int | None = None
+
+    async def _claim_batch(self, requests: list[None]) -> list[Claimed | None]:
+        if self._budget is not None:
+            allowed = min(len(requests), self._budget)
+            self._budget -= allowed
+        else:
+            allowed = len(requests)
+        claimed: list[Claimed | None] = []
+        if allowed and not self._stopping:
+            now = w.check_now(self.clock(), "first clock reading")
+            tickets = await self.queue.claim_many(self.owner, now, self.lease_ms, allowed)
+            claimed = [(ticket, now) for ticket in tickets]
+        return claimed + [None] * (len(requests) - len(claimed))
+
+    async def run(self, *, until_empty: bool = True, max_jobs: int | None = None) -> Summary:
+        """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims)."""
+        self._budget = max_jobs
+        workers = [asyncio.ensure_future(self._work(until_empty)) for _ in range(self.concurrency)]
+        try:
+            await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers
+        except asyncio.CancelledError:
+            self._stopping = True          # stop claiming; let in-flight sends end
+            _, late = await asyncio.wait(workers, timeout=self.grace_s)
+            for task in late:              # abandoned jobs stay leased and are reclaimed later
+                task.cancel()
+            await asyncio.wait(workers)
+            raise
+        for task in workers:
+            task.result()                  # a worker's unexpected failure is the run's failure
+        return self.summary
+
+    async def _work(self, until_empty: bool) -> None:
+        while not self._stopping:
+            claimed = await self._claims.submit(None)
+            if claimed is None:
+                if self._budget == 0 or not until_empty or not await self._active():
+                    return
+                await asyncio.sleep(self.idle_ms / 1000)
+                continue
+            self.summary.claimed += 1
+            await self._deliver(*claimed)
+
+    async def _active(self) -> bool:
+        rows = await self.queue.read(w.SQL_ACTIVE)
+        return bool(rows[0][0])
+
+    async def _deliver(self, ticket: w.Ticket, first: int) -> None:
+        try:
+            ticket, (outcome, delay) = await self._send_extending(ticket)
+        except w.BadAck:
+            self.summary.bad_acks += 1
+            return                         # stays leased; reclaimed after the lease
+        except Exception:
+            self.summary.errors += 1
+            return
+        now = w.second_reading(self.clock, first)
+        status = await self._finishes.submit((ticket, outcome, now, delay))
+        self._count(outcome, status)
+
+    async def _send_extending(self, ticket: w.Ticket) -> tuple[w.Ticket, tuple[str, int]]:
+        """Send once; while the send outlives half its lease, extend the lease (fenced)."""
+        self.summary.requests += 1
+        jitter = w.check_jitter(self.jitter())
+        sending = asyncio.ensure_future(classify(self.send, ticket, jitter, ticket["token"]))
+        while True:
+            done, _ = await asyncio.wait([sending], timeout=self.lease_ms / 2000)
+            if done:
+                return ticket, sending.result()
+            longer = await self.queue.extend(ticket, w.check_now(self.clock()), self.lease_ms)
+            if longer is not False:
+                assert isinstance(longer, dict)
+                ticket = longer
+                self.summary.extended += 1
+
+    def _count(self, outcome: str, status: str | bool) -> None:
+        if status is False:
+            self.summary.stale += 1
+        elif status == "done":
+            self.summary.done += 1
+        elif status == "pending":
+            self.summary.retried += 1
+        else:
+            self.summary.dead += 1

@@ -1,0 +1,232 @@
+"""The asyncio layer: hooks, sends outside transactions, cancellation, the Dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
+from asnackq.core import worker as w
+from asnackq.http_send import AsyncHttpSender
+
+from .conftest import T0, Clock, job, rows
+from .drivers import AioBridge
+from .sinks import sink, sink_state
+
+
+@pytest.fixture
+async def queue(db):
+    async with AsyncQueue.open(db) as opened:
+        yield opened
+
+
+async def fill(queue, count, **options):
+    for i in range(count):
+        await queue.enqueue({"id": f"job-{i}", "qty": i % 7 + 1}, options.get("now", T0),
+                            options.get("ttl", 60_000), options.get("max_attempts", 3))
+
+
+async def test_a_coroutine_fault_is_refused(queue, db):
+    await fill(queue, 1)
+
+    async def async_hook(point):
+        return None
+
+    with pytest.raises(TypeError):
+        await queue.claim("w1", T0, fault=async_hook)
+    with pytest.raises(TypeError):
+        await queue.claim("w1", T0, fault=lambda point: async_hook(point))
+    assert job(db, "job-0")["status"] == "pending" and not queue.in_transaction
+
+
+async def test_run_once_sends_outside_any_transaction(queue, db):
+    await fill(queue, 1)
+    seen = []
+
+    async def send(event):
+        other = sqlite3.connect(db, timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        seen.append((dict(event), queue.in_transaction))
+        event["id"] = "elsewhere"
+        return True
+
+    assert await queue.run_once("w1", Clock(T0, T0 + 5), send, 0.5) == {
+        "id": "job-0", "token": 1, "status": "done"}
+    assert seen == [({"id": "job-0", "qty": 1}, False)]
+
+
+@pytest.mark.parametrize(("answer", "status"), [
+    (w.Retryable("503"), "pending"), (w.Permanent("400"), "dead")])
+async def test_run_once_classifies_like_the_core(queue, db, answer, status):
+    await fill(queue, 1)
+
+    async def send(event):
+        raise answer
+
+    result = await queue.run_once("w1", Clock(T0, T0 + 5), send, 1)
+    assert result == {"id": "job-0", "token": 1, "status": status}
+    if status == "pending":
+        assert job(db, "job-0")["available_at"] == T0 + 5 + 100
+
+
+@pytest.mark.parametrize("answer", [False, "ok", RuntimeError("x"), w.BadAck("id")])
+async def test_run_once_bad_answers_propagate_and_keep_the_lease(queue, db, answer):
+    await fill(queue, 1)
+
+    async def send(event):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with pytest.raises(w.BadAck if not isinstance(answer, Exception) else type(answer)):
+        await queue.run_once("w1", Clock(T0, T0 + 5), send, 1)
+    assert job(db, "job-0")["status"] == "leased"
+
+
+async def test_cancelling_a_caller_never_splits_a_batch(queue, db):
+    await fill(queue, 300)
+    for _ in range(20):
+        task = asyncio.ensure_future(queue.claim_many("w1", T0, 1000, 50))
+        for _ in range(10_000):                 # cancel while the transaction is open
+            if queue.in_transaction:
+                break
+            await asyncio.sleep(0)
+        assert queue.in_transaction
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not queue.in_transaction
+        leased = [r for r in rows(db) if len(r) > 3 and r[3] == "leased"]
+        assert len(leased) % 50 == 0          # whole batches only: the shield let it commit
+    # Abandoned tickets stay leased and are reclaimed after the lease: none is lost.
+    reclaimed = await queue.claim_many("w2", T0 + 1000, 1000, 1000)
+    assert len(reclaimed) == 300
+
+
+async def test_dispatcher_delivers_everything_once_through_a_real_sink(queue, db, tmp_path):
+    await fill(queue, 200, now=epoch_ms())
+    async with sink(tmp_path / "s.db") as s, AsyncHttpSender(s.url) as send:
+        summary = await Dispatcher(queue, send, owner="d1", concurrency=16).run()
+    assert (summary.claimed, summary.done, summary.requests) == (200, 200, 200)
+    assert {r[3] for r in rows(db) if len(r) > 3} == {"done"}
+    total, inbox = sink_state(tmp_path / "s.db")
+    assert len(inbox) == 200 and total == sum(i % 7 + 1 for i in range(200))
+
+
+async def test_dispatcher_refuses_a_sender_timeout_beyond_the_lease(queue):
+    async with AsyncHttpSender("http://127.0.0.1:1/events", timeout_s=2.0) as send:
+        with pytest.raises(ValueError, match="lease"):
+            Dispatcher(queue, send, owner="d1", lease_ms=2000)
+
+
+async def test_dispatcher_survives_unknown_failures_and_reclaims_later(queue, db):
+    await fill(queue, 20, now=epoch_ms())
+    failed = set()
+
+    async def flaky(event, token):
+        if event["id"] not in failed:
+            failed.add(event["id"])
+            raise (RuntimeError if len(failed) % 2 else w.BadAck)("unknown answer")
+        return True
+
+    summary = await Dispatcher(queue, flaky, owner="d1", concurrency=8, lease_ms=100).run()
+    assert (summary.errors, summary.bad_acks, summary.done) == (10, 10, 20)
+    assert all(job(db, f"job-{i}")["token"] == 2 for i in range(20))
+
+
+async def test_dispatcher_extends_the_lease_of_a_slow_send(queue, db):
+    await fill(queue, 1, now=epoch_ms())
+
+    async def slow(event, token):
+        await asyncio.sleep(0.35)
+        return True
+
+    summary = await Dispatcher(queue, slow, owner="d1", concurrency=1, lease_ms=200).run()
+    assert summary.extended >= 1 and summary.done == 1 and summary.stale == 0
+
+
+async def test_cancelling_the_dispatcher_loses_no_job(queue, db):
+    await fill(queue, 100, now=epoch_ms())
+
+    async def slow(event, token):
+        await asyncio.sleep(0.01)
+        return True
+
+    dispatcher = Dispatcher(queue, slow, owner="d1", concurrency=8, lease_ms=1000, grace_s=2)
+    task = asyncio.ensure_future(dispatcher.run())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not queue.in_transaction
+    statuses = [r[3] for r in rows(db) if len(r) > 3]
+    assert set(statuses) <= {"done", "pending"}      # in-flight sends finished in the grace
+    assert statuses.count("done") == dispatcher.summary.done
+    rest = await Dispatcher(queue, slow, owner="d2", concurrency=8).run()
+    assert dispatcher.summary.done + rest.done == 100
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("enqueue"), st.sampled_from("abcd"), st.integers(1, 3),
+              st.integers(0, 50), st.integers(1, 200), st.integers(1, 3)),
+    st.tuples(st.just("claim"), st.sampled_from(["w1", "w2"]), st.integers(0, 400),
+              st.integers(1, 150)),
+    st.tuples(st.just("finish"), st.integers(0, 5), st.sampled_from(w.OUTCOMES),
+              st.integers(0, 400), st.integers(0, 100)),
+    st.tuples(st.just("redrive"), st.sampled_from("abcd"), st.integers(0, 400),
+              st.integers(1, 200)),
+    st.tuples(st.just("extend"), st.integers(0, 5), st.integers(0, 400), st.integers(1, 150)),
+), max_size=25)
+
+
+def apply(con, operations, call):
+    """Apply operations through ``call``; record each result or exception type."""
+    tickets, results = [], []
+    for op in operations:
+        try:
+            if op[0] == "enqueue":
+                _, i, qty, now, ttl, tries = op
+                result = call(con, "enqueue", {"id": i, "qty": qty}, T0 + now, ttl, tries)
+            elif op[0] == "claim":
+                result = call(con, "claim", op[1], T0 + op[2], op[3])
+                if result:
+                    tickets.append(result)
+            elif op[0] in ("finish", "extend") and tickets:
+                ticket = tickets[op[1] % len(tickets)]
+                args = (op[2], T0 + op[3], op[4]) if op[0] == "finish" else (T0 + op[2], op[3])
+                result = call(con, op[0], ticket, *args)
+            elif op[0] == "redrive":
+                result = call(con, "redrive", op[1], T0 + op[2], op[3], "ops")
+            else:
+                result = "skipped"
+        except (ValueError, w.Conflict) as error:
+            result = type(error).__name__
+        results.append(result)
+    return results
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(operations=OPS)
+def test_both_drivers_agree_on_random_operation_sequences(tmp_path_factory, operations):
+    from .drivers import q
+
+    root = tmp_path_factory.mktemp("agree")
+    sync_con = w.open_queue(root / "sync.db")
+    bridge = AioBridge(root / "aio.db")
+    try:
+        def call(con, name, *args):
+            return getattr(q, name)(con, *args)
+
+        assert apply(sync_con, operations, call) == apply(bridge, operations, call)
+    finally:
+        sync_con.close()
+        bridge.close()
+    assert rows(root / "sync.db") == rows(root / "aio.db")
