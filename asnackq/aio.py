@@ -96,6 +96,8 @@ async def _pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
                 break
             if isinstance(step, w.Sql):
                 reply = [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
+            elif isinstance(step, w.SqlMany):
+                reply = [((await db.executemany(step.sql, step.params)).rowcount,)]
             else:
                 reply = None
                 call_fault(fault, step.name)

@@ -58,7 +58,7 @@ def test_open_queue_keeps_rows_across_reopen(db):
 
 def test_claim_plan_does_not_scan_finished_rows(db):
     con = w.open_queue(db)
-    plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1}))
+    plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
              for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE)]
     con.close()
     for plan in plans:

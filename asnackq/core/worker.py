@@ -183,14 +183,17 @@ WHERE seq IN (
     WHERE status = 'leased' AND lease_until <= :now
       AND (deadline <= :now OR attempts >= max_attempts))"""
 
+# The :n lowest-seq claimable jobs.  Leasing one job never makes another claimable or
+# unclaimable at the same instant, so these are exactly what :n sequential claims take.
 SQL_NEXT_CLAIMABLE = """
-SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq = (
-  SELECT min(seq) FROM (
-    SELECT seq FROM (SELECT seq FROM jobs
-      WHERE status = 'pending' AND available_at <= :now ORDER BY seq LIMIT 1)
-    UNION ALL
-    SELECT seq FROM (SELECT seq FROM jobs
-      WHERE status = 'leased' AND lease_until <= :now ORDER BY seq LIMIT 1)))"""
+SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN (
+  SELECT seq FROM (SELECT seq FROM jobs
+      WHERE status = 'pending' AND available_at <= :now ORDER BY seq LIMIT :n)
+  UNION ALL
+  SELECT seq FROM (SELECT seq FROM jobs
+      WHERE status = 'leased' AND lease_until <= :now ORDER BY seq LIMIT :n)
+  ORDER BY seq LIMIT :n)
+ORDER BY seq"""
 
 SQL_LEASE = """
 UPDATE jobs SET status = 'leased', attempts = :attempts, token = :token, owner = :owner,
@@ -200,6 +203,10 @@ WHERE seq = :seq AND token = :token - 1"""
 SQL_JOB = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until
 FROM jobs WHERE id = ?"""
+
+SQL_JOBS = """
+SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until, id
+FROM jobs WHERE id IN ({marks})"""
 
 SQL_INSERT_JOB = """
 INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at, deadline,
@@ -239,13 +246,20 @@ class Sql(NamedTuple):
     params: tuple[Any, ...] | dict[str, Any] = ()
 
 
+class SqlMany(NamedTuple):
+    """One statement over many parameter sets; the driver sends back ``[(rowcount,)]``."""
+
+    sql: str
+    params: list[dict[str, Any]]
+
+
 class Hook(NamedTuple):
     """A fault point inside the transaction; the driver calls ``fault(name)``."""
 
     name: str
 
 
-Step = Sql | Hook
+Step = Sql | SqlMany | Hook
 Plan = Generator[Step, list[tuple[Any, ...]] | None, tuple[Any, bool]]
 AFTER_COMMIT = "after-commit"
 
@@ -256,6 +270,13 @@ def _write(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[Step
     rows = yield Sql(SQL_CHANGES)
     if rows != [(1,)]:  # the fence was checked under the same lock: this is a bug
         raise RuntimeError(f"guarded write changed {rows} rows, expected 1")
+
+
+def _write_many(sql: str, params: list[dict[str, Any]]) -> Generator[Step, Any, None]:
+    """Execute a guarded write per parameter set; each must change exactly one row."""
+    rows = yield SqlMany(sql, params)
+    if rows != [(len(params),)]:
+        raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(params)}")
 
 
 def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3) -> Plan:
@@ -286,18 +307,27 @@ def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000) -> Plan:
 
 
 def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan:
+    tickets = yield from _lease(owner, now_ms, lease_ms, 1)
+    if not tickets:
+        return None, False
+    yield Hook("after-claim")
+    return tickets[0], True
+
+
+def _lease(owner: str, now_ms: int, lease_ms: int,
+           count: int) -> Generator[Step, Any, list[Ticket]]:
+    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs."""
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
     yield Sql(SQL_QUARANTINE, {"now": now_ms})
-    rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms})
-    if not rows:
-        return None, False
-    seq, job_id, qty, attempts, token, deadline = rows[0]
-    ticket = {"id": job_id, "qty": qty, "owner": owner, "token": token + 1,
-              "attempt": attempts + 1, "lease_until": min(now_ms + lease_ms, deadline)}
-    yield from _write(SQL_LEASE, {"seq": seq, "attempts": ticket["attempt"], "owner": owner,
-                                  "token": ticket["token"], "lease_until": ticket["lease_until"]})
-    yield Hook("after-claim")
-    return ticket, True
+    rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms, "n": count})
+    tickets = [{"id": job_id, "qty": qty, "owner": owner, "token": token + 1,
+                "attempt": attempts + 1, "lease_until": min(now_ms + lease_ms, deadline)}
+               for _, job_id, qty, attempts, token, deadline in rows]
+    if tickets:
+        yield from _write_many(SQL_LEASE, [
+            {"seq": row[0], "attempts": t["attempt"], "owner": owner, "token": t["token"],
+             "lease_until": t["lease_until"]} for row, t in zip(rows, tickets, strict=True)])
+    return tickets
 
 
 def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: object) -> Plan:
@@ -306,19 +336,12 @@ def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: obje
     Identical to ``count`` sequential claims at ``now_ms``: each job gets its own token.
     """
     check_int(count, "count", 1, 1024)
-    first = plan_claim(owner, now_ms, lease_ms)
-    return _claim_many(first, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
+    plan_claim(owner, now_ms, lease_ms)        # validates
+    return _claim_many(owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
 
 
-def _claim_many(first: Plan, owner: str, now_ms: int, lease_ms: int, count: int) -> Plan:
-    tickets: list[Ticket] = []
-    plan = first
-    while len(tickets) < count:
-        ticket, _ = yield from plan
-        if ticket is None:
-            break
-        tickets.append(ticket)
-        plan = _claim(owner, now_ms, lease_ms)
+def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan:
+    tickets = yield from _lease(owner, now_ms, lease_ms, count)
     return tickets, bool(tickets)
 
 
@@ -355,31 +378,53 @@ def plan_finish(ticket: object, outcome: object, now_ms: object, delay_ms: objec
 
 
 def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan:
-    rows = yield Sql(SQL_JOB, (ticket["id"],))
-    if not rows or not _matches(rows[0], ticket, now_ms):
+    (status,) = yield from _settle([(ticket, outcome, now_ms, delay_ms)])
+    if status is False:
         return False, False  # a stale or late result never touches the current job
-    status, reason = _decide(rows[0], outcome, now_ms, delay_ms)
-    available_at = now_ms + delay_ms if status == "pending" else now_ms
-    yield from _write(SQL_FINISH, {**ticket, "status": status, "reason": reason,
-                                   "available_at": available_at})
     yield Hook("after-finish")
     return status, True
+
+
+def _settle(results: list[tuple[Ticket, str, int, int]]) -> Generator[Step, Any, list[Any]]:
+    """Fence each ``(ticket, outcome, now_ms, delay_ms)`` on its own, then write them all."""
+    ids = sorted({ticket["id"] for ticket, *_ in results})
+    rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
+    current = {row[-1]: row[:-1] for row in rows}
+    statuses: list[Any] = []
+    updates = []
+    for ticket, outcome, now_ms, delay_ms in results:
+        row = current.get(ticket["id"])
+        if row is None or not _matches(row, ticket, now_ms):
+            statuses.append(False)
+            continue
+        del current[ticket["id"]]     # no longer leased: a second ticket for it is stale
+        status, reason = _decide(row, outcome, now_ms, delay_ms)
+        available_at = now_ms + delay_ms if status == "pending" else now_ms
+        updates.append({**ticket, "status": status, "reason": reason,
+                        "available_at": available_at})
+        statuses.append(status)
+    if updates:
+        yield from _write_many(SQL_FINISH, updates)
+    return statuses
 
 
 def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]]) -> Plan:
     """Plan several finishes ``(ticket, outcome, now_ms, delay_ms)`` in one transaction.
 
-    Each ticket is fenced on its own; the result is the list of per-ticket results.
+    Each ticket is fenced on its own, exactly as sequential finishes would be; the
+    result is the list of per-ticket results.
     """
-    plans = [plan_finish(*result) for result in results]
-    return _finish_many(plans)
+    checked = []
+    for ticket, outcome, now_ms, delay_ms in results:
+        plan_finish(ticket, outcome, now_ms, delay_ms).close()     # validates
+        checked.append((dict(ticket), outcome, now_ms, delay_ms))
+    if not checked:
+        raise ValueError("finish_many needs at least one result")
+    return _finish_many(checked)
 
 
-def _finish_many(plans: list[Plan]) -> Plan:
-    statuses = []
-    for plan in plans:
-        status, _ = yield from plan
-        statuses.append(status)
+def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan:
+    statuses = yield from _settle(results)
     return statuses, any(status is not False for status in statuses)
 
 
@@ -448,6 +493,8 @@ def _drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:
                 break
             if isinstance(step, Sql):
                 reply = con.execute(step.sql, step.params).fetchall()
+            elif isinstance(step, SqlMany):
+                reply = [(con.executemany(step.sql, step.params).rowcount,)]
             else:
                 reply = None
                 if fault is not None:
