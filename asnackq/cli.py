@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -70,11 +71,58 @@ def run_sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_outbox(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    outbox = commands.add_parser("outbox", help="ordered delivery through a transactional outbox")
+    actions = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")
+    accept = actions.add_parser("accept", help="accept an order and its outbox row atomically")
+    accept.add_argument("source", type=Path)
+    accept.add_argument("--id", required=True)
+    accept.add_argument("--qty", required=True, type=int)
+    pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
+    pending.add_argument("source", type=Path)
+    pending.add_argument("--limit", type=int, default=16)
+    dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
+    dispatch.add_argument("source", type=Path)
+    dispatch.add_argument("--sink", required=True, help="the sink's /events URL")
+    dispatch.add_argument("--limit", type=int, default=16)
+    dispatch.add_argument("--timeout-s", type=float, default=2.0)
+    outbox.set_defaults(run=run_outbox)
+
+
+def run_outbox(args: argparse.Namespace) -> int:
+    from asnackq.core import outbox
+    from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable
+    from asnackq.http_send import HttpSender
+
+    if args.action != "accept" and not args.source.is_file():
+        raise Failure(f"no source DB at {args.source}")
+    con = outbox.open_source(args.source)
+    try:
+        if args.action == "accept":
+            try:
+                new = outbox.accept(con, {"id": args.id, "qty": args.qty})
+            except Conflict as error:
+                raise Failure(str(error)) from None
+            print(json.dumps({"id": args.id, "accepted": new}))
+        elif args.action == "pending":
+            print(json.dumps(outbox.pending(con, args.limit)))
+        else:
+            sender = HttpSender(args.sink, timeout_s=args.timeout_s)
+            try:
+                print(json.dumps({"sent": outbox.dispatch(con, sender, args.limit)}))
+            except (Retryable, Permanent, BadAck) as error:
+                raise Failure(f"stopped at the first failure: {error}") from None
+    finally:
+        con.close()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="asnackq", description="At-least-once delivery with once-only effects.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_sink(commands)
+    add_outbox(commands)
     return top
 
 

@@ -518,13 +518,18 @@ def _check_con(con: object) -> sqlite3.Connection:
 
 def open_queue(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open (creating tables only when absent) a queue file; the caller owns the connection."""
+    return open_db(path, SCHEMA)
+
+
+def open_db(path: str | os.PathLike[str], schema: Iterable[str]) -> sqlite3.Connection:
+    """Open a DB file with the core's settings, running ``schema`` in one transaction."""
     filename = check_queue_path(path)
     con = sqlite3.connect(filename, timeout=1, isolation_level=None)
     try:
         con.execute("PRAGMA journal_mode=DELETE").fetchall()
         con.execute("PRAGMA synchronous=FULL")
         con.execute("BEGIN IMMEDIATE")
-        for statement in SCHEMA:
+        for statement in schema:
             con.execute(statement)
         con.execute("COMMIT")
     except BaseException:
