@@ -117,10 +117,22 @@ def run_outbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser("demo", help="two workers, one killed after a send: recovery")
+    demo.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from asnackq.demo import main as demo
+
+    return demo()
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="asnackq", description="At-least-once delivery with once-only effects.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo(commands)
     add_sink(commands)
     add_outbox(commands)
     return top
