@@ -2,7 +2,7 @@
 
 Rules of this module:
 
-* No state machine here: every transition is a ``worker.plan_*`` plan, run by ``_pump``
+* No state machine here: every transition is a ``worker.plan_*`` plan, run by ``pump``
   (the async twin of ``worker._drive``; only this small loop exists twice).
 * One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
   interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
@@ -83,7 +83,20 @@ async def _begin(db: aiosqlite.Connection, attempts: int = 8) -> None:
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
 
 
-async def _pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
+async def open_db(path: Any, schema: tuple[str, ...], busy_s: float) -> aiosqlite.Connection:
+    """Open a DB file with the core's settings, creating ``schema`` through the core's plan."""
+    db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
+    try:
+        for pragma in w.PRAGMAS:
+            await db.execute(pragma)
+        await pump(db, w.plan_schema(schema), None)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db`` (twin of ``worker._drive``)."""
     await _begin(db)
     try:
@@ -121,19 +134,7 @@ class AsyncQueue:
     async def connect(cls, path: Any) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings); close it with ``close()``."""
         filename = w.check_queue_path(path)
-        db = await aiosqlite.connect(filename, timeout=1, isolation_level=None)
-        try:
-            await db.execute("PRAGMA journal_mode=DELETE")
-            await db.execute("PRAGMA synchronous=FULL")
-            await _begin(db)
-            for statement in w.SCHEMA:
-                await db.execute(statement)
-            await db.execute("COMMIT")
-        except BaseException:
-            await _rollback(db)
-            await db.close()
-            raise
-        return cls(db)
+        return cls(await open_db(filename, w.SCHEMA, busy_s=1))
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -157,7 +158,7 @@ class AsyncQueue:
         """Run one plan under the lock, shielded: cancellation never splits the transaction."""
         async def locked() -> Any:
             async with self._lock:
-                return await _pump(self._db, plan, fault)
+                return await pump(self._db, plan, fault)
 
         task = asyncio.ensure_future(locked())
         try:

@@ -62,6 +62,21 @@ def enqueue_jobs(db: Path) -> dict[str, int]:
     return qty
 
 
+def sink_stats(url: str) -> dict[str, int]:
+    with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
+        stats: dict[str, int] = json.load(answer)
+    return stats
+
+
+def wait_for_effects(url: str, count: int, timeout_s: float = 60) -> None:
+    """Poll the sink (bounded) until ``count`` effects were applied."""
+    give_up = time.monotonic() + timeout_s
+    while sink_stats(url)["applied"] < count:
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"the sink applied fewer than {count} effects in {timeout_s}s")
+        time.sleep(0.02)
+
+
 def worker_process(db: Path, url: str, owner: str, die_after: int) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "asnackq.demo", str(db), url, owner,
                              str(die_after)], stdout=subprocess.PIPE, text=True)
@@ -108,19 +123,23 @@ def main() -> int:
         qty = enqueue_jobs(root / "queue.db")
         sink = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
                                  str(root / "sink.db")], stdout=subprocess.PIPE, text=True)
+        procs: list[subprocess.Popen[str]] = [sink]
         try:
             assert sink.stdout is not None
             url = sink.stdout.readline().split()[-1]
             alpha = worker_process(root / "queue.db", url, "alpha", DIE_AFTER)
+            procs.append(alpha)
+            wait_for_effects(url, DIE_AFTER // 2)     # alpha is well under way: it will die
             bravo = worker_process(root / "queue.db", url, "bravo", 0)
+            procs.append(bravo)
             died = alpha.wait(timeout=60)
             bravo.communicate(timeout=120)
-            with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
-                stats = json.load(answer)
+            stats = sink_stats(url)
         finally:
-            sink.terminate()
-            sink.wait(timeout=30)
-            for proc in (sink, alpha, bravo):
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                proc.wait(timeout=30)
                 if proc.stdout is not None:
                     proc.stdout.close()
         ok = report(root / "queue.db", root / "sink.db", stats, qty, died,

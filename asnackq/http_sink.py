@@ -31,6 +31,7 @@ from typing import Any
 import aiosqlite
 from aiohttp import web
 
+from asnackq.aio import open_db
 from asnackq.core.worker import check_event
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
 
@@ -101,18 +102,7 @@ class Delivery:
 
 async def open_sink_db(path: Path) -> aiosqlite.Connection:
     """Open (creating if needed) a sink DB with the core's durability settings."""
-    db = await aiosqlite.connect(path, timeout=5, isolation_level=None)
-    try:
-        await db.execute("PRAGMA journal_mode=DELETE")
-        await db.execute("PRAGMA synchronous=FULL")
-        await db.execute("BEGIN IMMEDIATE")
-        for statement in SINK_SCHEMA:
-            await db.execute(statement)
-        await db.execute("COMMIT")
-    except BaseException:
-        await db.close()
-        raise
-    return db
+    return await open_db(path, SINK_SCHEMA, busy_s=5)
 
 
 class Inbox:

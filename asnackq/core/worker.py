@@ -264,6 +264,20 @@ Plan = Generator[Step, list[tuple[Any, ...]] | None, tuple[Any, bool]]
 AFTER_COMMIT = "after-commit"
 
 
+PRAGMAS = ("PRAGMA journal_mode=DELETE", "PRAGMA synchronous=FULL")
+
+
+def plan_schema(schema: Iterable[str]) -> Plan:
+    """Plan the creation of absent tables and indexes, in one transaction."""
+    return _schema(tuple(schema))
+
+
+def _schema(schema: tuple[str, ...]) -> Plan:
+    for statement in schema:
+        yield Sql(statement)
+    return None, False
+
+
 def _write(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[Step, Any, None]:
     """Execute a guarded write and insist that it changed exactly one row."""
     yield Sql(sql, params)
@@ -526,14 +540,10 @@ def open_db(path: str | os.PathLike[str], schema: Iterable[str]) -> sqlite3.Conn
     filename = check_queue_path(path)
     con = sqlite3.connect(filename, timeout=1, isolation_level=None)
     try:
-        con.execute("PRAGMA journal_mode=DELETE").fetchall()
-        con.execute("PRAGMA synchronous=FULL")
-        con.execute("BEGIN IMMEDIATE")
-        for statement in schema:
-            con.execute(statement)
-        con.execute("COMMIT")
+        for pragma in PRAGMAS:
+            con.execute(pragma).fetchall()
+        _drive(con, plan_schema(schema))
     except BaseException:
-        _rollback(con)
         con.close()
         raise
     return con
