@@ -62,7 +62,7 @@ def call_fault(fault: w.Fault, point: str) -> None:
         raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
 
 
-async def _rollback(db: aiosqlite.Connection) -> None:
+async def rollback(db: aiosqlite.Connection) -> None:
     """Roll back if a transaction is open; a failing rollback never hides the original error."""
     if db.in_transaction:
         with contextlib.suppress(sqlite3.Error):
@@ -116,7 +116,7 @@ async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
                 call_fault(fault, step.name)
         await db.execute("COMMIT")
     except BaseException:
-        await _rollback(db)
+        await rollback(db)
         raise
     if changed:
         call_fault(fault, w.AFTER_COMMIT)

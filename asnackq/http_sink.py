@@ -17,11 +17,9 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import random
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ from typing import Any
 import aiosqlite
 from aiohttp import web
 
-from asnackq.aio import open_db
+from asnackq.aio import open_db, rollback
 from asnackq.core.worker import check_event
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
 
@@ -165,7 +163,7 @@ class Inbox:
                 await self.db.execute(SQL_ADD_STOCK, (sum(i.qty for i in applied),))
             await self.db.execute("COMMIT")
         except BaseException:
-            await _rollback(self.db)
+            await rollback(self.db)
             raise
         self.commits += 1
         return statuses
@@ -178,12 +176,6 @@ class Inbox:
 
 class SinkUnavailable(Exception):
     """Raised to a request whose batch failed to commit (answered as 503)."""
-
-
-async def _rollback(db: aiosqlite.Connection) -> None:
-    """Roll back; a failing rollback never hides the original error."""
-    with contextlib.suppress(sqlite3.Error):
-        await db.execute("ROLLBACK")
 
 
 CONFIG = web.AppKey("config", SinkConfig)

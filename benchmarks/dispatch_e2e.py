@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core_cycle import prefill
 from sink_throughput import load, start
 
 from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
@@ -25,14 +26,10 @@ from asnackq.http_send import AsyncHttpSender, HttpSender
 
 def fill(path: Path, jobs: int, prefix: str) -> None:
     con = w.open_queue(path)
-    now = epoch_ms()
-    con.execute("BEGIN IMMEDIATE")
-    con.executemany(
-        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-        " deadline) VALUES (?, 1, 'pending', 0, 3, 0, ?, ?)",
-        [(f"{prefix}-{i}", now, now + 60_000) for i in range(jobs)])
-    con.execute("COMMIT")
-    con.close()
+    try:
+        prefill(con, jobs, 0, epoch_ms(), prefix)
+    finally:
+        con.close()
 
 
 def sync_loop(path: Path, url: str, jobs: int) -> float:
