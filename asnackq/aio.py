@@ -33,6 +33,9 @@ __all__ = ["AsyncQueue", "Dispatcher", "QueueBusy", "Summary", "epoch_ms"]
 T = TypeVar("T")
 R = TypeVar("R")
 AsyncSend = Callable[..., Awaitable[object]]
+# trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
+# (status: the finish's result, False when stale).  Called outside any transaction.
+Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
 Claimed = tuple[dict[str, Any], int]          # a ticket and the clock reading it was claimed at
 
 
@@ -176,6 +179,11 @@ class AsyncQueue:
                       max_attempts: int = 3) -> bool:
         return bool(await self._run(w.plan_enqueue(event, now_ms, ttl_ms, max_attempts)))
 
+    async def enqueue_many(self, items: list[tuple[dict[str, Any], int, int]],
+                           now_ms: int) -> list[bool | w.Conflict]:
+        results: list[bool | w.Conflict] = await self._run(w.plan_enqueue_many(items, now_ms))
+        return results
+
     async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
                     fault: w.Fault = None) -> w.Ticket | None:
         plan = w.plan_claim(owner, now_ms, lease_ms)
@@ -294,7 +302,7 @@ class Dispatcher:
     def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
                  lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
                  jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
-                 idle_ms: int = 20) -> None:
+                 idle_ms: int = 20, trace: Trace | None = None) -> None:
         w.check_run_args(owner, clock, send, 0.5, lease_ms)
         w.check_int(concurrency, "concurrency", 1, 1024)
         timeout_s = getattr(send, "timeout_s", None)
@@ -304,6 +312,7 @@ class Dispatcher:
         self.queue, self.send, self.owner = queue, send, owner
         self.concurrency, self.lease_ms, self.clock = concurrency, lease_ms, clock
         self.jitter, self.grace_s, self.idle_ms = jitter, grace_s, idle_ms
+        self.trace = trace
         self.summary = Summary()
         self._claims: Batcher[None, Claimed | None] = Batcher(self._claim_batch)
         self._finishes: Batcher[tuple[w.Ticket, str, int, int], str | bool] = \
@@ -322,12 +331,21 @@ class Dispatcher:
             now = w.check_now(self.clock(), "first clock reading")
             tickets = await self.queue.claim_many(self.owner, now, self.lease_ms, allowed)
             claimed = [(ticket, now) for ticket in tickets]
+            if self.trace is not None:
+                for ticket in tickets:
+                    self.trace("claim", ticket, now, None)
         return claimed + [None] * (len(requests) - len(claimed))
 
-    async def run(self, *, until_empty: bool = True, max_jobs: int | None = None) -> Summary:
-        """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims)."""
+    async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
+                  follow: bool = False) -> Summary:
+        """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims).
+
+        ``until_empty=False``: stop as soon as nothing is claimable.  ``follow=True``: never
+        stop on an empty queue; poll until cancelled (or ``max_jobs`` claims).
+        """
         self._budget = max_jobs
-        workers = [asyncio.ensure_future(self._work(until_empty)) for _ in range(self.concurrency)]
+        workers = [asyncio.ensure_future(self._work(until_empty, follow))
+                   for _ in range(self.concurrency)]
         try:
             await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers
         except asyncio.CancelledError:
@@ -341,11 +359,13 @@ class Dispatcher:
             task.result()                  # a worker's unexpected failure is the run's failure
         return self.summary
 
-    async def _work(self, until_empty: bool) -> None:
+    async def _work(self, until_empty: bool, follow: bool) -> None:
         while not self._stopping:
             claimed = await self._claims.submit(None)
             if claimed is None:
-                if self._budget == 0 or not until_empty or not await self._active():
+                if self._budget == 0:
+                    return
+                if not follow and (not until_empty or not await self._active()):
                     return
                 await asyncio.sleep(self.idle_ms / 1000)
                 continue
@@ -367,6 +387,8 @@ class Dispatcher:
             return
         now = w.second_reading(self.clock, first)
         status = await self._finishes.submit((ticket, outcome, now, delay))
+        if self.trace is not None:
+            self.trace("finish", ticket, now, status)
         self._count(outcome, status)
 
     async def _send_extending(self, ticket: w.Ticket) -> tuple[w.Ticket, tuple[str, int]]:

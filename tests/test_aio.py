@@ -153,6 +153,33 @@ async def test_dispatcher_extends_the_lease_of_a_slow_send(queue, db):
     assert summary.extended >= 1 and summary.done == 1 and summary.stale == 0
 
 
+async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queue, db):
+    seen = []
+
+    async def send(event, token):
+        return True
+
+    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, idle_ms=5,
+                            trace=lambda *step: seen.append(step))
+    task = asyncio.ensure_future(dispatcher.run(follow=True))
+    await asyncio.sleep(0.1)
+    assert not task.done() and seen == []          # an empty queue does not end a follower
+    await fill(queue, 3, now=epoch_ms())
+    for _ in range(200):
+        if dispatcher.summary.done == 3:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert dispatcher.summary.done == 3
+    claims = {(t["id"], t["token"]): at for kind, t, at, status in seen if kind == "claim"}
+    finishes = [(t["id"], t["token"], at, status) for kind, t, at, status in seen
+                if kind == "finish"]
+    assert sorted(claims) == [(f"job-{i}", 1) for i in range(3)]
+    assert all(status == "done" and at >= claims[(i, k)] for i, k, at, status in finishes)
+
+
 async def test_cancelling_the_dispatcher_loses_no_job(queue, db):
     await fill(queue, 100, now=epoch_ms())
 

@@ -437,3 +437,26 @@ def test_finish_many_fences_each_ticket_on_its_own(con, db):
                               (tickets[2], "retry", T0 + 1, 100)])
     assert got == ["done", False, "pending"]
     assert [job(db, i)["status"] for i in "abc"] == ["done", "leased", "pending"]
+
+
+def test_enqueue_many_judges_each_item_like_sequential_enqueues(con, db):
+    put(con, "old", qty=5)
+    items = [({"id": "a", "qty": 1}, 1000, 3), ({"id": "old", "qty": 5}, 1000, 3),
+             ({"id": "old", "qty": 6}, 1000, 3), ({"id": "a", "qty": 1}, 9000, 7),
+             ({"id": "a", "qty": 2}, 1000, 3), ({"id": "b", "qty": 3}, 2000, 16)]
+    got = q.enqueue_many(con, items, T0 + 1)
+    assert got[:2] == [True, False] and got[3] is False and got[5] is True
+    assert [type(r) for r in (got[2], got[4])] == [w.Conflict, w.Conflict]
+    assert "exists with qty 5, not 6" in str(got[2])
+    assert job(db, "a")["deadline"] == T0 + 1001 and job(db, "a")["max_attempts"] == 3
+    assert job(db, "b")["max_attempts"] == 16 and job(db, "old")["qty"] == 5
+
+
+def test_enqueue_many_validates_every_item_before_any_change(con, db):
+    before = rows(db)
+    with pytest.raises(ValueError):
+        q.enqueue_many(con, [({"id": "a", "qty": 1}, 1000, 3), ({"id": "b", "qty": 1}, 0, 3)],
+                       T0)
+    with pytest.raises(ValueError):
+        q.enqueue_many(con, [], T0)
+    assert rows(db) == before

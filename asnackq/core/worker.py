@@ -250,7 +250,7 @@ class SqlMany(NamedTuple):
     """One statement over many parameter sets; the driver sends back ``[(rowcount,)]``."""
 
     sql: str
-    params: list[dict[str, Any]]
+    params: list[Any]
 
 
 class Hook(NamedTuple):
@@ -303,13 +303,62 @@ def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: ob
 
 
 def _enqueue(job_id: str, qty: int, now_ms: int, ttl_ms: int, max_attempts: int) -> Plan:
-    rows = yield Sql(SQL_JOB, (job_id,))
-    if rows:
-        if rows[0][0] != qty:
-            raise Conflict(f"job {job_id!r} exists with qty {rows[0][0]}, not {qty}")
-        return False, False  # a duplicate intake keeps the whole row, budget included
-    yield from _write(SQL_INSERT_JOB, (job_id, qty, max_attempts, now_ms, now_ms + ttl_ms))
-    return True, False
+    (result,) = yield from _intake([(job_id, qty, ttl_ms, max_attempts)], now_ms)
+    if isinstance(result, Conflict):
+        raise result
+    return result, False
+
+
+def _intake(items: list[tuple[str, int, int, int]],
+            now_ms: int) -> Generator[Step, Any, list[bool | Conflict]]:
+    """Insert each new ``(id, qty, ttl_ms, max_attempts)``; True new, False already there.
+
+    A known id with another qty is a ``Conflict`` (returned, not raised) and changes nothing.
+    """
+    ids = sorted({item[0] for item in items})
+    known: dict[str, int] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(chunk))), tuple(chunk))
+        known.update((row[-1], row[0]) for row in rows)
+    results: list[bool | Conflict] = []
+    inserts = []
+    for job_id, qty, ttl_ms, max_attempts in items:
+        if job_id not in known:
+            known[job_id] = qty
+            inserts.append((job_id, qty, max_attempts, now_ms, now_ms + ttl_ms))
+            results.append(True)
+        elif known[job_id] != qty:
+            results.append(Conflict(f"job {job_id!r} exists with qty {known[job_id]}, not {qty}"))
+        else:
+            results.append(False)  # a duplicate intake keeps the whole row, budget included
+    if inserts:
+        rows = yield SqlMany(SQL_INSERT_JOB, inserts)
+        if rows != [(len(inserts),)]:
+            raise RuntimeError(f"inserts changed {rows} rows, expected {len(inserts)}")
+    return results
+
+
+def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: object) -> Plan:
+    """Plan several intakes ``(event, ttl_ms, max_attempts)`` in one transaction.
+
+    Each is judged exactly as a sequential ``enqueue`` would be; the result is the list of
+    per-item results: True inserted, False already there, or a ``Conflict`` (nothing written
+    for it).  Every item is validated before anything is planned.
+    """
+    checked = []
+    for event, ttl_ms, max_attempts in items:
+        plan_enqueue(event, now_ms, ttl_ms, max_attempts).close()     # validates
+        job_id, qty = check_event(event)
+        checked.append((job_id, qty, ttl_ms, max_attempts))
+    if not checked:
+        raise ValueError("enqueue_many needs at least one event")
+    return _enqueue_many(checked, now_ms)  # type: ignore[arg-type]
+
+
+def _enqueue_many(items: list[tuple[str, int, int, int]], now_ms: int) -> Plan:
+    results = yield from _intake(items, now_ms)
+    return results, False
 
 
 def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000) -> Plan:
@@ -554,6 +603,13 @@ def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms:
     """Insert a new pending job (True); the same id and qty again keeps the row (False)."""
     plan = plan_enqueue(event, now_ms, ttl_ms, max_attempts)
     return bool(_drive(_check_con(con), plan))
+
+
+def enqueue_many(con: sqlite3.Connection, items: Iterable[tuple[dict[str, Any], int, int]],
+                 now_ms: int) -> list[bool | Conflict]:
+    """Several ``(event, ttl_ms, max_attempts)`` intakes in one transaction (see the plan)."""
+    results: list[bool | Conflict] = _drive(_check_con(con), plan_enqueue_many(items, now_ms))
+    return results
 
 
 def claim(con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int = 1000,
