@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from rich.table import Table
 from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
 from asnackq.core import worker as w
 from asnackq.http_send import AsyncHttpSender
+from asnackq.procs import sink_process, sink_stats
 
 JOBS = 300
 LEASE_MS = 2000
@@ -60,12 +60,6 @@ def enqueue_jobs(db: Path) -> dict[str, int]:
     finally:
         con.close()
     return qty
-
-
-def sink_stats(url: str) -> dict[str, int]:
-    with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
-        stats: dict[str, int] = json.load(answer)
-    return stats
 
 
 def wait_for_effects(url: str, count: int, timeout_s: float = 60) -> None:
@@ -121,27 +115,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="asnackq-demo-") as tmp:
         root = Path(tmp)
         qty = enqueue_jobs(root / "queue.db")
-        sink = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                                 str(root / "sink.db")], stdout=subprocess.PIPE, text=True)
-        procs: list[subprocess.Popen[str]] = [sink]
-        try:
-            assert sink.stdout is not None
-            url = sink.stdout.readline().split()[-1]
-            alpha = worker_process(root / "queue.db", url, "alpha", DIE_AFTER)
-            procs.append(alpha)
-            wait_for_effects(url, DIE_AFTER // 2)     # alpha is well under way: it will die
-            bravo = worker_process(root / "queue.db", url, "bravo", 0)
-            procs.append(bravo)
-            died = alpha.wait(timeout=60)
-            bravo.communicate(timeout=120)
-            stats = sink_stats(url)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.terminate()
-                proc.wait(timeout=30)
-                if proc.stdout is not None:
-                    proc.stdout.close()
+        procs: list[subprocess.Popen[str]] = []
+        with sink_process(root / "sink.db") as url:
+            try:
+                alpha = worker_process(root / "queue.db", url, "alpha", DIE_AFTER)
+                procs.append(alpha)
+                wait_for_effects(url, DIE_AFTER // 2)   # alpha is well under way: it will die
+                bravo = worker_process(root / "queue.db", url, "bravo", 0)
+                procs.append(bravo)
+                died = alpha.wait(timeout=60)
+                bravo.communicate(timeout=120)
+                stats = sink_stats(url)
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.terminate()
+                    proc.wait(timeout=30)
+                    if proc.stdout is not None:
+                        proc.stdout.close()
         ok = report(root / "queue.db", root / "sink.db", stats, qty, died,
                     time.perf_counter() - started)
     return 0 if ok else 1

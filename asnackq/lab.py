@@ -1,0 +1,301 @@
+"""``asnackq lab``: a fault and load experiment with real processes, then the invariants.
+
+One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
+with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
+worker under a new owner name), then a verification from the evidence alone: the queue
+file, the sink DB, the sink's counters and the workers' traces.
+
+Every claim and every finish reaches a worker's trace file before the worker's next step,
+so a killed worker loses at most the line it was writing (a cut last line is ignored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asnackq import ops
+from asnackq.aio import epoch_ms
+from asnackq.core import worker as w
+from asnackq.procs import sink_process, sink_stats
+
+__all__ = ["LabConfig", "run_lab", "verify"]
+
+
+@dataclass
+class LabConfig:
+    jobs: int = 2000
+    processes: int = 2
+    concurrency: int = 64
+    fail_rate: float = 0.0
+    drop_rate: float = 0.0
+    delay_ms: int = 0
+    kill_every: float = 0.0
+    seed: int = 1
+    lease_ms: int = 2000
+    send_timeout_s: float = 1.0
+    max_attempts: int = 5
+    timeout_s: float = 300.0
+    directory: Path | None = None
+
+    def check(self) -> None:
+        w.check_int(self.jobs, "jobs", 1, 10_000_000)
+        w.check_int(self.processes, "processes", 1, 64)
+        w.check_int(self.concurrency, "concurrency", 1, 1024)
+        w.check_int(self.lease_ms, "lease_ms", 1, 60_000)
+        w.check_int(self.max_attempts, "max_attempts", 1, 16)
+        for name in ("fail_rate", "drop_rate"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in 0..1")
+        if self.kill_every < 0 or self.timeout_s <= 0:
+            raise ValueError("kill_every must be >= 0 and timeout_s > 0")
+        if self.send_timeout_s * 1000 >= self.lease_ms:
+            raise ValueError("the send timeout must be below the lease")
+        if self.directory is not None and self.directory.exists() and \
+                any(self.directory.iterdir()):
+            raise ValueError(f"--dir {self.directory} must be empty or absent")
+
+
+@dataclass
+class Workers:
+    """The worker processes of a lab run: started, killed, replaced."""
+
+    config: LabConfig
+    root: Path
+    url: str
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started: int = 0
+    kills: int = 0
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.started += 1
+        owner = f"lab-w{self.started}"
+        c = self.config
+        with open(self.root / f"{owner}.out", "wb") as out, \
+                open(self.root / f"{owner}.err", "wb") as err:
+            self.procs[owner] = subprocess.Popen(
+                [sys.executable, "-m", "asnackq", "work", str(self.root / "queue.db"),
+                 "--sink", self.url, "--concurrency", str(c.concurrency), "--owner", owner,
+                 "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
+                 "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json"],
+                stdout=out, stderr=err)
+
+    def kill_one(self, rng: random.Random) -> None:
+        live = sorted(owner for owner, proc in self.procs.items() if proc.poll() is None)
+        if live:
+            victim = rng.choice(live)
+            self.procs[victim].send_signal(signal.SIGKILL)
+            self.procs[victim].wait(timeout=30)
+            self.kills += 1
+            self.start()                     # keep P workers; the new one reclaims later
+
+    def reap(self) -> bool:
+        """Whether every worker has exited; record unexpected exit codes."""
+        running = False
+        for owner, proc in self.procs.items():
+            code = proc.poll()
+            if code is None:
+                running = True
+            elif code not in (0, -signal.SIGKILL) and owner not in self.failures:
+                error = (self.root / f"{owner}.err").read_text(errors="replace").strip()
+                self.failures[owner] = f"{owner} exited {code}: {error[-300:]}"
+        return not running
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
+    qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
+    con = w.open_queue(queue)
+    try:
+        items = [({"id": job_id, "qty": n}, 60_000, config.max_attempts)
+                 for job_id, n in qty.items()]
+        for start in range(0, len(items), 2000):
+            w.enqueue_many(con, items[start:start + 2000], epoch_ms())
+    finally:
+        con.close()
+    return qty
+
+
+def finished(queue: Path) -> int:
+    with ops.read_only(queue, "jobs") as con:
+        (count,) = con.execute(
+            "SELECT count(*) FROM jobs WHERE status IN ('done', 'dead')").fetchone()
+    return int(count)
+
+
+def read_traces(root: Path) -> list[dict[str, Any]]:
+    """Every trace line of every worker (a line cut by a SIGKILL is skipped)."""
+    records = []
+    for path in sorted(root.glob("*.trace")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+    return records
+
+
+def percentile(values: list[int], share: float) -> int | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[str, Any]],
+           stats: dict[str, int]) -> dict[str, Any]:
+    """Check every invariant from the evidence; return violations, evidence and figures."""
+    violations: list[str] = []
+    with ops.read_only(queue, "jobs") as con:
+        jobs = {row[0]: row[1:] for row in con.execute(
+            "SELECT id, qty, status, reason, token FROM jobs")}
+    with ops.read_only(sink_db, "inbox", "sink DB") as con:
+        inbox_rows = con.execute("SELECT count(*) FROM inbox").fetchone()[0]
+    for job_id, n in qty.items():
+        row = jobs.get(job_id)
+        if row is None or row[1] not in ("done", "dead"):
+            violations.append(f"job lost or unfinished: {job_id} ({row and row[1]})")
+        elif row[0] != n:
+            violations.append(f"job {job_id} has qty {row[0]}, enqueued {n}")
+    audited = ops.audit(queue, sink_db, epoch_ms(), limit=5)
+    for flag, description in ops.VIOLATIONS.items():
+        if audited["flags"][flag]:
+            violations.append(f"{audited['flags'][flag]} x {flag}: {description}")
+    if stats["applied"] != inbox_rows:
+        violations.append(f"effects applied {stats['applied']} times for {inbox_rows} inbox "
+                          "rows: an effect was applied twice")
+    claims: dict[tuple[str, int], dict[str, Any]] = {}
+    for record in traces:
+        if record["e"] == "claim":
+            key = (record["id"], record["token"])
+            if key in claims:
+                violations.append(f"token reused: {key} claimed by {claims[key]['owner']} "
+                                  f"and {record['owner']}")
+            claims[key] = record
+    accepted: dict[tuple[str, int], dict[str, Any]] = {}
+    latencies = []
+    for record in traces:
+        if record["e"] != "finish" or record["status"] is False:
+            continue
+        key = (record["id"], record["token"])
+        final = jobs.get(record["id"])
+        if key in accepted:
+            violations.append(f"a finish of {key} was accepted twice")
+        elif record["status"] in ("done", "dead") and final is not None \
+                and (final[1], final[3]) != (record["status"], record["token"]):
+            violations.append(f"stale finish accepted: {key} {record['status']}, but the job "
+                              f"ended {final[1]} at token {final[3]}")
+        accepted[key] = record
+        if key in claims:
+            latencies.append(record["at"] - claims[key]["at"])
+    evidence = audited["flags"]["dead-after-applied"]
+    statuses: dict[str, int] = {}
+    for row in jobs.values():
+        statuses[row[1]] = statuses.get(row[1], 0) + 1
+    return {"violations": violations, "dead_after_applied": evidence, "statuses": statuses,
+            "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
+                             for reason in ops.REASONS},
+            "latency_ms": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
+                           "samples": len(latencies)},
+            "claims_traced": len(claims)}
+
+
+def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
+    rng = random.Random(config.seed)
+    queue = root / "queue.db"
+    qty = fill(queue, config, rng)
+    faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
+              "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
+    with sink_process(root / "sink.db", *faults) as url:
+        workers = Workers(config, root, url)
+        began = time.perf_counter()
+        next_kill = began + config.kill_every
+        timed_out = False
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True,
+                      disable=not console.is_terminal) as progress:
+            task = progress.add_task("finished (done or dead)", total=config.jobs)
+            try:
+                for _ in range(config.processes):
+                    workers.start()
+                while not workers.reap():
+                    time.sleep(0.05)
+                    now = time.perf_counter()
+                    progress.update(task, completed=finished(queue),
+                                    description=f"finished, {workers.kills} kills")
+                    if config.kill_every and now >= next_kill:
+                        workers.kill_one(rng)
+                        next_kill = now + config.kill_every
+                    if now - began > config.timeout_s:
+                        timed_out = True
+                        break
+            finally:
+                workers.stop()
+        seconds = time.perf_counter() - began
+        stats = sink_stats(url)
+    result = verify(queue, root / "sink.db", qty, read_traces(root), stats)
+    result["violations"] += workers.failures.values()
+    if timed_out:
+        result["violations"].append(f"the run did not end within {config.timeout_s}s")
+    ended = result["statuses"].get("done", 0) + result["statuses"].get("dead", 0)
+    result.update({
+        "config": {k: (str(v) if isinstance(v, Path) else v)
+                   for k, v in config.__dict__.items()},
+        "seconds": round(seconds, 3), "jobs_per_s": round(ended / seconds, 1),
+        "requests": stats["requests"], "duplicates": stats["duplicates"],
+        "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
+        "kills": workers.kills, "workers_started": workers.started})
+    return result
+
+
+def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
+    """Run one experiment; files go to ``config.directory`` or a temporary directory."""
+    config.check()
+    if config.directory is not None:
+        config.directory.mkdir(parents=True, exist_ok=True)
+        return experiment(config, config.directory, console)
+    with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
+        return experiment(config, Path(tmp), console)
+
+
+def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
+    c = result["config"]
+    latency = result["latency_ms"]
+    return [
+        ("jobs / processes / concurrency", f"{c['jobs']} / {c['processes']} / {c['concurrency']}"),
+        ("sink faults (fail / drop / delay ms)",
+         f"{c['fail_rate']} / {c['drop_rate']} / {c['delay_ms']}"),
+        ("seconds", result["seconds"]),
+        ("throughput (jobs/s)", f"{result['jobs_per_s']:,}"),
+        ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
+        ("HTTP requests", result["requests"]),
+        ("duplicates absorbed", result["duplicates"]),
+        ("sink 503s / dropped ACKs", f"{result['sink_failed']} / {result['sink_dropped']}"),
+        ("workers killed (SIGKILL) / started", f"{result['kills']} / {result['workers_started']}"),
+        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
+        ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
+        ("dead with effect applied (evidence)", result["dead_after_applied"]),
+        ("violations", len(result["violations"])),
+    ]

@@ -1,0 +1,217 @@
+"""Operators' reads: stats, dead jobs, redrive history, and the evidence audit.
+
+Everything here only reads (the one write, ``redrive_by_reason``, goes through the core's
+audited ``redrive``, one job per transaction).  Files are opened read-only through SQLite
+URIs, so inspecting never creates a file, takes a write lock or changes a byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from asnackq.core import worker as w
+
+__all__ = ["AUDIT_SQL", "audit", "dead", "history", "read_only", "redrive_by_reason", "stats"]
+
+REASONS = ("exhausted", "deadline", "permanent")
+
+
+@contextlib.contextmanager
+def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.Connection]:
+    """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise."""
+    if not path.is_file():
+        raise ValueError(f"no {what} at {path}")
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    try:
+        try:
+            found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                (table,)).fetchone()
+        except sqlite3.DatabaseError as error:
+            raise ValueError(f"{path} is not a {what} DB: {error}") from None
+        if found is None:
+            raise ValueError(f"{path} is not a {what} DB (no {table} table)")
+        yield con
+    finally:
+        con.close()
+
+
+def stats(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
+    """Jobs by status and dead reason, queue lag, attempts, and expired leases at ``now_ms``."""
+    by_status = {status: 0 for status in ("pending", "leased", "done", "dead")}
+    by_status.update(con.execute("SELECT status, count(*) FROM jobs GROUP BY status"))
+    reasons = dict(con.execute(
+        "SELECT reason, count(*) FROM jobs WHERE status = 'dead' GROUP BY reason"))
+    attempts = {str(n): count for n, count in con.execute(
+        "SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts")}
+    (oldest,) = con.execute("SELECT min(available_at) FROM jobs WHERE status = 'pending'"
+                            " AND available_at <= ?", (now_ms,)).fetchone()
+    expired = [{"id": job_id, "owner": owner, "token": token, "expired_ms": now_ms - until}
+               for job_id, owner, token, until in con.execute(
+                   "SELECT id, owner, token, lease_until FROM jobs WHERE status = 'leased'"
+                   " AND lease_until <= ? ORDER BY lease_until", (now_ms,))]
+    return {
+        "jobs": sum(by_status.values()), "by_status": by_status, "dead_by_reason": reasons,
+        # How long the oldest claimable job has been waiting (since it became available).
+        "oldest_pending_ms": None if oldest is None else now_ms - oldest,
+        "attempts": attempts, "expired_leases": len(expired), "expired": expired[:20],
+    }
+
+
+def dead(con: sqlite3.Connection, reason: str | None = None) -> list[dict[str, Any]]:
+    """The dead jobs in seq order (optionally only one reason)."""
+    sql = ("SELECT id, qty, reason, attempts, max_attempts, token FROM jobs"
+           " WHERE status = 'dead' AND (:reason IS NULL OR reason = :reason) ORDER BY seq")
+    keys = ("id", "qty", "reason", "attempts", "max_attempts", "token")
+    return [dict(zip(keys, row, strict=True))
+            for row in con.execute(sql, {"reason": reason})]
+
+
+def history(con: sqlite3.Connection, job_id: str) -> dict[str, Any]:
+    """A job's current row and its redrive records, oldest first."""
+    w.check_identifier(job_id, "job_id")
+    row = con.execute("SELECT status, reason, attempts, token FROM jobs WHERE id = ?",
+                      (job_id,)).fetchone()
+    if row is None:
+        raise ValueError(f"no job {job_id!r}")
+    redrives = [{"token": token, "at_ms": at_ms, "note": note} for token, at_ms, note in
+                con.execute("SELECT token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
+                            (job_id,))]
+    status, reason, attempts, token = row
+    return {"id": job_id, "status": status, "reason": reason, "attempts": attempts,
+            "token": token, "redrives": redrives}
+
+
+def redrive_by_reason(path: Path, reason: str, now_ms: int, ttl_ms: int,
+                      note: str) -> list[dict[str, Any]]:
+    """Redrive every dead job with ``reason``, each in its own audited transaction."""
+    if reason not in REASONS:
+        raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
+    w.plan_redrive("x", now_ms, ttl_ms, note).close()      # validate before any change
+    con = w.open_queue(path)
+    try:
+        done = []
+        for job in dead(con, reason):
+            try:
+                w.redrive(con, job["id"], now_ms, ttl_ms, note)
+            except ValueError as error:     # redriven or changed by someone else meanwhile
+                done.append({"id": job["id"], "redriven": False, "why": str(error)})
+            else:
+                done.append({"id": job["id"], "redriven": True})
+        return done
+    finally:
+        con.close()
+
+
+# --- the audit: how far the evidence reaches for each job --------------------------------
+
+# One row per job and per orphan inbox row: the job's state joined with the sink's record.
+AUDIT_SQL = """
+SELECT j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
+       i.id, i.qty, i.first_token, i.last_token, i.deliveries
+FROM jobs AS j LEFT JOIN sink.inbox AS i ON i.id = j.id
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       i.id, i.qty, i.first_token, i.last_token, i.deliveries
+FROM sink.inbox AS i WHERE i.id NOT IN (SELECT id FROM jobs)"""
+
+# What must never happen, and what only needs attention (harmless, or evidence to show).
+VIOLATIONS = {
+    "done-without-inbox-row": "done, but the sink has no inbox row: the effect is missing",
+    "qty-mismatch": "the inbox qty differs from the job's qty",
+    "orphan-inbox-row": "an inbox row for an id the queue does not hold",
+    "token-never-issued": "the inbox names a token the queue never issued for the job",
+    "stock-mismatch": "the sink's stock differs from the sum of its inbox rows' qty",
+}
+ATTENTION = {
+    "applied-not-done": "effect applied, job not yet done: a re-send is pending and harmless",
+    "dead-after-applied": "dead, but its effect was applied (every ACK was lost)",
+    "lease-expired": "leased, the lease has expired: awaiting reclaim",
+}
+
+
+def stage(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> str:
+    """How far the evidence for one job reaches."""
+    status, lease_until = job[2], job[6]
+    if status in ("done", "dead"):
+        return str(status)
+    if inbox[0] is not None:
+        return "applied"
+    if status == "leased":
+        return "leased-live" if now_ms < lease_until else "leased-expired"
+    return "queued"
+
+
+def judge(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> list[str]:
+    """The violation and attention flags of one audit row."""
+    job_id, qty, status, _, token, _, lease_until = job
+    inbox_id, inbox_qty, first_token, last_token, _ = inbox
+    if job_id is None:
+        return ["orphan-inbox-row"]
+    flags = []
+    if inbox_id is None:
+        if status == "done":
+            flags.append("done-without-inbox-row")
+    else:
+        if inbox_qty != qty:
+            flags.append("qty-mismatch")
+        if any(t is not None and not 1 <= t <= token for t in (first_token, last_token)):
+            flags.append("token-never-issued")
+        if status in ("pending", "leased"):
+            flags.append("applied-not-done")
+        elif status == "dead":
+            flags.append("dead-after-applied")
+    if status == "leased" and inbox_id is None and lease_until <= now_ms:
+        flags.append("lease-expired")
+    return flags
+
+
+def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[str, Any]:
+    job_id, qty, status, reason, token, owner, lease_until = job
+    inbox_id, inbox_qty, first_token, last_token, deliveries = inbox
+    entry: dict[str, Any] = {"id": job_id or inbox_id, "stage": stage(job, inbox, now_ms)
+                             if job_id is not None else "orphan",
+                             "flags": judge(job, inbox, now_ms)}
+    if job_id is not None:
+        entry["job"] = {"qty": qty, "status": status, "reason": reason, "token": token,
+                        "owner": owner, "lease_until": lease_until}
+    entry["inbox"] = None if inbox_id is None else {
+        "qty": inbox_qty, "first_token": first_token, "last_token": last_token,
+        "deliveries": deliveries}
+    return entry
+
+
+def audit(queue: Path, sink_db: Path, now_ms: int, *, job_id: str | None = None,
+          limit: int = 50) -> dict[str, Any]:
+    """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
+    with read_only(sink_db, "inbox", "sink DB"), read_only(queue, "jobs") as con:
+        con.execute("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
+        stages: dict[str, int] = {}
+        flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)
+        listed: dict[str, list[dict[str, Any]]] = {"violations": [], "attention": []}
+        selected = None
+        for row in con.execute(AUDIT_SQL):
+            job, inbox = row[:7], row[7:]
+            found = judge(job, inbox, now_ms)
+            name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
+            stages[name] = stages.get(name, 0) + 1
+            for flag in found:
+                flags[flag] += 1
+            if job_id is not None and (job[0] or inbox[0]) == job_id:
+                selected = describe(job, inbox, now_ms)
+            if found:
+                kind = "violations" if set(found) & VIOLATIONS.keys() else "attention"
+                if len(listed[kind]) < limit:
+                    listed[kind].append(describe(job, inbox, now_ms))
+        (stock,) = con.execute("SELECT total FROM sink.stock").fetchone()
+        (inbox_sum,) = con.execute("SELECT coalesce(sum(qty), 0) FROM sink.inbox").fetchone()
+    if stock != inbox_sum:
+        flags["stock-mismatch"] = 1
+    if job_id is not None and selected is None:
+        raise ValueError(f"no job {job_id!r} in the queue or the sink")
+    violations = sum(flags[name] for name in VIOLATIONS)
+    return {"stages": stages, "flags": flags, "violations": violations, "stock": stock,
+            "inbox_qty_sum": inbox_sum, "listed": listed, "job": selected}

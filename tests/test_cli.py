@@ -1,0 +1,377 @@
+"""The ``asnackq`` command through its real entry point (``python -m asnackq``) on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from asnackq.core import worker as w
+from asnackq.lab import LabConfig, read_traces, run_lab, verify
+
+from .conftest import rows
+
+
+def asnackq(*args, stdin=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "asnackq", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def ok(*args, **kwargs):
+    run = asnackq(*args, **kwargs)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout) if "--json" in args else run.stdout
+
+
+def fails(*args, code=1, **kwargs):
+    """Run a command that must fail with one clear stderr line and no traceback."""
+    run = asnackq(*args, **kwargs)
+    assert run.returncode == code, (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr
+    if code == 1:
+        assert run.stderr.startswith(f"asnackq {args[0]}: ")
+    return run.stderr
+
+
+@pytest.fixture
+def queue(tmp_path):
+    path = tmp_path / "queue.db"
+    assert ok("init", path, "--json") == {"queue": str(path), "created": True, "jobs": 0}
+    return path
+
+
+def lines(*records):
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+@pytest.fixture
+def sink_proc(tmp_path):
+    """An ``asnackq sink`` child process; its URL; stopped by SIGTERM at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
+                             tmp_path / "sink.db"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        yield url, tmp_path / "sink.db"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+        proc.stdout.close()
+
+
+# --- init and enqueue --------------------------------------------------------------------
+
+def test_help_everywhere_and_usage_errors_exit_2():
+    for command in ("init", "enqueue", "work", "stats", "dead", "redrive", "history", "audit",
+                    "lab", "sink", "demo"):
+        assert "usage: asnackq" in ok(command, "--help")
+    fails("work", code=2)                 # QUEUE and --sink missing
+    fails("stats", "q.db", "--bogus", code=2)
+
+
+def test_init_is_idempotent_and_keeps_jobs(queue):
+    ok("enqueue", queue, "--id", "a", "--qty", "2")
+    assert ok("init", queue, "--json") == {"queue": str(queue), "created": False, "jobs": 1}
+
+
+def test_enqueue_one_then_duplicate_then_conflict(queue):
+    assert ok("enqueue", queue, "--id", "a", "--qty", "2", "--json")["inserted"] == 1
+    assert ok("enqueue", queue, "--id", "a", "--qty", "2", "--json")["present"] == 1
+    before = rows(queue)
+    assert "exists with qty 2, not 3" in fails("enqueue", queue, "--id", "a", "--qty", "3")
+    assert rows(queue) == before
+
+
+def test_enqueue_json_lines_from_a_file_and_stdin_with_options(queue, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(lines(*({"id": f"j{i}", "qty": i % 9 + 1} for i in range(1500)),
+                            {"id": "x", "qty": 1, "ttl_ms": 500, "max_attempts": 9}) + "\n")
+    assert ok("enqueue", queue, source, "--max-attempts", "4", "--json") == {
+        "inserted": 1501, "present": 0, "conflicts": 0, "conflicting": []}
+    con = sqlite3.connect(queue)
+    assert con.execute("SELECT max_attempts, deadline - available_at FROM jobs WHERE id = 'x'"
+                       ).fetchone() == (9, 500)
+    assert con.execute("SELECT max_attempts FROM jobs WHERE id = 'j7'").fetchone() == (4,)
+    con.close()
+    got = ok("enqueue", queue, "-", "--json", stdin=lines({"id": "j1", "qty": 2},
+                                                          {"id": "new", "qty": 5}))
+    assert got == {"inserted": 1, "present": 1, "conflicts": 0, "conflicting": []}
+
+
+def test_enqueue_reports_conflicts_with_exit_1_and_inserts_the_rest(queue):
+    ok("enqueue", queue, "--id", "a", "--qty", "2")
+    run = asnackq("enqueue", queue, "-", "--json",
+                  stdin=lines({"id": "a", "qty": 9}, {"id": "b", "qty": 1}))
+    assert run.returncode == 1
+    assert json.loads(run.stdout)["inserted"] == 1 and json.loads(run.stdout)["conflicts"] == 1
+    assert "conflict: job 'a' exists with qty 2, not 9" in run.stderr
+    assert w.check_event({"id": "a", "qty": 2})  # the conflicting row is kept as it was
+    con = sqlite3.connect(queue)
+    assert con.execute("SELECT qty FROM jobs WHERE id = 'a'").fetchone() == (2,)
+    con.close()
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"id": "ok", "qty": 1}\n{"id": "b c", "qty": 1}\n', "stdin:2: event id"),
+    ('{"id": "ok", "qty": 1}\nnot json\n', "stdin:2:"),
+    ('[1, 2]\n', "stdin:1: each line must be a JSON object"),
+    ('{"id": "a", "qty": 1, "qtty": 2}\n', "stdin:1: unknown keys ['qtty']"),
+    ('{"id": "a", "qty": 1, "ttl_ms": 0}\n', "stdin:1: ttl_ms"),
+])
+def test_enqueue_bad_line_changes_nothing(queue, text, why):
+    before = rows(queue)
+    assert why in fails("enqueue", queue, "-", stdin=text)
+    assert rows(queue) == before
+
+
+def test_commands_on_a_missing_or_foreign_file_fail_clearly(tmp_path):
+    missing = tmp_path / "nope.db"
+    assert "no queue at" in fails("enqueue", missing, "--id", "a", "--qty", "1")
+    assert "no queue at" in fails("stats", missing)
+    assert "no queue at" in fails("work", missing, "--sink", "http://127.0.0.1:9/events")
+    assert not missing.exists()
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).close()
+    assert "not a queue DB" in fails("dead", other)
+    text = tmp_path / "text.db"
+    text.write_text("hello, this is not SQLite at all" * 10)
+    assert "not a queue DB" in fails("stats", text)
+
+
+# --- stats, dead, redrive, history ----------------------------------------------------------
+
+def make_dead(queue):
+    """Three dead jobs: two exhausted, one by deadline; one done and one pending."""
+    con = w.open_queue(queue)
+    now = time.time_ns() // 1_000_000 - 10_000
+    for job_id in ("e1", "e2", "ok", "wait"):
+        w.enqueue(con, {"id": job_id, "qty": 3}, now, 60_000, 1)
+    w.enqueue(con, {"id": "late", "qty": 4}, now, 1, 3)
+    for _ in range(3):
+        ticket = w.claim(con, "ops", now + 5, 1000)
+        w.finish(con, ticket, "ok" if ticket["id"] == "ok" else "retry", now + 6)
+    con.close()
+
+
+def test_stats_and_dead(queue):
+    make_dead(queue)
+    stats = ok("stats", queue, "--json")
+    assert stats["by_status"] == {"pending": 1, "leased": 0, "done": 1, "dead": 3}
+    assert stats["dead_by_reason"] == {"exhausted": 2, "deadline": 1}
+    assert stats["attempts"] == {"0": 2, "1": 3}
+    assert stats["oldest_pending_ms"] >= 10_000 and stats["expired_leases"] == 0
+    dead = ok("dead", queue, "--json")
+    assert [(d["id"], d["reason"], d["attempts"], d["token"]) for d in dead] == [
+        ("e1", "exhausted", 1, 1), ("e2", "exhausted", 1, 1), ("late", "deadline", 0, 0)]
+    assert [d["id"] for d in ok("dead", queue, "--reason", "deadline", "--json")] == ["late"]
+    assert "exhausted" in ok("dead", queue) and "dead: deadline" in ok("stats", queue)
+
+
+def test_stats_shows_expired_leases(queue):
+    con = w.open_queue(queue)
+    now = time.time_ns() // 1_000_000 - 5_000
+    w.enqueue(con, {"id": "held", "qty": 1}, now, 60_000)
+    w.claim(con, "gone", now, 100)
+    con.close()
+    stats = ok("stats", queue, "--json")
+    assert stats["expired_leases"] == 1
+    assert stats["expired"][0]["id"] == "held" and stats["expired"][0]["owner"] == "gone"
+
+
+def test_redrive_one_and_by_reason_each_audited(queue):
+    make_dead(queue)
+    assert ok("redrive", queue, "late", "--ttl-ms", "5000", "--note", "fixed-clock",
+              "--json") == {"redriven": 1, "jobs": [{"id": "late", "redriven": True}]}
+    got = ok("redrive", queue, "--reason", "exhausted", "--ttl-ms", "5000", "--note", "bulk",
+             "--json")
+    assert got["redriven"] == 2
+    history = ok("history", queue, "e2", "--json")
+    assert history["status"] == "pending" and history["token"] == 1
+    assert [(r["token"], r["note"]) for r in history["redrives"]] == [(1, "bulk")]
+    con = sqlite3.connect(queue)
+    assert con.execute("SELECT id, note FROM redrives ORDER BY seq").fetchall() == [
+        ("late", "fixed-clock"), ("e1", "bulk"), ("e2", "bulk")]
+    con.close()
+    assert "bulk" in ok("history", queue, "e1")
+
+
+def test_redrive_errors_change_nothing(queue):
+    make_dead(queue)
+    before = rows(queue)
+    assert "is pending, not dead" in fails("redrive", queue, "wait", "--ttl-ms", "10",
+                                           "--note", "x")
+    assert "no job 'ghost'" in fails("redrive", queue, "ghost", "--ttl-ms", "10", "--note", "x")
+    assert "give either one job ID or --reason" in fails("redrive", queue, "--ttl-ms", "10",
+                                                         "--note", "x")
+    assert "note" in fails("redrive", queue, "--reason", "exhausted", "--ttl-ms", "10",
+                           "--note", "two words")
+    assert "ttl_ms" in fails("redrive", queue, "e1", "--ttl-ms", "0", "--note", "x")
+    fails("redrive", queue, "--reason", "tired", "--ttl-ms", "10", "--note", "x", code=2)
+    assert "no job 'ghost'" in fails("history", queue, "ghost")
+    assert rows(queue) == before
+
+
+# --- work and audit, with a real sink process ------------------------------------------------
+
+def test_work_until_empty_then_audit_is_clean(queue, sink_proc, tmp_path):
+    url, sink_db = sink_proc
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": i % 5 + 1}
+                                            for i in range(200))))
+    summary = ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "16",
+                 "--owner", "cli-1", "--trace", tmp_path / "t.jsonl", "--json")
+    assert summary["done"] == 200 and summary["claimed"] == 200 and summary["owner"] == "cli-1"
+    assert summary["stopped_by_signal"] is False
+    trace = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert sorted(r["e"] for r in trace) == ["claim"] * 200 + ["finish"] * 200
+    assert all(r["status"] == "done" for r in trace if r["e"] == "finish")
+    audit = ok("audit", queue, "--sink-db", sink_db, "--json")
+    assert audit["violations"] == 0 and audit["stages"] == {"done": 200}
+    assert audit["stock"] == audit["inbox_qty_sum"] == sum(i % 5 + 1 for i in range(200))
+    one = ok("audit", queue, "--sink-db", sink_db, "--id", "j7", "--json")["job"]
+    assert one["stage"] == "done" and one["inbox"]["qty"] == 3
+    assert one["inbox"]["first_token"] == one["job"]["token"] == 1
+    assert "no violations" in ok("audit", queue, "--sink-db", sink_db)
+
+
+def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc):
+    url, sink_db = sink_proc
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 2} for i in range(20))))
+    ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "4")
+    con = w.open_queue(queue)          # one job leased and applied, its ACK not yet in
+    now = time.time_ns() // 1_000_000
+    w.enqueue(con, {"id": "later", "qty": 1}, now, 60_000)
+    assert w.claim(con, "slow", now, 60_000)["token"] == 1
+    con.close()
+    sink = sqlite3.connect(sink_db)
+    sink.execute("INSERT INTO inbox VALUES ('later', 1, 1, 1, 1, 0, 0)")
+    sink.execute("UPDATE stock SET total = total + 1")
+    sink.commit()
+    audit = ok("audit", queue, "--sink-db", sink_db, "--json")
+    assert audit["violations"] == 0 and audit["flags"]["applied-not-done"] == 1
+    assert audit["listed"]["attention"][0]["id"] == "later"
+    sink.execute("DELETE FROM inbox WHERE id = 'j3'")
+    sink.commit()
+    sink.close()
+    run = asnackq("audit", queue, "--sink-db", sink_db, "--json")
+    assert run.returncode == 1
+    audit = json.loads(run.stdout)
+    assert audit["flags"]["done-without-inbox-row"] == 1
+    assert audit["flags"]["stock-mismatch"] == 1
+    assert audit["listed"]["violations"][0]["id"] == "j3"
+    human = asnackq("audit", queue, "--sink-db", sink_db)
+    assert human.returncode == 1 and "VIOLATIONS" in human.stdout and "j3" in human.stdout
+
+
+def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path):
+    sink_db = tmp_path / "sink.db"
+    con = w.open_queue(queue)
+    now = time.time_ns() // 1_000_000
+    w.enqueue(con, {"id": "a", "qty": 2}, now, 60_000)
+    w.enqueue(con, {"id": "b", "qty": 2}, now, 60_000)
+    con.close()
+    sink = sqlite3.connect(sink_db)
+    sink.executescript("""
+        CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_token INTEGER,
+          last_token INTEGER, deliveries INTEGER NOT NULL, applied_at_ms INTEGER NOT NULL,
+          last_seen_ms INTEGER NOT NULL);
+        CREATE TABLE stock (one INTEGER PRIMARY KEY, total INTEGER NOT NULL);
+        INSERT INTO stock VALUES (1, 12);
+        INSERT INTO inbox VALUES ('a', 5, 1, 1, 1, 0, 0), ('b', 2, 7, 7, 1, 0, 0),
+                                 ('zzz', 5, NULL, NULL, 1, 0, 0);""")
+    sink.close()
+    run = asnackq("audit", queue, "--sink-db", sink_db, "--json")
+    assert run.returncode == 1
+    flags = json.loads(run.stdout)["flags"]
+    assert (flags["qty-mismatch"], flags["orphan-inbox-row"], flags["token-never-issued"],
+            flags["stock-mismatch"]) == (1, 1, 2, 0)
+    assert "no sink DB at" in fails("audit", queue, "--sink-db", tmp_path / "none.db")
+
+
+def test_work_stops_cleanly_on_sigterm(queue, tmp_path):
+    """A worker with a slow sink: SIGTERM stops claiming, finishes in-flight, exits 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
+                             tmp_path / "sink.db", "--delay-ms", "200"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 1} for i in range(500))))
+        work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink", url,
+                                 "--concurrency", "8", "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while ok("stats", queue, "--json")["by_status"]["done"] < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        work.send_signal(signal.SIGTERM)
+        out, err = work.communicate(timeout=30)
+        assert work.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["stopped_by_signal"] is True and summary["errors"] == 0
+        assert summary["claimed"] == summary["done"] < 500
+        stats = ok("stats", queue, "--json")
+        assert stats["by_status"]["leased"] == 0          # in-flight sends were finished
+        assert stats["by_status"]["done"] == summary["done"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_work_refuses_a_timeout_longer_than_the_lease(queue):
+    assert "must be below the lease" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
+                                              "--lease-ms", "1000", "--timeout-s", "2")
+    assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events")
+
+
+# --- lab --------------------------------------------------------------------------------
+
+def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
+    out = tmp_path / "lab.json"
+    run = asnackq("lab", "--jobs", "300", "--processes", "2", "--concurrency", "16",
+                  "--fail-rate", "0.1", "--drop-rate", "0.1", "--kill-every", "0.4",
+                  "--seed", "7", "--lease-ms", "800", "--send-timeout-s", "0.4",
+                  "--dir", tmp_path / "lab", "--json", out, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(out.read_text())
+    assert result["violations"] == []
+    assert result["kills"] >= 1 and result["workers_started"] == 2 + result["kills"]
+    assert sum(result["statuses"].values()) == 300
+    assert result["sink_failed"] > 0 and result["sink_dropped"] > 0
+    assert result["duplicates"] > 0 and result["latency_ms"]["samples"] > 0
+    assert result["latency_ms"]["p50"] <= result["latency_ms"]["p99"]
+    assert "violations" in run.stdout and "p50 / p99" in run.stdout
+
+
+def test_lab_verification_catches_a_lost_effect(tmp_path):
+    """The lab's own checks fail on corrupted evidence (and the command exits 1 then)."""
+    directory = tmp_path / "lab"
+    config = LabConfig(jobs=50, processes=1, concurrency=4, directory=directory)
+    with open(os.devnull, "w") as devnull:
+        result = run_lab(config, Console(file=devnull))
+    assert result["violations"] == []
+    sink = sqlite3.connect(directory / "sink.db")
+    sink.execute("DELETE FROM inbox WHERE id = 'lab-0000003'")
+    sink.commit()
+    sink.close()
+    con = sqlite3.connect(directory / "queue.db")
+    qty = dict(con.execute("SELECT id, qty FROM jobs"))
+    con.close()
+    traces = read_traces(directory)
+    traces.append({**next(r for r in traces if r["e"] == "claim"), "owner": "ghost"})
+    found = verify(directory / "queue.db", directory / "sink.db", qty, traces,
+                   {"applied": 50, "requests": 50, "duplicates": 0})
+    text = "\n".join(found["violations"])
+    assert "done-without-inbox-row" in text and "token reused" in text
+    assert "applied 50 times for 49 inbox rows" in text
+
+
+def test_lab_refuses_bad_settings():
+    assert "below the lease" in fails("lab", "--lease-ms", "500", "--send-timeout-s", "1")
+    fails("lab", "--fail-rate", "2", code=2)
