@@ -15,6 +15,7 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import random
@@ -22,7 +23,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -205,6 +206,13 @@ class AsyncQueue:
         statuses: list[str | bool] = await self._run(w.plan_finish_many(results))
         return statuses
 
+    async def finish_and_claim(self, results: list[tuple[w.Ticket, str, int, int]], owner: str,
+                               now_ms: int, lease_ms: int,
+                               count: int) -> tuple[list[str | bool], list[w.Ticket]]:
+        plan = w.plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
+        outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(plan)
+        return outcome
+
     async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
                      fault: w.Fault = None) -> w.Ticket | bool:
         plan = w.plan_extend(ticket, now_ms, lease_ms)
@@ -241,43 +249,6 @@ async def classify(send: AsyncSend, ticket: w.Ticket, jitter: float,
     return w.judge_send(ticket, jitter, ack)
 
 
-class Batcher(Generic[T, R]):
-    """Group commit: callers that arrive while a batch runs are served by the next one."""
-
-    def __init__(self, run: Callable[[list[T]], Awaitable[list[R]]]) -> None:
-        self._run = run
-        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._busy = False
-        self._drainer: asyncio.Future[None] | None = None
-
-    async def submit(self, item: T) -> R:
-        done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, done))
-        if not self._busy:
-            self._busy = True
-            self._drainer = asyncio.ensure_future(self._drain())
-        return await asyncio.shield(done)
-
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    results = await self._run([item for item, _ in batch])
-                except BaseException as error:
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_exception(error)
-                    if not isinstance(error, Exception):
-                        raise
-                    continue
-                for (_, done), result in zip(batch, results, strict=True):
-                    if not done.done():
-                        done.set_result(result)
-        finally:
-            self._busy = False
-
-
 @dataclass
 class Summary:
     """What a dispatcher run did."""
@@ -297,12 +268,20 @@ class Summary:
 
 
 class Dispatcher:
-    """Many delivery coroutines over one AsyncQueue, each following ``run_once``'s contract."""
+    """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
+
+    One committer task owns every transaction: it commits the finishes that have arrived and
+    claims tickets for idle coroutines (plus ``prefetch`` ahead of demand) in one
+    ``finish_and_claim`` transaction - each ticket fenced on its own, each claim its own
+    token, exactly as sequential calls would be.  Coroutines only send: a coroutine hands its
+    result to the committer and takes its next ticket without waiting for the commit.
+    """
 
     def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
                  lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
                  jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
-                 idle_ms: int = 20, trace: Trace | None = None) -> None:
+                 idle_ms: int = 20, trace: Trace | None = None,
+                 prefetch: int | None = None) -> None:
         w.check_run_args(owner, clock, send, 0.5, lease_ms)
         w.check_int(concurrency, "concurrency", 1, 1024)
         timeout_s = getattr(send, "timeout_s", None)
@@ -313,28 +292,22 @@ class Dispatcher:
         self.concurrency, self.lease_ms, self.clock = concurrency, lease_ms, clock
         self.jitter, self.grace_s, self.idle_ms = jitter, grace_s, idle_ms
         self.trace = trace
+        self.prefetch = w.check_int(concurrency // 4 if prefetch is None else prefetch,
+                                    "prefetch", 0, 1024)
         self.summary = Summary()
-        self._claims: Batcher[None, Claimed | None] = Batcher(self._claim_batch)
-        self._finishes: Batcher[tuple[w.Ticket, str, int, int], str | bool] = \
-            Batcher(self.queue.finish_many)
-        self._stopping = False
-        self._budget: int | None = None
+        self._reset(None)
 
-    async def _claim_batch(self, requests: list[None]) -> list[Claimed | None]:
-        if self._budget is not None:
-            allowed = min(len(requests), self._budget)
-            self._budget -= allowed
-        else:
-            allowed = len(requests)
-        claimed: list[Claimed | None] = []
-        if allowed and not self._stopping:
-            now = w.check_now(self.clock(), "first clock reading")
-            tickets = await self.queue.claim_many(self.owner, now, self.lease_ms, allowed)
-            claimed = [(ticket, now) for ticket in tickets]
-            if self.trace is not None:
-                for ticket in tickets:
-                    self.trace("claim", ticket, now, None)
-        return claimed + [None] * (len(requests) - len(claimed))
+    def _reset(self, budget: int | None) -> None:
+        self._budget = budget
+        self._ready: collections.deque[Claimed] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
+        self._finishes: list[tuple[w.Ticket, str, int, int]] = []
+        self._held = 0                    # tickets claimed and not yet settled or given up
+        self._kick = asyncio.Event()
+        self._dry = False                 # the last claim came up short: wait idle_ms
+        self._claiming = False            # a claim transaction is in flight
+        self._stopping = self._ended = self._closing = False
+        self._failure: BaseException | None = None
 
     async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
                   follow: bool = False) -> Summary:
@@ -343,33 +316,131 @@ class Dispatcher:
         ``until_empty=False``: stop as soon as nothing is claimable.  ``follow=True``: never
         stop on an empty queue; poll until cancelled (or ``max_jobs`` claims).
         """
-        self._budget = max_jobs
-        workers = [asyncio.ensure_future(self._work(until_empty, follow))
-                   for _ in range(self.concurrency)]
+        self._reset(max_jobs)
+        committer = asyncio.ensure_future(self._commit_loop(until_empty, follow))
+        workers = [asyncio.ensure_future(self._work()) for _ in range(self.concurrency)]
         try:
             await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers
         except asyncio.CancelledError:
-            self._stopping = True          # stop claiming; let in-flight sends end
+            self._stop()                   # stop claiming; let in-flight sends end
             _, late = await asyncio.wait(workers, timeout=self.grace_s)
             for task in late:              # abandoned jobs stay leased and are reclaimed later
                 task.cancel()
             await asyncio.wait(workers)
+            await self._close(committer)
             raise
+        await self._close(committer)
         for task in workers:
             task.result()                  # a worker's unexpected failure is the run's failure
+        if self._failure is not None:
+            raise self._failure
         return self.summary
 
-    async def _work(self, until_empty: bool, follow: bool) -> None:
-        while not self._stopping:
-            claimed = await self._claims.submit(None)
-            if claimed is None:
-                if self._budget == 0:
+    async def _close(self, committer: asyncio.Future[None]) -> None:
+        """Let the committer settle the last finishes, then end it."""
+        self._closing = True
+        self._kick.set()
+        await asyncio.wait([committer])
+
+    def _stop(self) -> None:
+        self._stopping = True
+        self._release_waiters()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _next(self) -> Claimed | None:
+        """The next ticket to deliver, or None when the run is over for this coroutine."""
+        if self._ready:
+            return self._ready.popleft()
+        if (self._stopping or self._ended) and not self._claiming:
+            return None                    # (a claim in flight still hands its tickets out)
+        waiter: asyncio.Future[Claimed | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._kick.set()
+        return await waiter
+
+    def _want(self) -> int:
+        """How many tickets to claim now: one per idle coroutine plus the prefetch."""
+        if self._stopping or self._ended or self._closing:
+            return 0
+        want = len(self._waiters) + self.prefetch - len(self._ready)
+        if self._budget is not None:
+            want = min(want, self._budget)
+        return max(0, min(want, 1024))
+
+    async def _commit_loop(self, until_empty: bool, follow: bool) -> None:
+        try:
+            while True:
+                self._kick.clear()
+                finishes, self._finishes = self._finishes, []
+                want = self._want()
+                if finishes or (want and not self._dry):
+                    await self._cycle(finishes, want)
+                    continue
+                if self._closing:
                     return
-                if not follow and (not until_empty or not await self._active()):
-                    return
-                await asyncio.sleep(self.idle_ms / 1000)
-                continue
-            self.summary.claimed += 1
+                if self._held == 0 and not self._ended and (
+                        self._budget == 0 or (self._dry and not follow and (
+                            not until_empty or not await self._active()))):
+                    self._end()
+                    continue
+                timeout = self.idle_ms / 1000 if self._dry else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), timeout)
+                if timeout is not None and not self._kick.is_set():
+                    self._dry = False      # time to look for claimable jobs again
+        except Exception as error:         # the run's failure; unsettled jobs stay leased
+            self._failure = error
+            self._end()
+
+    async def _cycle(self, finishes: list[tuple[w.Ticket, str, int, int]], want: int) -> None:
+        """One transaction: settle ``finishes``, claim up to ``want`` tickets."""
+        now = 0
+        if want:
+            now = w.check_now(self.clock(), "first clock reading")
+            self._claiming = True
+            try:
+                statuses, tickets = await self.queue.finish_and_claim(
+                    finishes, self.owner, now, self.lease_ms, want)
+            finally:
+                self._claiming = False
+            self._dry = len(tickets) < want
+        else:
+            statuses, tickets = await self.queue.finish_many(finishes), []
+        for (ticket, outcome, at, _), status in zip(finishes, statuses, strict=True):
+            self._held -= 1
+            if self.trace is not None:
+                self.trace("finish", ticket, at, status)
+            self._count(outcome, status)
+        if self._budget is not None:
+            self._budget -= len(tickets)
+        self._held += len(tickets)
+        self.summary.claimed += len(tickets)
+        for ticket in tickets:
+            if self.trace is not None:
+                self.trace("claim", ticket, now, None)
+            self._hand_out((ticket, now))
+        if self._stopping or self._ended:
+            self._release_waiters()        # nothing more will be claimed for them
+
+    def _hand_out(self, claimed: Claimed) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():          # a coroutine cancelled while waiting is skipped
+                waiter.set_result(claimed)
+                return
+        self._ready.append(claimed)
+
+    async def _work(self) -> None:
+        while (claimed := await self._next()) is not None:
             await self._deliver(*claimed)
 
     async def _active(self) -> bool:
@@ -379,32 +450,56 @@ class Dispatcher:
     async def _deliver(self, ticket: w.Ticket, first: int) -> None:
         try:
             ticket, (outcome, delay) = await self._send_extending(ticket)
-        except w.BadAck:
-            self.summary.bad_acks += 1
-            return                         # stays leased; reclaimed after the lease
-        except Exception:
-            self.summary.errors += 1
+        except Exception as error:         # stays leased; reclaimed after the lease
+            if isinstance(error, w.BadAck):
+                self.summary.bad_acks += 1
+            else:
+                self.summary.errors += 1
+            self._held -= 1
+            self._kick.set()
             return
         now = w.second_reading(self.clock, first)
-        status = await self._finishes.submit((ticket, outcome, now, delay))
-        if self.trace is not None:
-            self.trace("finish", ticket, now, status)
-        self._count(outcome, status)
+        self._finishes.append((ticket, outcome, now, delay))
+        self._kick.set()
 
     async def _send_extending(self, ticket: w.Ticket) -> tuple[w.Ticket, tuple[str, int]]:
-        """Send once; while the send outlives half its lease, extend the lease (fenced)."""
+        """Send once; while the send outlives half its lease, extend the lease (fenced).
+
+        A timer starts the extender only for a send still running at half its lease, so a
+        quick send costs no extra task.
+        """
         self.summary.requests += 1
         jitter = w.check_jitter(self.jitter())
-        sending = asyncio.ensure_future(classify(self.send, ticket, jitter, ticket["token"]))
-        while True:
-            done, _ = await asyncio.wait([sending], timeout=self.lease_ms / 2000)
-            if done:
-                return ticket, sending.result()
-            longer = await self.queue.extend(ticket, w.check_now(self.clock()), self.lease_ms)
+        held = [ticket]
+        sent = asyncio.Event()
+        extender: asyncio.Future[None] | None = None
+
+        def start() -> None:
+            nonlocal extender
+            extender = asyncio.ensure_future(self._keep_leased(held, sent))
+
+        timer = asyncio.get_running_loop().call_later(self.lease_ms / 2000, start)
+        try:
+            result = await classify(self.send, ticket, jitter, ticket["token"])
+        finally:
+            timer.cancel()
+            sent.set()
+            if extender is not None:
+                await asyncio.wait([extender])      # an extension under way lands first
+        failure = extender.exception() if extender is not None else None
+        if failure is not None:
+            raise failure                           # the job stays leased: reclaimed later
+        return held[0], result
+
+    async def _keep_leased(self, held: list[w.Ticket], sent: asyncio.Event) -> None:
+        while not sent.is_set():
+            longer = await self.queue.extend(held[0], w.check_now(self.clock()), self.lease_ms)
             if longer is not False:
                 assert isinstance(longer, dict)
-                ticket = longer
+                held[0] = longer
                 self.summary.extended += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sent.wait(), self.lease_ms / 2000)
 
     def _count(self, outcome: str, status: str | bool) -> None:
         if status is False:

@@ -491,6 +491,27 @@ def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan:
     return statuses, any(status is not False for status in statuses)
 
 
+def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner: object,
+                          now_ms: object, lease_ms: object, count: object) -> Plan:
+    """Plan finishes, then up to ``count`` claims at ``now_ms``, in one transaction.
+
+    Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
+    count)``; the result is ``(statuses, tickets)``.  ``results`` may be empty.
+    """
+    checked = [(dict(ticket), outcome, now, delay) for ticket, outcome, now, delay in results]
+    if checked:
+        plan_finish_many(checked).close()           # validates
+    plan_claim_many(owner, now_ms, lease_ms, count).close()
+    return _finish_and_claim(checked, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
+
+
+def _finish_and_claim(results: list[tuple[Ticket, str, int, int]], owner: str, now_ms: int,
+                      lease_ms: int, count: int) -> Plan:
+    statuses = (yield from _settle(results)) if results else []
+    tickets = yield from _lease(owner, now_ms, lease_ms, count)
+    return (statuses, tickets), bool(tickets) or any(s is not False for s in statuses)
+
+
 def plan_extend(ticket: object, now_ms: object, lease_ms: object) -> Plan:
     """Validate a lease extension and return its plan (result: the new ticket, or False)."""
     mine = check_ticket(ticket)
@@ -642,6 +663,15 @@ def finish_many(con: sqlite3.Connection,
     plan = plan_finish_many(results)
     result: list[str | bool] = _drive(_check_con(con), plan)
     return result
+
+
+def finish_and_claim(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
+                     owner: str, now_ms: int, lease_ms: int,
+                     count: int) -> tuple[list[str | bool], list[Ticket]]:
+    """Finishes, then claims, in one transaction (see ``plan_finish_and_claim``)."""
+    plan = plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
+    outcome: tuple[list[str | bool], list[Ticket]] = _drive(_check_con(con), plan)
+    return outcome
 
 
 def extend(con: sqlite3.Connection, ticket: Ticket, now_ms: int, lease_ms: int,
