@@ -87,22 +87,24 @@ async def _begin(db: aiosqlite.Connection, attempts: int = 8) -> None:
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
 
 
-async def open_db(path: Any, schema: tuple[str, ...], busy_s: float) -> aiosqlite.Connection:
+async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
+                  attempts: int = 8) -> aiosqlite.Connection:
     """Open a DB file with the core's settings, creating ``schema`` through the core's plan."""
     db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
     try:
         for pragma in w.PRAGMAS:
             await db.execute(pragma)
-        await pump(db, w.plan_schema(schema), None)
+        await pump(db, w.plan_schema(schema), None, attempts)
     except BaseException:
         await db.close()
         raise
     return db
 
 
-async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
+async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault,
+               attempts: int = 8) -> Any:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db`` (twin of ``worker._drive``)."""
-    await _begin(db)
+    await _begin(db, attempts)
     try:
         reply: list[tuple[Any, ...]] | None = None
         while True:
@@ -130,21 +132,30 @@ async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault) -> Any:
 class AsyncQueue:
     """A queue file driven through aiosqlite: the same validation, results and hooks as the core."""
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, attempts: int = 8) -> None:
         self._db = db
+        self._attempts = attempts
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, path: Any) -> AsyncQueue:
-        """Open a queue file (``open_queue``'s format and settings); close it with ``close()``."""
+    async def connect(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8) -> AsyncQueue:
+        """Open a queue file (``open_queue``'s format and settings); close it with ``close()``.
+
+        A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
+        is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
+        """
         filename = w.check_queue_path(path)
-        return cls(await open_db(filename, w.SCHEMA, busy_s=1))
+        if not 0 < busy_s <= 60:
+            raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
+        w.check_int(attempts, "attempts", 1, 100)
+        return cls(await open_db(filename, w.SCHEMA, busy_s, attempts), attempts)
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: Any) -> AsyncIterator[AsyncQueue]:
+    async def open(cls, path: Any, *, busy_s: float = 1.0,
+                   attempts: int = 8) -> AsyncIterator[AsyncQueue]:
         """``async with AsyncQueue.open(path) as q:`` - closed on exit."""
-        queue = await cls.connect(path)
+        queue = await cls.connect(path, busy_s=busy_s, attempts=attempts)
         try:
             yield queue
         finally:
@@ -162,7 +173,7 @@ class AsyncQueue:
         """Run one plan under the lock, shielded: cancellation never splits the transaction."""
         async def locked() -> Any:
             async with self._lock:
-                return await pump(self._db, plan, fault)
+                return await pump(self._db, plan, fault, self._attempts)
 
         task = asyncio.ensure_future(locked())
         try:

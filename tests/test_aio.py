@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
+from asnackq.aio import AsyncQueue, Dispatcher, QueueBusy, epoch_ms
 from asnackq.core import worker as w
 from asnackq.http_send import AsyncHttpSender
 
@@ -257,3 +257,37 @@ def test_both_drivers_agree_on_random_operation_sequences(tmp_path_factory, oper
         sync_con.close()
         bridge.close()
     assert rows(root / "sync.db") == rows(root / "aio.db")
+
+
+async def test_a_lock_held_beyond_the_retry_bound_surfaces_as_queue_busy(db):
+    async with AsyncQueue.open(db, busy_s=0.01, attempts=3) as queue:
+        await fill(queue, 1, now=T0)
+        before = rows(db)
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")          # another process holds the write lock
+        try:
+            with pytest.raises(QueueBusy, match="after 3 attempts"):
+                await queue.claim("w1", T0)
+            assert not queue.in_transaction
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert rows(db) == before
+        assert (await queue.claim("w1", T0))["id"] == "job-0"     # free again: it works
+
+
+async def test_a_lock_released_during_the_backoff_is_waited_out(db):
+    async with AsyncQueue.open(db, busy_s=0.01, attempts=8) as queue:
+        await fill(queue, 1, now=T0)
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, lambda: (other.execute("ROLLBACK"), other.close()))
+        assert (await queue.claim("w1", T0))["token"] == 1
+
+
+async def test_connect_refuses_bad_busy_settings(db):
+    with pytest.raises(ValueError, match="busy_s"):
+        await AsyncQueue.connect(db, busy_s=0)
+    with pytest.raises(ValueError, match="attempts"):
+        await AsyncQueue.connect(db, attempts=0)
