@@ -2,14 +2,17 @@
 
 Rules of this module:
 
-* No state machine here: every transition is a ``worker.plan_*`` plan, run by ``pump``
-  (the async twin of ``worker._drive``; only this small loop exists twice).
+* No state machine here: every transition is a ``worker.plan_*`` plan, and even the driver
+  loop is the core's own (``worker._transact``): ``pump`` runs BEGIN and the whole plan in
+  aiosqlite's thread in one call (``Connection._execute``, present since aiosqlite 0.20;
+  the test suite fails loudly if a release drops it).
 * One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
   interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
   caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
 * No transaction is ever open across a network await: sends happen between plans.
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with
-  a bounded, jittered backoff, then surfaces as ``QueueBusy``.
+  a bounded, jittered backoff (in the DB thread, never blocking the event loop), then
+  surfaces as ``QueueBusy``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import random
 import sqlite3
@@ -73,18 +77,27 @@ async def rollback(db: aiosqlite.Connection) -> None:
             await db.execute("ROLLBACK")
 
 
-async def _begin(db: aiosqlite.Connection, attempts: int = 8) -> None:
-    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff."""
+def _begin(con: sqlite3.Connection, attempts: int) -> None:
+    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff.
+
+    Runs in aiosqlite's thread: the backoff sleeps there, never on the event loop.
+    """
     for attempt in range(attempts):
         try:
-            await db.execute("BEGIN IMMEDIATE")
+            con.execute("BEGIN IMMEDIATE")
             return
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
                 raise
             if attempt == attempts - 1:
                 raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
-            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+            time.sleep(random.uniform(0, 0.01 * 2**attempt))
+
+
+def _transaction(con: sqlite3.Connection, plan: w.Plan, fault: w.Fault, attempts: int) -> Any:
+    """One whole transaction in aiosqlite's thread: BEGIN (with retries), then the core's loop."""
+    _begin(con, attempts)
+    return w._transact(con, plan, fault)
 
 
 async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
@@ -103,30 +116,15 @@ async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
 
 async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault,
                attempts: int = 8) -> Any:
-    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db`` (twin of ``worker._drive``)."""
-    await _begin(db, attempts)
-    try:
-        reply: list[tuple[Any, ...]] | None = None
-        while True:
-            try:
-                step = plan.send(reply)
-            except StopIteration as stop:
-                result, changed = stop.value
-                break
-            if isinstance(step, w.Sql):
-                reply = [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
-            elif isinstance(step, w.SqlMany):
-                reply = [((await db.executemany(step.sql, step.params)).rowcount,)]
-            else:
-                reply = None
-                call_fault(fault, step.name)
-        await db.execute("COMMIT")
-    except BaseException:
-        await rollback(db)
-        raise
-    if changed:
-        call_fault(fault, w.AFTER_COMMIT)
-    return result
+    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db``.
+
+    The whole transaction - BEGIN with its busy retries, then the core's own driver loop
+    ``worker._transact`` - runs in aiosqlite's thread in one call: one thread hop per
+    transaction, not one per statement, and nothing else can run on the connection between
+    its statements.  Hooks run there too, checked by ``call_fault``.
+    """
+    checked = None if fault is None else functools.partial(call_fault, fault)
+    return await db._execute(_transaction, db._conn, plan, checked, attempts)  # type: ignore[no-untyped-call]
 
 
 class AsyncQueue:

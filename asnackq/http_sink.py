@@ -29,8 +29,8 @@ from typing import Any
 import aiosqlite
 from aiohttp import web
 
-from asnackq.aio import open_db, rollback
-from asnackq.core.worker import check_event
+from asnackq.aio import open_db, pump
+from asnackq.core.worker import Plan, Sql, SqlMany, check_event
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
 
 __all__ = ["SinkConfig", "make_app", "open_sink_db", "serve"]
@@ -90,6 +90,26 @@ def decide(known: dict[str, int], event_id: str, qty: int) -> str:
     return "duplicate" if known[event_id] == qty else "conflict"
 
 
+def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan:
+    """One group commit as a plan (run by the core's driver): decisions in arrival order.
+
+    Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.
+    """
+    ids = sorted({event_id for event_id, _, _ in batch})
+    rows = yield Sql(SQL_KNOWN.format(marks=",".join("?" * len(ids))), tuple(ids))
+    known: dict[str, int] = {row[0]: row[1] for row in rows or ()}
+    statuses = [decide(known, event_id, qty) for event_id, qty, _ in batch]
+    applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
+    again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
+    if applied:
+        yield SqlMany(SQL_APPLY, [(i, qty, token, token, now_ms, now_ms)
+                                  for i, qty, token in applied])
+        yield Sql(SQL_ADD_STOCK, (sum(qty for _, qty, _ in applied),))
+    if again:
+        yield SqlMany(SQL_SEEN_AGAIN, [(token, now_ms, i) for i, _, token in again])
+    return statuses, bool(applied or again)
+
+
 @dataclass
 class Delivery:
     event_id: str
@@ -146,25 +166,8 @@ class Inbox:
                 item.done.set_result(status)
 
     async def _commit(self, batch: list[Delivery]) -> list[str]:
-        now = int(time.time() * 1000)
-        ids = sorted({item.event_id for item in batch})
-        await self.db.execute("BEGIN IMMEDIATE")
-        try:
-            rows = await self.db.execute_fetchall(
-                SQL_KNOWN.format(marks=",".join("?" * len(ids))), ids)
-            known: dict[str, int] = {row[0]: row[1] for row in rows}
-            statuses = [decide(known, item.event_id, item.qty) for item in batch]
-            applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
-            again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
-            await self.db.executemany(SQL_APPLY, [(i.event_id, i.qty, i.token, i.token, now, now)
-                                                  for i in applied])
-            await self.db.executemany(SQL_SEEN_AGAIN, [(i.token, now, i.event_id) for i in again])
-            if applied:
-                await self.db.execute(SQL_ADD_STOCK, (sum(i.qty for i in applied),))
-            await self.db.execute("COMMIT")
-        except BaseException:
-            await rollback(self.db)
-            raise
+        plan = plan_inbox([(i.event_id, i.qty, i.token) for i in batch], int(time.time() * 1000))
+        statuses: list[str] = await pump(self.db, plan, None)
         self.commits += 1
         return statuses
 

@@ -95,11 +95,11 @@ async def test_cancelling_a_caller_never_splits_a_batch(queue, db):
     await fill(queue, 300)
     for _ in range(20):
         task = asyncio.ensure_future(queue.claim_many("w1", T0, 1000, 50))
-        for _ in range(10_000):                 # cancel while the transaction is open
-            if queue.in_transaction:
+        for _ in range(10_000):                 # cancel while the transaction is in flight
+            if queue._lock.locked():
                 break
             await asyncio.sleep(0)
-        assert queue.in_transaction
+        assert queue._lock.locked() and not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

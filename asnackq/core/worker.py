@@ -567,6 +567,14 @@ def _rollback(con: sqlite3.Connection) -> None:
 def _drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con`` and return its result."""
     con.execute("BEGIN IMMEDIATE")  # outside the try: a failed BEGIN owns no transaction
+    return _transact(con, plan, fault)
+
+
+def _transact(con: sqlite3.Connection, plan: Plan, fault: Fault) -> Any:
+    """Run ``plan`` inside the transaction ``con`` has begun: COMMIT, or ROLLBACK and re-raise.
+
+    The one driver loop: the asyncio layer runs it too, in aiosqlite's thread.
+    """
     try:
         reply: list[tuple[Any, ...]] | None = None
         while True:
