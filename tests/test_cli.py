@@ -294,8 +294,9 @@ def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path)
     assert "no sink DB at" in fails("audit", queue, "--sink-db", tmp_path / "none.db")
 
 
-def test_work_stops_cleanly_on_sigterm(queue, tmp_path):
-    """A worker with a slow sink: SIGTERM stops claiming, finishes in-flight, exits 0."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
+    """A worker with a slow sink: SIGTERM or Ctrl-C stops claiming, finishes in-flight, exits 0."""
     proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
                              tmp_path / "sink.db", "--delay-ms", "200"],
                             stdout=subprocess.PIPE, text=True)
@@ -309,7 +310,7 @@ def test_work_stops_cleanly_on_sigterm(queue, tmp_path):
         while ok("stats", queue, "--json")["by_status"]["done"] < 8:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        work.send_signal(signal.SIGTERM)
+        work.send_signal(signum)
         out, err = work.communicate(timeout=30)
         assert work.returncode == 0, err
         summary = json.loads(out)
