@@ -70,13 +70,6 @@ def call_fault(fault: w.Fault, point: str) -> None:
         raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
 
 
-async def rollback(db: aiosqlite.Connection) -> None:
-    """Roll back if a transaction is open; a failing rollback never hides the original error."""
-    if db.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            await db.execute("ROLLBACK")
-
-
 def _begin(con: sqlite3.Connection, attempts: int) -> None:
     """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff.
 
