@@ -234,7 +234,6 @@ def run_enqueue(args: argparse.Namespace) -> int:
         if args.qty is None:
             raise Failure("--id needs --qty")
         items = [({"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts)]
-        w.plan_enqueue(*items[0][:1], 0, *items[0][1:]).close()
     elif args.input == "-":
         items = read_intakes(sys.stdin, "stdin", args.ttl_ms, args.max_attempts)
     else:
