@@ -27,7 +27,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiosqlite
 
@@ -35,8 +35,6 @@ from asnackq.core import worker as w
 
 __all__ = ["AsyncQueue", "Dispatcher", "QueueBusy", "Summary", "epoch_ms"]
 
-T = TypeVar("T")
-R = TypeVar("R")
 AsyncSend = Callable[..., Awaitable[object]]
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.

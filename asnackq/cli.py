@@ -40,7 +40,6 @@ class Failure(Exception):
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 TTL_MS = 60_000          # the contract's longest ttl: the default for intakes and redrives
-CHUNK = 1000             # intakes per transaction when reading JSON Lines
 
 
 def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:
@@ -200,7 +199,7 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.set_defaults(run=run_enqueue)
 
 
-Intake = tuple[dict[str, Any], int, int]
+Intake = ops.Intake
 INTAKE_KEYS = frozenset({"id", "qty", "ttl_ms", "max_attempts"})
 
 
@@ -257,21 +256,12 @@ def run_enqueue(args: argparse.Namespace) -> int:
 
 
 def intake(queue: Path, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
-    """Enqueue ``items`` in chunks of ``CHUNK`` per transaction, with a progress bar."""
-    results: list[bool | w.Conflict] = []
+    """``ops.enqueue_all`` with a progress bar on a terminal."""
     console = Console(stderr=True)
-    con = w.open_queue(queue)
-    try:
-        with Progress(console=console, transient=True,
-                      disable=not (show_progress and console.is_terminal)) as progress:
-            task = progress.add_task("enqueue", total=len(items))
-            for start in range(0, len(items), CHUNK):
-                chunk = items[start:start + CHUNK]
-                results += w.enqueue_many(con, chunk, epoch_ms())
-                progress.advance(task, len(chunk))
-    finally:
-        con.close()
-    return results
+    with Progress(console=console, transient=True,
+                  disable=not (show_progress and console.is_terminal)) as progress:
+        task = progress.add_task("enqueue", total=len(items))
+        return ops.enqueue_all(queue, items, lambda n: progress.advance(task, n))
 
 
 # --- work -------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
-from asnackq.core import worker as w
+from asnackq import ops
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.http_send import AsyncHttpSender
 from asnackq.procs import sink_process, sink_stats
 
@@ -51,14 +51,8 @@ async def work(db: str, url: str, owner: str, die_after: int) -> None:
 
 
 def enqueue_jobs(db: Path) -> dict[str, int]:
-    con = w.open_queue(db)
-    now = epoch_ms()
     qty = {f"snack-{i:03d}": i % 9 + 1 for i in range(JOBS)}
-    try:
-        for job_id, amount in qty.items():
-            w.enqueue(con, {"id": job_id, "qty": amount}, now, 60_000, 5)
-    finally:
-        con.close()
+    ops.enqueue_all(db, [({"id": job_id, "qty": n}, 60_000, 5) for job_id, n in qty.items()])
     return qty
 
 

@@ -128,14 +128,8 @@ class Workers:
 
 def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
-    con = w.open_queue(queue)
-    try:
-        items = [({"id": job_id, "qty": n}, 60_000, config.max_attempts)
-                 for job_id, n in qty.items()]
-        for start in range(0, len(items), 2000):
-            w.enqueue_many(con, items[start:start + 2000], epoch_ms())
-    finally:
-        con.close()
+    ops.enqueue_all(queue, [({"id": job_id, "qty": n}, 60_000, config.max_attempts)
+                            for job_id, n in qty.items()])
     return qty
 
 

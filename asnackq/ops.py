@@ -9,15 +9,39 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 
-__all__ = ["AUDIT_SQL", "audit", "dead", "history", "read_only", "redrive_by_reason", "stats"]
+__all__ = ["AUDIT_SQL", "audit", "dead", "enqueue_all", "history", "read_only",
+           "redrive_by_reason", "stats"]
 
 REASONS = ("exhausted", "deadline", "permanent")
+CHUNK = 1000             # intakes per transaction in a bulk enqueue
+Intake = tuple[dict[str, Any], int, int]
+
+
+def enqueue_all(path: Path, items: list[Intake],
+                advance: Callable[[int], object] | None = None) -> list[bool | w.Conflict]:
+    """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
+
+    Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
+    is called with each committed chunk's size (a progress bar).
+    """
+    results: list[bool | w.Conflict] = []
+    con = w.open_queue(path)
+    try:
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start:start + CHUNK]
+            results += w.enqueue_many(con, chunk, epoch_ms())
+            if advance is not None:
+                advance(len(chunk))
+    finally:
+        con.close()
+    return results
 
 
 @contextlib.contextmanager
