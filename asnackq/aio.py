@@ -39,7 +39,8 @@ AsyncSend = Callable[..., Awaitable[object]]
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
 Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
-Claimed = tuple[dict[str, Any], int]          # a ticket and the clock reading it was claimed at
+# A ticket, the clock reading it was claimed at, and the loop time of that reading.
+Claimed = tuple[dict[str, Any], int, float]
 
 
 class QueueBusy(sqlite3.OperationalError):
@@ -271,7 +272,8 @@ class Dispatcher:
     """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
 
     One committer task owns every transaction: it commits the finishes that have arrived and
-    claims tickets for idle coroutines (plus ``prefetch`` ahead of demand) in one
+    claims tickets for idle coroutines (plus ``prefetch`` ahead of demand, by default two
+    per coroutine: fewer, larger transactions) in one
     ``finish_and_claim`` transaction - each ticket fenced on its own, each claim its own
     token, exactly as sequential calls would be.  Coroutines only send: a coroutine hands its
     result to the committer and takes its next ticket without waiting for the commit.
@@ -292,7 +294,7 @@ class Dispatcher:
         self.concurrency, self.lease_ms, self.clock = concurrency, lease_ms, clock
         self.jitter, self.grace_s, self.idle_ms = jitter, grace_s, idle_ms
         self.trace = trace
-        self.prefetch = w.check_int(concurrency // 4 if prefetch is None else prefetch,
+        self.prefetch = w.check_int(min(2 * concurrency, 1024) if prefetch is None else prefetch,
                                     "prefetch", 0, 1024)
         self.summary = Summary()
         self._reset(None)
@@ -403,7 +405,7 @@ class Dispatcher:
 
     async def _cycle(self, finishes: list[tuple[w.Ticket, str, int, int]], want: int) -> None:
         """One transaction: settle ``finishes``, claim up to ``want`` tickets."""
-        now = 0
+        now, at = 0, asyncio.get_running_loop().time()
         if want:
             now = w.check_now(self.clock(), "first clock reading")
             self._claiming = True
@@ -427,7 +429,7 @@ class Dispatcher:
         for ticket in tickets:
             if self.trace is not None:
                 self.trace("claim", ticket, now, None)
-            self._hand_out((ticket, now))
+            self._hand_out((ticket, now, at))
         if self._stopping or self._ended:
             self._release_waiters()        # nothing more will be claimed for them
 
@@ -447,9 +449,9 @@ class Dispatcher:
         rows = await self.queue.read(w.SQL_ACTIVE)
         return bool(rows[0][0])
 
-    async def _deliver(self, ticket: w.Ticket, first: int) -> None:
+    async def _deliver(self, ticket: w.Ticket, first: int, claimed_at: float) -> None:
         try:
-            ticket, (outcome, delay) = await self._send_extending(ticket)
+            ticket, (outcome, delay) = await self._send_extending(ticket, claimed_at)
         except Exception as error:         # stays leased; reclaimed after the lease
             if isinstance(error, w.BadAck):
                 self.summary.bad_acks += 1
@@ -462,11 +464,13 @@ class Dispatcher:
         self._finishes.append((ticket, outcome, now, delay))
         self._kick.set()
 
-    async def _send_extending(self, ticket: w.Ticket) -> tuple[w.Ticket, tuple[str, int]]:
+    async def _send_extending(self, ticket: w.Ticket,
+                              claimed_at: float) -> tuple[w.Ticket, tuple[str, int]]:
         """Send once; while the send outlives half its lease, extend the lease (fenced).
 
-        A timer starts the extender only for a send still running at half its lease, so a
-        quick send costs no extra task.
+        A timer starts the extender only for a send still running half a lease after the
+        claim (time spent waiting as a prefetched ticket counts), so a quick send costs no
+        extra task.
         """
         self.summary.requests += 1
         jitter = w.check_jitter(self.jitter())
@@ -478,7 +482,8 @@ class Dispatcher:
             nonlocal extender
             extender = asyncio.ensure_future(self._keep_leased(held, sent))
 
-        timer = asyncio.get_running_loop().call_later(self.lease_ms / 2000, start)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(claimed_at + self.lease_ms / 2000, start)
         try:
             result = await classify(self.send, ticket, jitter, ticket["token"])
         finally:

@@ -153,6 +153,21 @@ async def test_dispatcher_extends_the_lease_of_a_slow_send(queue, db):
     assert summary.extended >= 1 and summary.done == 1 and summary.stale == 0
 
 
+async def test_a_prefetched_ticket_counts_its_wait_toward_the_extension(queue, db):
+    await fill(queue, 2, now=epoch_ms())
+
+    async def slow(event, token):
+        await asyncio.sleep(0.4)
+        return True
+
+    # The second ticket waits 0.4 s as a prefetched ticket, then its send takes 0.4 s more:
+    # its lease (0.6 s from the claim) is extended as soon as its send starts, not 0.3 s later.
+    summary = await Dispatcher(queue, slow, owner="d1", concurrency=1, lease_ms=600,
+                               prefetch=1).run()
+    assert (summary.done, summary.stale, summary.claimed) == (2, 0, 2)
+    assert summary.extended >= 1
+
+
 async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queue, db):
     seen = []
 
