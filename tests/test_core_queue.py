@@ -10,7 +10,7 @@ import pytest
 from asnackq.core import worker as w
 
 from .conftest import T0, Hooks, job, rows
-from .drivers import connect, q
+from .drivers import AioBridge, connect, q
 
 
 @pytest.fixture(params=["sync", "aio"])
@@ -484,6 +484,43 @@ def test_finish_and_claim_is_finish_many_then_claim_many(tmp_path):
     assert [t["id"] for t in only_claims[1]] == ["j5"]
     one.close()
     both.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "aio"])
+def test_batches_over_one_chunk_equal_sequential_calls(tmp_path, driver):
+    count = w.CHUNK + 37                         # two set-based lease statements
+
+    def fill(path):
+        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        for i in range(count):                   # some deadlines fall inside the lease
+            put(con, f"j{i}", qty=i % 9 + 1, ttl=300 if i % 11 == 0 else 10_000,
+                max_attempts=1 if i % 13 == 0 else 3)
+        assert len(q.claim_many(con, "w0", T0, 100, 50)) == 50       # expire, then reclaimed
+        return con
+
+    one, many = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    sequential = [q.claim(one, "w1", T0 + 100, 700) for _ in range(count)]
+    sequential = sequential[:sequential.index(None)]   # the jobs whose budget is spent are dead
+    assert len(sequential) > w.CHUNK
+    assert q.claim_many(many, "w1", T0 + 100, 700, count) == sequential
+    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    for ticket in sequential:                    # each row is exactly the lease its ticket names
+        row = job(tmp_path / "many.db", ticket["id"])
+        assert (row["status"], row["owner"], row["token"], row["attempts"], row["lease_until"]) \
+            == ("leased", "w1", ticket["token"], ticket["attempt"], ticket["lease_until"])
+    assert {t["lease_until"] for t in sequential} == {T0 + 300, T0 + 800}   # capped: deadline
+    results = []
+    for i, ticket in enumerate(sequential):
+        results.append((ticket, ("ok", "retry", "permanent")[i % 3], T0 + 200 + i % 500, i % 4))
+        if i % 17 == 0:                                  # a replay and a forged token: stale
+            results += [(ticket, "ok", T0 + 201, 0), ({**ticket, "token": 99}, "ok", T0 + 201, 0)]
+    expected = [q.finish(one, *result) for result in results]
+    assert q.finish_many(many, results) == expected
+    assert expected.count(False) > 2 * len(results) // 17 and {"done", "pending", "dead"} <= {
+        *expected}
+    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    one.close()
+    many.close()
 
 
 def test_finish_and_claim_validates_everything_before_any_change(con, db):

@@ -195,10 +195,15 @@ SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN (
   ORDER BY seq LIMIT :n)
 ORDER BY seq"""
 
+# Leases are written set-based: one statement (one SQLite step) per CHUNK of jobs.  The
+# plan has read these rows in the same transaction and computed each ticket from them,
+# exactly as the statement does; it insists on the change count.
+CHUNK = 500
+
 SQL_LEASE = """
-UPDATE jobs SET status = 'leased', attempts = :attempts, token = :token, owner = :owner,
-  lease_until = :lease_until, reason = NULL
-WHERE seq = :seq AND token = :token - 1"""
+UPDATE jobs SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = ?,
+  lease_until = min(?, deadline), reason = NULL
+WHERE seq IN ({marks}) AND status IN ('pending', 'leased')"""
 
 SQL_JOB = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until
@@ -291,6 +296,20 @@ def _write_many(sql: str, params: list[dict[str, Any]]) -> Generator[Step, Any, 
     rows = yield SqlMany(sql, params)
     if rows != [(len(params),)]:
         raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(params)}")
+
+
+def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[Step, Any, None]:
+    """Execute a guarded write on the rows ``keys`` name, one statement per ``CHUNK``.
+
+    ``sql``'s ``{marks}`` become one ``?`` per key, after the parameters ``head``; each
+    statement must change exactly one row per key.
+    """
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start:start + CHUNK]
+        yield Sql(sql.format(marks=",".join("?" * len(chunk))), (*head, *chunk))
+        rows = yield Sql(SQL_CHANGES)
+        if rows != [(len(chunk),)]:  # the plan read every row under the same lock: a bug
+            raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(chunk)}")
 
 
 def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3) -> Plan:
@@ -387,9 +406,7 @@ def _lease(owner: str, now_ms: int, lease_ms: int,
                 "attempt": attempts + 1, "lease_until": min(now_ms + lease_ms, deadline)}
                for _, job_id, qty, attempts, token, deadline in rows]
     if tickets:
-        yield from _write_many(SQL_LEASE, [
-            {"seq": row[0], "attempts": t["attempt"], "owner": owner, "token": t["token"],
-             "lease_until": t["lease_until"]} for row, t in zip(rows, tickets, strict=True)])
+        yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
     return tickets
 
 
