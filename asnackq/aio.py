@@ -92,12 +92,12 @@ def _transaction(con: sqlite3.Connection, plan: w.Plan, fault: w.Fault, attempts
     return w._transact(con, plan, fault)
 
 
-async def open_db(path: Any, schema: tuple[str, ...], busy_s: float, attempts: int = 8,
-                  pragmas: tuple[str, ...] = w.PRAGMAS) -> aiosqlite.Connection:
-    """Open a DB file (by default with the core's settings), creating ``schema`` by a plan."""
+async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
+                  attempts: int = 8) -> aiosqlite.Connection:
+    """Open a DB file with the core's settings, creating ``schema`` through the core's plan."""
     db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
     try:
-        for pragma in pragmas:
+        for pragma in w.PRAGMAS:
             await db.execute(pragma)
         await pump(db, w.plan_schema(schema), None, attempts)
     except BaseException:

@@ -43,10 +43,6 @@ SINK_SCHEMA = (
     " total INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
 )
-# The sink's own file (not a queue): write-ahead log, synced at every COMMIT.  As durable
-# as the queue's rollback journal (an ACK leaves only after its effect is on disk), with
-# one fsync per group commit instead of three.
-SINK_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
 SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN ({marks})"
 SQL_APPLY = """INSERT INTO inbox (id, qty, first_token, last_token, deliveries, applied_at_ms,
   last_seen_ms) VALUES (?, ?, ?, ?, 1, ?, ?)"""
@@ -123,8 +119,8 @@ class Delivery:
 
 
 async def open_sink_db(path: Path) -> aiosqlite.Connection:
-    """Open (creating if needed) a sink DB: WAL, ``synchronous=FULL``."""
-    return await open_db(path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS)
+    """Open (creating if needed) a sink DB with the core's durability settings."""
+    return await open_db(path, SINK_SCHEMA, busy_s=5)
 
 
 class Inbox:
