@@ -272,8 +272,7 @@ class Dispatcher:
     """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
 
     One committer task owns every transaction: it commits the finishes that have arrived and
-    claims tickets for idle coroutines (plus ``prefetch`` ahead of demand, by default two
-    per coroutine: fewer, larger transactions) in one
+    claims tickets for idle coroutines (plus some ahead of demand: see ``_ahead``) in one
     ``finish_and_claim`` transaction - each ticket fenced on its own, each claim its own
     token, exactly as sequential calls would be.  Coroutines only send: a coroutine hands its
     result to the committer and takes its next ticket without waiting for the commit.
@@ -294,8 +293,10 @@ class Dispatcher:
         self.concurrency, self.lease_ms, self.clock = concurrency, lease_ms, clock
         self.jitter, self.grace_s, self.idle_ms = jitter, grace_s, idle_ms
         self.trace = trace
-        self.prefetch = w.check_int(min(2 * concurrency, 1024) if prefetch is None else prefetch,
-                                    "prefetch", 0, 1024)
+        if prefetch is not None:
+            w.check_int(prefetch, "prefetch", 0, 1024)
+        self.prefetch = prefetch
+        self._ahead_max = min(8 * concurrency, 1024)
         self.summary = Summary()
         self._reset(None)
 
@@ -305,6 +306,7 @@ class Dispatcher:
         self._waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
         self._finishes: list[tuple[w.Ticket, str, int, int]] = []
         self._held = 0                    # tickets claimed and not yet settled or given up
+        self._taken = self._demand = 0    # tickets taken by coroutines: now, last cycle
         self._kick = asyncio.Event()
         self._dry = False                 # the last claim came up short: wait idle_ms
         self._claiming = False            # a claim transaction is in flight
@@ -361,6 +363,7 @@ class Dispatcher:
     async def _next(self) -> Claimed | None:
         """The next ticket to deliver, or None when the run is over for this coroutine."""
         if self._ready:
+            self._taken += 1
             return self._ready.popleft()
         if (self._stopping or self._ended) and not self._claiming:
             return None                    # (a claim in flight still hands its tickets out)
@@ -369,11 +372,22 @@ class Dispatcher:
         self._kick.set()
         return await waiter
 
+    def _ahead(self) -> int:
+        """How many ready tickets to keep ahead of demand.
+
+        ``prefetch`` if given; otherwise twice what the coroutines took during the last
+        cycle (so the ready tickets outlast the next transaction, however long commits take
+        on this disk), at least a quarter of the concurrency, at most eight per coroutine.
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        return max(self.concurrency // 4, min(2 * self._demand, self._ahead_max))
+
     def _want(self) -> int:
-        """How many tickets to claim now: one per idle coroutine plus the prefetch."""
+        """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
         if self._stopping or self._ended or self._closing:
             return 0
-        want = len(self._waiters) + self.prefetch - len(self._ready)
+        want = len(self._waiters) + self._ahead() - len(self._ready)
         if self._budget is not None:
             want = min(want, self._budget)
         return max(0, min(want, 1024))
@@ -383,6 +397,7 @@ class Dispatcher:
             while True:
                 self._kick.clear()
                 finishes, self._finishes = self._finishes, []
+                self._demand, self._taken = self._taken, 0
                 want = self._want()
                 if finishes or (want and not self._dry):
                     await self._cycle(finishes, want)
@@ -438,6 +453,7 @@ class Dispatcher:
             waiter = self._waiters.popleft()
             if not waiter.done():          # a coroutine cancelled while waiting is skipped
                 waiter.set_result(claimed)
+                self._taken += 1
                 return
         self._ready.append(claimed)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
+import itertools
 import sqlite3
 
 import pytest
@@ -166,6 +169,30 @@ async def test_a_prefetched_ticket_counts_its_wait_toward_the_extension(queue, d
                                prefetch=1).run()
     assert (summary.done, summary.stale, summary.claimed) == (2, 0, 2)
     assert summary.extended >= 1
+
+
+@pytest.mark.parametrize("prefetch", [None, 1])
+async def test_claims_per_transaction_follow_demand_unless_prefetch_is_fixed(queue, db, prefetch):
+    await fill(queue, 300, now=epoch_ms())
+    claimed_at = []
+
+    async def quick(event, token):            # sends far quicker than a durable commit
+        await asyncio.sleep(0)
+        return True
+
+    def trace(kind, ticket, at, status):
+        if kind == "claim":
+            claimed_at.append(at)
+
+    ticking = functools.partial(next, itertools.count(epoch_ms()))   # one reading per call
+    summary = await Dispatcher(queue, quick, owner="d1", concurrency=2, clock=ticking,
+                               trace=trace, prefetch=prefetch).run()
+    assert summary.done == summary.claimed == 300
+    largest = max(collections.Counter(claimed_at).values())       # tickets of one transaction
+    if prefetch is None:        # twice what 2 coroutines took during one commit: up to 8 each
+        assert 2 + 2 * 2 < largest <= 2 + 8 * 2
+    else:
+        assert largest <= 2 + prefetch
 
 
 async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queue, db):
