@@ -1,10 +1,17 @@
 """End to end through a real sink: the sync run_once loop vs the Dispatcher vs HTTP-only.
 
     python benchmarks/dispatch_e2e.py [--jobs 2000] [--sync-jobs 300] [--concurrency 1,16,64,256]
+                                      [--rounds 3]
 
-The sink (`asnackq sink`) and the HTTP-only ceiling (a handler that stores nothing) each run
-in their own process on loopback; the queue and the delivery run in this one.
-Targets: Dispatcher at concurrency 64 >= 5 x the sync loop and >= 0.5 x the ceiling at 64.
+The sink (`asnackq sink`) and the HTTP-only server (a handler that stores nothing) each run
+in their own process on loopback; the queue and the delivery run in this one.  Two HTTP-only
+ceilings at the same concurrency: "http-only" sends through the Dispatcher's own sender
+(`AsyncHttpSender`: token header, verified ACK, bounded read) - the delivery minus the queue;
+"raw" is a bare aiohttp client (`sink_throughput.load`), for reference.  Each round measures,
+per concurrency, both ceilings and then the Dispatcher back to back (so all three see the same
+machine), and each ratio is taken within its round; the medians over the rounds are printed,
+with the range of the ratio.
+Targets: Dispatcher at concurrency 64 >= 5 x the sync loop and >= 0.5 x the http-only ceiling.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 from core_cycle import prefill
 from sink_throughput import load, start
@@ -44,6 +52,19 @@ def sync_loop(path: Path, url: str, jobs: int) -> float:
     return jobs / elapsed
 
 
+async def sender_load(url: str, requests: int, concurrency: int, prefix: str) -> float:
+    """Requests/s of the Dispatcher's sender alone: ``concurrency`` coroutines, new ids."""
+    ids = iter(range(requests))
+    async with AsyncHttpSender(url, limit=concurrency) as send:
+        async def client() -> None:
+            for i in ids:
+                assert await send({"id": f"{prefix}-{i}", "qty": 1}, i + 1) is True
+
+        start_at = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return requests / (time.perf_counter() - start_at)
+
+
 async def dispatcher(path: Path, url: str, jobs: int, concurrency: int) -> float:
     fill(path, jobs, f"c{concurrency}")
     async with AsyncQueue.open(path) as queue, AsyncHttpSender(url) as send:
@@ -60,32 +81,45 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--sync-jobs", type=int, default=300)
     parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     here = str(Path(__file__).with_name("sink_throughput.py"))
+    ceiling: dict[int, list[float]] = {c: [] for c in levels}
+    raw: dict[int, list[float]] = {c: [] for c in levels}
+    rates: dict[int, list[float]] = {c: [] for c in levels}
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
         root = Path(tmp)
         null, null_url = start([sys.executable, here, "--serve-null"])
-        try:
-            ceiling = {c: asyncio.run(load(null_url, args.jobs, c, f"n{c}")) for c in levels}
-        finally:
-            null.terminate()
-            null.wait(timeout=30)
         sink, url = start([sys.executable, "-m", "asnackq", "sink", "--db", str(root / "s.db")])
         try:
             sync = sync_loop(root / "sync.db", url, args.sync_jobs)
-            rates = {c: asyncio.run(dispatcher(root / f"q{c}.db", url, args.jobs, c))
-                     for c in levels}
+            for r in range(args.rounds):
+                for c in levels:
+                    raw[c].append(asyncio.run(load(null_url, args.jobs, c, f"r{r}c{c}")))
+                    ceiling[c].append(asyncio.run(
+                        sender_load(null_url, args.jobs, c, f"s{r}c{c}")))
+                    rates[c].append(asyncio.run(
+                        dispatcher(root / f"r{r}q{c}.db", url, args.jobs, c)))
         finally:
-            sink.terminate()
-            sink.wait(timeout=30)
+            for proc in (null, sink):
+                proc.terminate()
+                proc.wait(timeout=30)
     print(f"sync run_once loop + HttpSender: {sync:8.0f} jobs/s")
-    print(f"{'concurrency':>11} {'dispatcher':>11} {'http-only':>10} {'vs sync':>8} "
-          f"{'vs http-only':>13}")
+    print(f"medians of {args.rounds} rounds of {args.jobs} jobs (ratio ranges in brackets)")
+    print(f"{'concurrency':>11} {'dispatcher':>11} {'http-only':>10} {'raw':>6} {'vs sync':>8} "
+          f"{'vs http-only':>19} {'vs raw':>19}")
     for c in levels:
-        print(f"{c:>11} {rates[c]:>11.0f} {ceiling[c]:>10.0f} {rates[c] / sync:>8.2f} "
-              f"{rates[c] / ceiling[c]:>13.2f}")
+        print(f"{c:>11} {median(rates[c]):>11.0f} {median(ceiling[c]):>10.0f} "
+              f"{median(raw[c]):>6.0f} {median(rates[c]) / sync:>8.2f} "
+              f"{spread(rates[c], ceiling[c]):>19} {spread(rates[c], raw[c]):>19}")
     print("targets at concurrency 64: vs sync >= 5.0, vs http-only >= 0.5")
+
+
+def spread(rates: list[float], ceilings: list[float]) -> str:
+    """The median ratio of paired measurements, and their range."""
+    ratios = sorted(r / c for r, c in zip(rates, ceilings, strict=True))
+    return f"{median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
 if __name__ == "__main__":
