@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import median
 
 from core_cycle import prefill
-from sink_throughput import load, start
+from sink_throughput import load, rate, start
 
 from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
 from asnackq.core import worker as w
@@ -54,15 +54,11 @@ def sync_loop(path: Path, url: str, jobs: int) -> float:
 
 async def sender_load(url: str, requests: int, concurrency: int, prefix: str) -> float:
     """Requests/s of the Dispatcher's sender alone: ``concurrency`` coroutines, new ids."""
-    ids = iter(range(requests))
     async with AsyncHttpSender(url, limit=concurrency) as send:
-        async def client() -> None:
-            for i in ids:
-                assert await send({"id": f"{prefix}-{i}", "qty": 1}, i + 1) is True
+        async def post(i: int) -> None:
+            assert await send({"id": f"{prefix}-{i}", "qty": 1}, i + 1) is True
 
-        start_at = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        return requests / (time.perf_counter() - start_at)
+        return await rate(post, requests, concurrency)
 
 
 async def dispatcher(path: Path, url: str, jobs: int, concurrency: int) -> float:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -52,21 +53,29 @@ def start(command: list[str]) -> tuple[subprocess.Popen[str], str]:
     return proc, proc.stdout.readline().split()[-1]
 
 
+async def rate(post: Callable[[int], Awaitable[None]], requests: int, concurrency: int) -> float:
+    """Requests/s of ``post(i)`` for each i < ``requests``, from ``concurrency`` coroutines."""
+    ids = iter(range(requests))
+
+    async def client() -> None:
+        for i in ids:
+            await post(i)
+
+    start_at = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return requests / (time.perf_counter() - start_at)
+
+
 async def load(url: str, requests: int, concurrency: int, prefix: str) -> float:
     """Requests/s for ``requests`` POSTs of new ids from ``concurrency`` coroutines."""
-    ids = iter(range(requests))
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def client() -> None:
-            for i in ids:
-                body = {"id": f"{prefix}-{i}", "qty": 1}
-                async with session.post(url, json=body) as response:
-                    assert response.status == 200, await response.text()
-                    await response.read()
+        async def post(i: int) -> None:
+            async with session.post(url, json={"id": f"{prefix}-{i}", "qty": 1}) as response:
+                assert response.status == 200, await response.text()
+                await response.read()
 
-        start_at = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        return requests / (time.perf_counter() - start_at)
+        return await rate(post, requests, concurrency)
 
 
 def main() -> None:
