@@ -494,13 +494,20 @@ def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]]) -> Plan:
     Each ticket is fenced on its own, exactly as sequential finishes would be; the
     result is the list of per-ticket results.
     """
+    checked = _checked_results(results)
+    if not checked:
+        raise ValueError("finish_many needs at least one result")
+    return _finish_many(checked)
+
+
+def _checked_results(results: Iterable[tuple[Ticket, str, int, int]]) -> list[
+        tuple[Ticket, str, int, int]]:
+    """Validate each result as ``plan_finish`` does; return them with copied tickets."""
     checked = []
     for ticket, outcome, now_ms, delay_ms in results:
         plan_finish(ticket, outcome, now_ms, delay_ms).close()     # validates
         checked.append((dict(ticket), outcome, now_ms, delay_ms))
-    if not checked:
-        raise ValueError("finish_many needs at least one result")
-    return _finish_many(checked)
+    return checked
 
 
 def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan:
@@ -515,10 +522,8 @@ def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner
     Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
     count)``; the result is ``(statuses, tickets)``.  ``results`` may be empty.
     """
-    checked = [(dict(ticket), outcome, now, delay) for ticket, outcome, now, delay in results]
-    if checked:
-        plan_finish_many(checked).close()           # validates
-    plan_claim_many(owner, now_ms, lease_ms, count).close()
+    checked = _checked_results(results)
+    plan_claim_many(owner, now_ms, lease_ms, count).close()     # validates
     return _finish_and_claim(checked, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
 
 
