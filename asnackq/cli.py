@@ -282,6 +282,9 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=int, default=5000)
+    work.add_argument("--prefetch", type=int, default=None,
+                      help="tickets kept claimed ahead of demand (default: adapts to how "
+                      "many the coroutines take during one commit)")
     work.add_argument("--timeout-s", type=float, default=2.0,
                       help="HTTP timeout per send; must be below the lease")
     work.add_argument("--until-empty", action="store_true")
@@ -333,7 +336,8 @@ def run_work(args: argparse.Namespace) -> int:
     async def main() -> tuple[dict[str, int], bool]:
         async with AsyncQueue.open(args.queue) as queue, sender as send:
             dispatcher = Dispatcher(queue, send, owner=owner, concurrency=args.concurrency,
-                                    lease_ms=args.lease_ms, trace=tracer)
+                                    lease_ms=args.lease_ms, trace=tracer,
+                                    prefetch=args.prefetch)
             running = asyncio.ensure_future(dispatcher.run(
                 until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
             loop = asyncio.get_running_loop()

@@ -329,6 +329,16 @@ def test_work_refuses_a_timeout_longer_than_the_lease(queue):
     assert "must be below the lease" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
                                               "--lease-ms", "1000", "--timeout-s", "2")
     assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events")
+    assert "prefetch must be" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
+                                       "--prefetch", "-1")
+
+
+def test_work_with_a_fixed_prefetch(queue, sink_proc):
+    url, _ = sink_proc
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"p{i}", "qty": 1} for i in range(30))))
+    summary = ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "3",
+                 "--prefetch", "0", "--json")
+    assert summary["done"] == summary["claimed"] == 30
 
 
 # --- lab --------------------------------------------------------------------------------
