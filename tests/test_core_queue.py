@@ -492,9 +492,9 @@ def test_batches_over_one_chunk_equal_sequential_calls(tmp_path, driver):
 
     def fill(path):
         con = w.open_queue(path) if driver == "sync" else AioBridge(path)
-        for i in range(count):                   # some deadlines fall inside the lease
-            put(con, f"j{i}", qty=i % 9 + 1, ttl=300 if i % 11 == 0 else 10_000,
-                max_attempts=1 if i % 13 == 0 else 3)
+        assert all(q.enqueue_many(con, [         # some deadlines fall inside the lease
+            ({"id": f"j{i}", "qty": i % 9 + 1}, 300 if i % 11 == 0 else 10_000,
+             1 if i % 13 == 0 else 3) for i in range(count)], T0))
         assert len(q.claim_many(con, "w0", T0, 100, 50)) == 50       # expire, then reclaimed
         return con
 
