@@ -220,6 +220,20 @@ class AsyncQueue:
         result: w.Ticket | bool = await self._run(plan, check_async_fault(fault))
         return result
 
+    async def extend_many(self, tickets: list[w.Ticket], now_ms: int,
+                          lease_ms: int) -> list[w.Ticket | bool]:
+        extended: list[w.Ticket | bool] = await self._run(
+            w.plan_extend_many(tickets, now_ms, lease_ms))
+        return extended
+
+    async def cycle(self, results: list[tuple[w.Ticket, str, int, int]], held: list[w.Ticket],
+                    owner: str, now_ms: int, lease_ms: int,
+                    count: int) -> tuple[list[str | bool], list[w.Ticket | bool], list[w.Ticket]]:
+        plan = w.plan_cycle(results, held, owner, now_ms, lease_ms, count)
+        outcome: tuple[list[str | bool], list[w.Ticket | bool], list[w.Ticket]] = (
+            await self._run(plan))
+        return outcome
+
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
                       fault: w.Fault = None) -> bool:
         plan = w.plan_redrive(job_id, now_ms, ttl_ms, note)

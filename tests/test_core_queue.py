@@ -532,3 +532,59 @@ def test_finish_and_claim_validates_everything_before_any_change(con, db):
     with pytest.raises(ValueError):
         q.finish_and_claim(con, [(ticket, "maybe", T0 + 1, 0)], "w1", T0 + 1, 500, 1)
     assert rows(db) == before
+
+
+@pytest.mark.parametrize("driver", ["sync", "aio"])
+def test_extend_many_is_identical_to_sequential_extends(tmp_path, driver):
+    def fill(path):
+        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        q.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 450 if i == 3 else 10_000, 3)
+                             for i in range(6)], T0)
+        return con, q.claim_many(con, "w1", T0, 500, 6)
+
+    (one, tickets), (many, same) = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    assert tickets == same
+    forged = {**tickets[1], "token": 5}
+    # A replay of an extended ticket, a forged token, a lease capped at its deadline twice
+    # (sequentially both extends land), a ticket already expired, a missing job.
+    batch = [tickets[0], tickets[0], forged, tickets[3], tickets[3], tickets[4],
+             {**tickets[5], "id": "ghost"}]
+    expected = [q.extend(one, t, T0 + 400, 500) for t in batch]
+    assert q.extend_many(many, batch, T0 + 400, 500) == expected
+    assert [x if x is False else x["lease_until"] for x in expected] == [
+        T0 + 900, False, False, T0 + 450, T0 + 450, T0 + 900, False]
+    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert q.extend_many(many, [tickets[2]], T0 + 500, 500) == [False]   # lease end: stale
+    with pytest.raises(ValueError):
+        q.extend_many(many, [], T0, 500)
+    one.close()
+    many.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "aio"])
+def test_cycle_is_finish_many_then_extend_many_then_claim_many(tmp_path, driver):
+    def fill(path):
+        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        q.enqueue_many(con, [({"id": f"j{i}", "qty": i + 1}, 10_000, 2) for i in range(8)], T0)
+        return con, q.claim_many(con, "w1", T0, 500, 5)
+
+    (one, tickets), (many, _) = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    results = [(tickets[0], "ok", T0 + 1, 0), (tickets[1], "retry", T0 + 1, 0),
+               ({**tickets[2], "owner": "w9"}, "ok", T0 + 1, 0)]
+    held = [tickets[2], tickets[3], tickets[0]]          # j0 was just finished: stale
+    expected = (q.finish_many(one, results), q.extend_many(one, held, T0 + 300, 500),
+                q.claim_many(one, "w2", T0 + 300, 500, 3))
+    got = q.cycle(many, results, held, "w2", T0 + 300, 500, 3)
+    assert got == expected and expected[0] == ["done", "pending", False]
+    assert [x if x is False else x["lease_until"] for x in got[1]] == [T0 + 800, T0 + 800, False]
+    assert [t["id"] for t in got[2]] == ["j1", "j5", "j6"]
+    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert q.cycle(many, [], [], "w2", T0 + 301, 500, 0) == ([], [], [])
+    before = rows(tmp_path / "many.db")
+    for bad in ([(tickets[4], "ok", T0, 0)], [], "w2", T0, 500, -1), \
+               ([], [{**tickets[4], "qty": 0}], "w2", T0, 500, 1):
+        with pytest.raises(ValueError):
+            q.cycle(many, *bad)
+    assert rows(tmp_path / "many.db") == before
+    one.close()
+    many.close()

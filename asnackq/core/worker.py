@@ -29,8 +29,9 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, NamedTuple
 
 __all__ = [
-    "BadAck", "Conflict", "Permanent", "Retryable", "claim", "claim_many", "enqueue", "extend",
-    "finish", "finish_many", "open_queue", "redrive", "retry_delay", "run_file", "run_once",
+    "BadAck", "Conflict", "Permanent", "Retryable", "claim", "claim_many", "cycle", "enqueue",
+    "extend", "extend_many", "finish", "finish_many", "open_queue", "redrive", "retry_delay",
+    "run_file", "run_once",
 ]
 
 
@@ -522,35 +523,98 @@ def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner
     Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
     count)``; the result is ``(statuses, tickets)``.  ``results`` may be empty.
     """
+    check_int(count, "count", 1, 1024)
+    return _pair(plan_cycle(results, (), owner, now_ms, lease_ms, count))
+
+
+def _pair(plan: Plan) -> Plan:
+    (statuses, _, tickets), changed = yield from plan
+    return (statuses, tickets), changed
+
+
+def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[Ticket],
+               owner: object, now_ms: object, lease_ms: object, count: object) -> Plan:
+    """Plan a dispatcher's cycle: finishes, then extensions, then claims, in one transaction.
+
+    Identical to ``finish_many(results)``, then ``extend_many(held, now_ms, lease_ms)``, then
+    ``claim_many(owner, now_ms, lease_ms, count)``; each part may be empty (``count`` 0).
+    The result is ``(statuses, extended, tickets)``.
+    """
     checked = _checked_results(results)
-    plan_claim_many(owner, now_ms, lease_ms, count).close()     # validates
-    return _finish_and_claim(checked, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
+    tickets = _checked_extensions(held, now_ms, lease_ms)
+    check_int(count, "count", 0, 1024)
+    plan_claim(owner, now_ms, lease_ms).close()     # validates
+    return _cycle(checked, tickets, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
 
 
-def _finish_and_claim(results: list[tuple[Ticket, str, int, int]], owner: str, now_ms: int,
-                      lease_ms: int, count: int) -> Plan:
+def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owner: str,
+           now_ms: int, lease_ms: int, count: int) -> Plan:
     statuses = (yield from _settle(results)) if results else []
-    tickets = yield from _lease(owner, now_ms, lease_ms, count)
-    return (statuses, tickets), bool(tickets) or any(s is not False for s in statuses)
+    extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
+    tickets = (yield from _lease(owner, now_ms, lease_ms, count)) if count else []
+    changed = bool(tickets) or any(x is not False for x in (*statuses, *extended))
+    return (statuses, extended, tickets), changed
 
 
 def plan_extend(ticket: object, now_ms: object, lease_ms: object) -> Plan:
     """Validate a lease extension and return its plan (result: the new ticket, or False)."""
-    mine = check_ticket(ticket)
-    check_now(now_ms)
-    check_int(lease_ms, "lease_ms", 1, 60_000)
+    (mine,) = _checked_extensions([ticket], now_ms, lease_ms)  # type: ignore[list-item]
     return _extend(mine, now_ms, lease_ms)  # type: ignore[arg-type]
 
 
 def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan:
-    rows = yield Sql(SQL_JOB, (ticket["id"],))
-    if not rows or not _matches(rows[0], ticket, now_ms):
+    (longer,) = yield from _prolong([ticket], now_ms, lease_ms)
+    if longer is False:
         return False, False
-    # Capped at the deadline, and never shorter than the lease already held.
-    new_until = max(ticket["lease_until"], min(now_ms + lease_ms, rows[0][5]))
-    yield from _write(SQL_EXTEND, {**ticket, "new_lease_until": new_until})
     yield Hook("after-extend")
-    return {**ticket, "lease_until": new_until}, True
+    return longer, True
+
+
+def plan_extend_many(tickets: Iterable[Ticket], now_ms: object, lease_ms: object) -> Plan:
+    """Plan several extensions at ``now_ms`` in one transaction (result: per-ticket results).
+
+    Each ticket is fenced on its own, exactly as sequential ``extend`` calls would be.
+    """
+    checked = _checked_extensions(tickets, now_ms, lease_ms)
+    if not checked:
+        raise ValueError("extend_many needs at least one ticket")
+    return _extend_many(checked, now_ms, lease_ms)  # type: ignore[arg-type]
+
+
+def _checked_extensions(tickets: Iterable[Ticket], now_ms: object,
+                        lease_ms: object) -> list[Ticket]:
+    """Validate extensions as ``plan_extend`` does; return copies of the tickets."""
+    checked = [check_ticket(ticket) for ticket in tickets]
+    check_now(now_ms)
+    check_int(lease_ms, "lease_ms", 1, 60_000)
+    return checked
+
+
+def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan:
+    extended = yield from _prolong(tickets, now_ms, lease_ms)
+    return extended, any(longer is not False for longer in extended)
+
+
+def _prolong(tickets: list[Ticket], now_ms: int,
+             lease_ms: int) -> Generator[Step, Any, list[Ticket | bool]]:
+    """Extend each lease still held, capped at the deadline and never shortened."""
+    ids = sorted({ticket["id"] for ticket in tickets})
+    rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
+    current = {row[-1]: row[:-1] for row in rows}
+    extended: list[Ticket | bool] = []
+    updates = []
+    for ticket in tickets:
+        row = current.get(ticket["id"])
+        if row is None or not _matches(row, ticket, now_ms):
+            extended.append(False)
+            continue
+        new_until = max(ticket["lease_until"], min(now_ms + lease_ms, row[5]))
+        current[ticket["id"]] = (*row[:7], new_until)   # what a sequential extend would see
+        updates.append({**ticket, "new_lease_until": new_until})
+        extended.append({**ticket, "lease_until": new_until})
+    if updates:
+        yield from _write_many(SQL_EXTEND, updates)
+    return extended
 
 
 def plan_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object) -> Plan:
@@ -710,6 +774,24 @@ def extend(con: sqlite3.Connection, ticket: Ticket, now_ms: int, lease_ms: int,
     plan = plan_extend(ticket, now_ms, lease_ms)
     result: Ticket | bool = _drive(_check_con(con), plan, check_fault(fault))
     return result
+
+
+def extend_many(con: sqlite3.Connection, tickets: Iterable[Ticket], now_ms: int,
+                lease_ms: int) -> list[Ticket | bool]:
+    """Several extensions in one transaction, each fenced on its own (an addition)."""
+    result: list[Ticket | bool] = _drive(_check_con(con), plan_extend_many(tickets, now_ms,
+                                                                            lease_ms))
+    return result
+
+
+def cycle(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
+          held: Iterable[Ticket], owner: str, now_ms: int, lease_ms: int,
+          count: int) -> tuple[list[str | bool], list[Ticket | bool], list[Ticket]]:
+    """Finishes, extensions, then claims, in one transaction (see ``plan_cycle``)."""
+    plan = plan_cycle(results, held, owner, now_ms, lease_ms, count)
+    outcome: tuple[list[str | bool], list[Ticket | bool], list[Ticket]] = _drive(
+        _check_con(con), plan)
+    return outcome
 
 
 def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str,
