@@ -322,7 +322,8 @@ def progress_line(summary: dict[str, int], seconds: float) -> str:
 
 
 def run_work(args: argparse.Namespace) -> int:
-    from asnackq.aio import AsyncQueue, Dispatcher
+    from asnackq.aio import AsyncQueue
+    from asnackq.dispatch import Dispatcher
     from asnackq.http_send import AsyncHttpSender
 
     existing_queue(args.queue)

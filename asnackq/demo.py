@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from asnackq import ops
-from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.aio import AsyncQueue
+from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 from asnackq.procs import sink_process, sink_stats
 

@@ -27,8 +27,9 @@ from statistics import median
 from core_cycle import prefill
 from sink_throughput import load, rate, start
 
-from asnackq.aio import AsyncQueue, Dispatcher, epoch_ms
+from asnackq.aio import AsyncQueue, epoch_ms
 from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender, HttpSender
 
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asnackq.aio import AsyncQueue, Dispatcher, QueueBusy, epoch_ms
+from asnackq.aio import AsyncQueue, QueueBusy, epoch_ms
 from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 
 from .conftest import T0, Clock, job, rows
@@ -143,32 +144,6 @@ async def test_dispatcher_survives_unknown_failures_and_reclaims_later(queue, db
     summary = await Dispatcher(queue, flaky, owner="d1", concurrency=8, lease_ms=100).run()
     assert (summary.errors, summary.bad_acks, summary.done) == (10, 10, 20)
     assert all(job(db, f"job-{i}")["token"] == 2 for i in range(20))
-
-
-async def test_dispatcher_extends_the_lease_of_a_slow_send(queue, db):
-    await fill(queue, 1, now=epoch_ms())
-
-    async def slow(event, token):
-        await asyncio.sleep(0.35)
-        return True
-
-    summary = await Dispatcher(queue, slow, owner="d1", concurrency=1, lease_ms=200).run()
-    assert summary.extended >= 1 and summary.done == 1 and summary.stale == 0
-
-
-async def test_a_prefetched_ticket_counts_its_wait_toward_the_extension(queue, db):
-    await fill(queue, 2, now=epoch_ms())
-
-    async def slow(event, token):
-        await asyncio.sleep(0.4)
-        return True
-
-    # The second ticket waits 0.4 s as a prefetched ticket, then its send takes 0.4 s more:
-    # its lease (0.6 s from the claim) is extended as soon as its send starts, not 0.3 s later.
-    summary = await Dispatcher(queue, slow, owner="d1", concurrency=1, lease_ms=600,
-                               prefetch=1).run()
-    assert (summary.done, summary.stale, summary.claimed) == (2, 0, 2)
-    assert summary.extended >= 1
 
 
 @pytest.mark.parametrize("prefetch", [None, 1])

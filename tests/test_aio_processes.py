@@ -13,7 +13,8 @@ from asnackq.core import worker as w
 
 WORKER = """
 import asyncio, json, sys
-from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.aio import AsyncQueue
+from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 
 async def main(db, url, owner):

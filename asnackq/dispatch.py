@@ -1,0 +1,425 @@
+"""The Dispatcher: many delivery coroutines over one ``AsyncQueue``, in three parts.
+
+* ``Committer`` owns every transaction and every ticket the run holds.  Each cycle is one
+  ``cycle`` plan of the core: the finishes that came back, an extension of every held lease
+  that ends within half a lease, and claims for idle coroutines plus some ahead of demand.
+* ``deliver`` is one delivery coroutine: take a ticket, send it, hand the result back.
+* ``Dispatcher.run`` is the lifecycle: start, drain, close, cancel (``Phase``).
+
+Rules of this module:
+
+* Coroutines never touch the queue: no transaction is open across a send, and one task
+  (the committer) runs them all, so two transactions never interleave.
+* A held ticket (ready, being sent, or with its result waiting for the commit) never lapses
+  while the run goes on: its lease is extended, fenced by its token, before half of it is
+  left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
+  is dropped - never finished.  What a stopped run abandons stays leased and is reclaimed
+  after the lease.
+* The clock's reading at a claim is the delivery's first reading; the coroutine takes the
+  second when the send returns, exactly as ``run_once`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+from asnackq.aio import AsyncQueue, AsyncSend, classify, epoch_ms
+from asnackq.core import worker as w
+
+__all__ = ["Claimed", "Dispatcher", "Finish", "Phase", "Sent", "Summary"]
+
+# trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
+# (status: the finish's result, False when stale).  Called outside any transaction.
+Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
+
+
+class Claimed(NamedTuple):
+    """A ticket as claimed, and the clock reading of its claim (the delivery's first)."""
+
+    ticket: w.Ticket
+    first: int
+
+
+class Sent(NamedTuple):
+    """What a coroutine hands back: the outcome of one send, or why there is none."""
+
+    claimed: Claimed
+    outcome: str | None          # ok / retry / permanent; None: nothing to finish
+    now_ms: int = 0              # the second clock reading
+    delay_ms: int = 0
+    failure: str | None = None   # "bad_acks" or "errors" when outcome is None
+
+
+class Finish(NamedTuple):
+    """One finish as the core's plans take it, on the ticket's current lease."""
+
+    ticket: w.Ticket
+    outcome: str
+    now_ms: int
+    delay_ms: int
+
+
+class Phase(enum.Enum):
+    """Where a run stands; it only ever moves forward."""
+
+    CLAIMING = 1     # claims for idle coroutines and ahead of demand
+    DRAINING = 2     # no more claims: what is held is delivered, what comes back is settled
+    CLOSING = 3      # every coroutine is done: settle the last results, then stop
+    CLOSED = 4
+
+
+@dataclass
+class Summary:
+    """What a dispatcher run did."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    stale: int = 0
+    lost: int = 0        # held tickets whose extension came back stale: never finished
+    bad_acks: int = 0
+    errors: int = 0
+    requests: int = 0
+    extended: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def fail(self, failure: str) -> None:
+        """Count one send that ended without an outcome: a bad ACK or another error."""
+        if failure == "bad_acks":
+            self.bad_acks += 1
+        else:
+            self.errors += 1
+
+    def count(self, status: str | bool) -> None:
+        """Count one committed finish by its result."""
+        if status is False:
+            self.stale += 1
+        elif status == "done":
+            self.done += 1
+        elif status == "pending":
+            self.retried += 1
+        else:
+            self.dead += 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's fixed parameters, shared by its parts."""
+
+    owner: str
+    concurrency: int
+    lease_ms: int
+    clock: Callable[[], int]
+    idle_ms: int
+    prefetch: int | None
+    trace: Trace | None
+
+
+class Committer:
+    """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
+
+    def __init__(self, queue: AsyncQueue, settings: Settings, budget: int | None) -> None:
+        self.queue, self.settings, self.budget = queue, settings, budget
+        self.summary = Summary()
+        self.phase = Phase.CLAIMING
+        self.failure: BaseException | None = None
+        self.held: dict[str, w.Ticket] = {}      # id -> the current lease of each held ticket
+        self.capped: set[str] = set()            # held leases that end at their deadline
+        self.ready: collections.deque[Claimed] = collections.deque()
+        self.waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
+        self.inbox: list[Sent] = []
+        self.kick = asyncio.Event()
+        self.taken = self.demand = 0             # tickets taken by coroutines: now, last cycle
+        self.dry = False                         # the last claim came up short
+        self.cycling = False                     # a transaction is in flight
+
+    # --- the coroutines' side ----------------------------------------------------------
+
+    async def take(self) -> Claimed | None:
+        """The next ticket to send, or None when the run has none left for this coroutine."""
+        while self.ready:
+            claimed = self.ready.popleft()
+            if self._holds(claimed.ticket):      # skip a ticket lost while it waited
+                return self._taking(claimed)
+        if self.phase is not Phase.CLAIMING and not self.cycling:
+            return None                          # (a cycle in flight may still hand out)
+        waiter: asyncio.Future[Claimed | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        self.kick.set()
+        return await waiter
+
+    def hand_back(self, sent: Sent) -> None:
+        self.inbox.append(sent)
+        self.kick.set()
+
+    def _taking(self, claimed: Claimed) -> Claimed:
+        self.taken += 1
+        self.summary.requests += 1
+        return claimed
+
+    def _holds(self, ticket: w.Ticket) -> bool:
+        current = self.held.get(ticket["id"])
+        return current is not None and current["token"] == ticket["token"]
+
+    # --- the lifecycle's side ---------------------------------------------------------
+
+    def drain(self) -> None:
+        """Claim nothing more; coroutines finish what is held, then get None."""
+        if self.phase is Phase.CLAIMING:
+            self.phase = Phase.DRAINING
+        if not self.cycling:
+            self._release_waiters()
+
+    async def close(self, task: asyncio.Future[None]) -> None:
+        """Every coroutine is done: let the committer settle the last results and end."""
+        self.phase = Phase.CLOSING
+        self.kick.set()
+        await asyncio.wait([task])
+
+    # --- the loop -----------------------------------------------------------------------
+
+    async def run(self, until_empty: bool, follow: bool) -> None:
+        try:
+            while self.phase is not Phase.CLOSED:
+                await self._step(until_empty, follow)
+        except Exception as error:               # the run's failure; held jobs stay leased
+            self.failure = error
+            self.ready.clear()
+            self.drain()
+
+    async def _step(self, until_empty: bool, follow: bool) -> None:
+        self.kick.clear()
+        now = w.check_now(self.settings.clock(), "clock reading")
+        want = self._want()
+        due, wake_ms = self._due(now)
+        if self.inbox or due or (want and not self.dry):
+            await self._cycle(now, due, want)
+        elif self.phase is Phase.CLOSING:
+            self.phase = Phase.CLOSED
+        elif self.phase is Phase.CLAIMING and not self.held and await self._over(
+                until_empty, follow):
+            self.drain()
+        else:
+            await self._sleep(wake_ms)
+
+    async def _over(self, until_empty: bool, follow: bool) -> bool:
+        """Whether the run has nothing more to claim (nothing is held right now)."""
+        if self.budget == 0:
+            return True
+        if not self.dry or follow:
+            return False
+        return not until_empty or not (await self.queue.read(w.SQL_ACTIVE))[0][0]
+
+    async def _sleep(self, wake_ms: int | None) -> None:
+        """Wait for a kick, the next lease to keep, or (after a dry claim) the idle poll."""
+        if self.dry and self.phase is Phase.CLAIMING:
+            wake_ms = min(wake_ms or self.settings.idle_ms, self.settings.idle_ms)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.kick.wait(), None if wake_ms is None else wake_ms / 1000)
+        if not self.kick.is_set():
+            self.dry = False                      # time to look for claimable jobs again
+
+    def _due(self, now: int) -> tuple[list[w.Ticket], int | None]:
+        """Held leases ending within half a lease, and the ms until the next one will be."""
+        if self.phase is Phase.CLOSING:
+            return [], None                       # what the coroutines left is abandoned
+        half = self.settings.lease_ms // 2
+        returning = {sent.claimed.ticket["id"] for sent in self.inbox}
+        due, wake = [], None
+        for job_id, ticket in self.held.items():
+            if job_id in returning or job_id in self.capped:
+                continue
+            left = ticket["lease_until"] - now - half
+            if left <= 0:
+                due.append(ticket)
+            elif wake is None or left < wake:
+                wake = left
+        return due, wake
+
+    def _ahead(self) -> int:
+        """How many ready tickets to keep ahead of demand.
+
+        ``prefetch`` if given; otherwise twice what the coroutines took during the last
+        cycle (so ready tickets outlast the next transaction, however long commits take on
+        this disk), at least a quarter of the concurrency, at most eight per coroutine.
+        """
+        if self.settings.prefetch is not None:
+            return self.settings.prefetch
+        concurrency = self.settings.concurrency
+        return max(concurrency // 4, min(2 * self.demand, 8 * concurrency, 1024))
+
+    def _want(self) -> int:
+        """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
+        if self.phase is not Phase.CLAIMING:
+            return 0
+        want = len(self.waiters) + self._ahead() - len(self.ready)
+        if self.budget is not None:
+            want = min(want, self.budget)
+        return max(0, min(want, 1024))
+
+    async def _cycle(self, now: int, due: list[w.Ticket], want: int) -> None:
+        """One transaction: settle what came back, keep what is held, claim ``want``."""
+        sent, self.inbox = self.inbox, []
+        finishes = self._finishes(sent)
+        self.demand, self.taken = self.taken, 0
+        self.cycling = True
+        try:
+            statuses, extended, tickets = await self.queue.cycle(
+                finishes, due, self.settings.owner, now, self.settings.lease_ms, want)
+        finally:
+            self.cycling = False
+        if want:
+            self.dry = len(tickets) < want
+        self._settled(finishes, statuses)
+        self._kept(now, due, extended)
+        self._claimed(now, tickets)
+        if self.phase is not Phase.CLAIMING:
+            self._release_waiters()               # nothing more will be claimed for them
+
+    def _finishes(self, sent: list[Sent]) -> list[Finish]:
+        """Finishes on the current leases; results of lost tickets or failed sends drop."""
+        finishes = []
+        for claimed, outcome, now_ms, delay_ms, failure in sent:
+            if failure is not None:
+                self.summary.fail(failure)
+            if not self._holds(claimed.ticket):
+                continue                          # lost meanwhile: counted when it was
+            if outcome is None:
+                self._release(claimed.ticket["id"])   # stays leased: reclaimed later
+                continue
+            finishes.append(Finish(self.held[claimed.ticket["id"]], outcome, now_ms, delay_ms))
+        return finishes
+
+    def _settled(self, finishes: list[Finish], statuses: list[str | bool]) -> None:
+        for finish, status in zip(finishes, statuses, strict=True):
+            self._release(finish.ticket["id"])
+            if self.settings.trace is not None:
+                self.settings.trace("finish", finish.ticket, finish.now_ms, status)
+            self.summary.count(status)
+
+    def _kept(self, now: int, due: list[w.Ticket], extended: list[w.Ticket | bool]) -> None:
+        for old, new in zip(due, extended, strict=True):
+            if new is False:
+                self._release(old["id"])          # someone else may hold it now: never finish
+                self.summary.lost += 1
+                continue
+            assert isinstance(new, dict)
+            self.held[old["id"]] = new
+            self.summary.extended += 1
+            if new["lease_until"] < now + self.settings.lease_ms:
+                self.capped.add(old["id"])        # at its deadline: no longer to extend
+
+    def _claimed(self, now: int, tickets: list[w.Ticket]) -> None:
+        if self.budget is not None:
+            self.budget -= len(tickets)
+        self.summary.claimed += len(tickets)
+        for ticket in tickets:
+            self.held[ticket["id"]] = ticket
+            if self.settings.trace is not None:
+                self.settings.trace("claim", ticket, now, None)
+            self._hand_out(Claimed(ticket, now))
+
+    def _release(self, job_id: str) -> None:
+        self.held.pop(job_id, None)
+        self.capped.discard(job_id)
+
+    def _hand_out(self, claimed: Claimed) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():                 # a coroutine cancelled while waiting
+                waiter.set_result(self._taking(claimed))
+                return
+        self.ready.append(claimed)
+
+    def _release_waiters(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+async def deliver(committer: Committer, send: AsyncSend, clock: Callable[[], int],
+                  jitter: Callable[[], float]) -> None:
+    """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
+    while (claimed := await committer.take()) is not None:
+        try:
+            outcome, delay = await classify(send, claimed.ticket, w.check_jitter(jitter()),
+                                            claimed.ticket["token"])
+        except Exception as error:                # stays leased; reclaimed after the lease
+            failure = "bad_acks" if isinstance(error, w.BadAck) else "errors"
+            committer.hand_back(Sent(claimed, None, failure=failure))
+            continue
+        try:
+            now = w.second_reading(clock, claimed.first)
+        except ValueError:
+            committer.hand_back(Sent(claimed, None, failure="errors"))
+            raise
+        committer.hand_back(Sent(claimed, outcome, now, delay))
+
+
+class Dispatcher:
+    """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
+
+    One committer task runs every transaction (see ``Committer``); ``concurrency``
+    coroutines only send.  ``prefetch`` fixes how many tickets are kept claimed ahead of
+    demand (default: adaptive).  ``summary`` is the current (or last) run's.
+    """
+
+    def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
+                 lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
+                 jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
+                 idle_ms: int = 20, trace: Trace | None = None,
+                 prefetch: int | None = None) -> None:
+        w.check_run_args(owner, clock, send, 0.5, lease_ms)
+        w.check_int(concurrency, "concurrency", 1, 1024)
+        if prefetch is not None:
+            w.check_int(prefetch, "prefetch", 0, 1024)
+        timeout_s = getattr(send, "timeout_s", None)
+        if timeout_s is not None and timeout_s * 1000 >= lease_ms:
+            raise ValueError(f"the sender's timeout ({timeout_s}s) must be below the lease "
+                             f"({lease_ms}ms): a late ACK would arrive after the lease ended")
+        self.queue, self.send, self.jitter, self.grace_s = queue, send, jitter, grace_s
+        self.settings = Settings(owner, concurrency, lease_ms, clock, idle_ms, prefetch, trace)
+        self.summary = Summary()
+
+    async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
+                  follow: bool = False) -> Summary:
+        """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims).
+
+        ``until_empty=False``: stop as soon as nothing is claimable.  ``follow=True``: never
+        stop on an empty queue; poll until cancelled (or ``max_jobs`` claims).  On
+        cancellation: claim nothing more, let sends in flight (and tickets held) finish
+        within ``grace_s``, commit their results, and re-raise.
+        """
+        committer = Committer(self.queue, self.settings, max_jobs)
+        self.summary = committer.summary
+        loop = asyncio.ensure_future(committer.run(until_empty, follow))
+        workers = [asyncio.ensure_future(deliver(committer, self.send, self.settings.clock,
+                                                 self.jitter))
+                   for _ in range(self.settings.concurrency)]
+        try:
+            await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers
+        except asyncio.CancelledError:
+            committer.drain()
+            _, late = await asyncio.wait(workers, timeout=self.grace_s)
+            for task in late:              # abandoned jobs stay leased and are reclaimed later
+                task.cancel()
+            await asyncio.wait(workers)
+            await committer.close(loop)
+            raise
+        await committer.close(loop)
+        for task in workers:
+            task.result()                  # a coroutine's unexpected failure is the run's
+        if committer.failure is not None:
+            raise committer.failure
+        return self.summary

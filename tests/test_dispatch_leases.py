@@ -1,0 +1,226 @@
+"""The Dispatcher keeps every lease it holds: slow sends, prefetched tickets, every cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asnackq import aio
+from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
+from asnackq.http_send import AsyncHttpSender
+
+from .conftest import rows
+from .sinks import sink, sink_state
+
+
+async def fill(queue, count, ttl=60_000):
+    await queue.enqueue_many([({"id": f"job-{i}", "qty": i % 7 + 1}, ttl, 3)
+                              for i in range(count)], epoch_ms())
+
+
+class SlowSend:
+    """A send taking ``durations[n]`` seconds for the n-th job it sees; counts every send."""
+
+    def __init__(self, durations):
+        self.durations = durations
+        self.sends = collections.Counter()
+
+    async def __call__(self, event, token):
+        self.sends[event["id"]] += 1
+        await asyncio.sleep(self.durations[int(event["id"].split("-")[1])])
+        return True
+
+
+def assert_each_done_once(db, count, send, summary):
+    jobs = {r[1]: r for r in rows(db) if len(r) > 3}
+    assert {(r[3], r[6]) for r in jobs.values()} == {("done", 1)}    # done, token 1
+    assert len(jobs) == count and summary.done == summary.claimed == count
+    assert (summary.stale, summary.lost) == (0, 0)
+    assert sorted(send.sends.values()) == [1] * count                # one send per job
+
+
+@pytest.fixture
+async def queue(db):
+    async with AsyncQueue.open(db) as opened:
+        yield opened
+
+
+@pytest.mark.parametrize(("concurrency", "prefetch", "jobs", "seconds", "lease_ms"), [
+    (1, 0, 4, 0.45, 300),        # sends slower than the lease, in every cycle
+    (1, None, 4, 0.45, 300),
+    (2, 8, 16, 0.3, 1000),       # tickets waiting in the ready queue outlive their lease
+])
+async def test_sends_slower_than_the_lease_end_done_at_token_1(queue, db, concurrency, prefetch,
+                                                               jobs, seconds, lease_ms):
+    await fill(queue, jobs)
+    send = SlowSend([seconds] * jobs)
+    summary = await Dispatcher(queue, send, owner="d1", concurrency=concurrency,
+                               lease_ms=lease_ms, prefetch=prefetch).run()
+    assert_each_done_once(db, jobs, send, summary)
+    assert summary.extended >= jobs - 1 + (prefetch or 0) // 2
+
+
+async def test_a_real_sink_slower_than_half_the_lease_gets_each_job_once(queue, db, tmp_path):
+    await fill(queue, 12)
+    async with sink(tmp_path / "s.db", delay_ms=450) as s, \
+            AsyncHttpSender(s.url, timeout_s=0.7) as send:
+        summary = await Dispatcher(queue, send, owner="d1", concurrency=4, lease_ms=800,
+                                   prefetch=4).run()
+    assert (summary.done, summary.requests, summary.stale, summary.lost) == (12, 12, 0, 0)
+    total, inbox = sink_state(tmp_path / "s.db")
+    assert [deliveries for _, _, deliveries in inbox] == [1] * 12
+    assert total == sum(i % 7 + 1 for i in range(12))
+
+
+async def test_a_lease_capped_at_its_deadline_is_not_extended_again(queue, db):
+    await fill(queue, 1, ttl=400)
+    send = SlowSend([0.6])
+    summary = await Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=300).run()
+    # Extended once, up to the deadline; there it ends dead (the queue's quarantine), and
+    # the late result is stale: never retried in a loop of useless extensions.
+    assert summary.extended == 1 and summary.stale == 1 and summary.done == 0
+    assert [r[3] for r in rows(db) if len(r) > 3] in (["leased"], ["dead"])
+
+
+async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(queue, db):
+    await fill(queue, 3)
+    all_claimed = asyncio.Event()
+    claims = []
+
+    def trace(kind, ticket, at, status):
+        claims.append(ticket["id"])
+        if len(claims) == 3:
+            all_claimed.set()
+
+    async def send(event, token):
+        await asyncio.sleep(0.5)
+        return True
+
+    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=400, prefetch=2,
+                            trace=trace)
+    run = asyncio.ensure_future(dispatcher.run(until_empty=False))
+    await asyncio.wait_for(all_claimed.wait(), 10)
+    # Another worker takes every job (forced: the leases are made to end now), so every
+    # extension the Dispatcher tries comes back stale.
+    con = sqlite3.connect(db)
+    con.execute("UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
+    con.commit()
+    con.close()
+    assert len(await queue.claim_many("thief", epoch_ms(), 60_000, 3)) == 3
+    summary = await asyncio.wait_for(run, 10)
+    assert summary.lost == 3 and summary.requests == 1      # the two waiting were never sent
+    assert (summary.done, summary.stale, summary.extended) == (0, 0, 0)
+    assert {(r[3], r[9], r[6]) for r in rows(db) if len(r) > 3} == {("leased", "thief", 2)}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]),
+       data=st.data())
+def test_random_send_durations_up_to_three_leases_every_job_done_once(
+        tmp_path_factory, concurrency, prefetch, data):
+    lease_ms = 200
+    jobs = data.draw(st.integers(1, 3 * concurrency))
+    durations = data.draw(st.lists(st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]),
+                                   min_size=jobs, max_size=jobs))
+    db = tmp_path_factory.mktemp("leases") / "queue.db"
+    send = SlowSend(durations)
+
+    async def main():
+        async with AsyncQueue.open(db) as queue:
+            await fill(queue, jobs)
+            return await Dispatcher(queue, send, owner="d1", concurrency=concurrency,
+                                    lease_ms=lease_ms, prefetch=prefetch).run()
+
+    assert_each_done_once(db, jobs, send, asyncio.run(main()))
+
+
+async def test_the_summary_is_new_for_each_run(queue, db):
+    send = SlowSend([0] * 4)
+    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=2)
+    await fill(queue, 2)
+    first = await dispatcher.run()
+    await queue.enqueue_many([({"id": f"job-{i}", "qty": 1}, 60_000, 3) for i in (2, 3)],
+                             epoch_ms())
+    second = await dispatcher.run()
+    assert (first.done, second.done, dispatcher.summary.done) == (2, 2, 2)
+    assert aio.Dispatcher is Dispatcher and aio.Summary is type(first)   # still importable
+
+
+WORKER = """
+import asyncio, sys
+from asnackq.aio import AsyncQueue
+from asnackq.dispatch import Dispatcher
+from asnackq.http_send import AsyncHttpSender
+
+async def main(db, url):
+    async with AsyncQueue.open(db) as queue, AsyncHttpSender(url, timeout_s=1.5) as send:
+        await Dispatcher(queue, send, owner=sys.argv[3], concurrency=8, lease_ms=1600).run()
+
+asyncio.run(main(*sys.argv[1:3]))
+"""
+
+
+def leases(db):
+    """{(id, token): lease_until} of the leased rows, read through a separate connection."""
+    con = sqlite3.connect(db)
+    try:
+        return {(i, t): until for i, t, until in con.execute(
+            "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
+    finally:
+        con.close()
+
+
+def wait_for_an_extension(db, seconds):
+    """Poll until a lease is seen to grow under the same token; False after ``seconds``."""
+    first: dict = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for key, until in leases(db).items():
+            if until > first.setdefault(key, until):
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
+    db, sink_db = tmp_path / "queue.db", tmp_path / "sink.db"
+    con = w.open_queue(db)
+    w.enqueue_many(con, [({"id": f"job-{i}", "qty": i + 1}, 60_000, 3) for i in range(16)],
+                   epoch_ms())
+    con.close()
+    sink_proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(sink_db),
+                                  "--delay-ms", "1200"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = sink_proc.stdout.readline().split()[-1]
+        first = subprocess.Popen([sys.executable, "-c", WORKER, str(db), url, "first"])
+        try:
+            assert wait_for_an_extension(db, 20)
+        finally:
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+        second = subprocess.run([sys.executable, "-c", WORKER, str(db), url, "second"],
+                                timeout=60)
+        assert second.returncode == 0
+    finally:
+        sink_proc.terminate()
+        sink_proc.wait(timeout=30)
+        sink_proc.stdout.close()
+    jobs = [r for r in rows(db) if len(r) > 3]
+    assert {r[3] for r in jobs} == {"done"}
+    tokens = {r[6] for r in jobs}
+    assert 2 in tokens and tokens <= {1, 2}          # what the first held was reclaimed once
+    total, inbox = sink_state(sink_db)
+    assert [(i, q) for i, q, _ in inbox] == sorted((f"job-{i}", i + 1) for i in range(16))
+    assert total == sum(range(1, 17))                         # each effect once
