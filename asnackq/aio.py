@@ -125,14 +125,20 @@ async def _begin(db: aiosqlite.Connection, attempts: int) -> None:
 class AsyncQueue:
     """A queue file driven through aiosqlite: the same validation, results and hooks as the core."""
 
-    def __init__(self, db: aiosqlite.Connection, attempts: int = 8) -> None:
+    def __init__(self, db: aiosqlite.Connection, attempts: int = 8,
+                 limits: w.Limits = w.PRODUCT) -> None:
         self._db = db
         self._attempts = attempts
         self._lock = asyncio.Lock()
+        self.limits = limits
 
     @classmethod
-    async def connect(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8) -> AsyncQueue:
+    async def connect(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8,
+                      limits: w.Limits = w.PRODUCT) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings); close it with ``close()``.
+
+        ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
+        delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
 
         A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
         is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
@@ -141,14 +147,14 @@ class AsyncQueue:
         if not 0 < busy_s <= 60:
             raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
         w.check_int(attempts, "attempts", 1, 100)
-        return cls(await open_db(filename, w.SCHEMA, busy_s, attempts), attempts)
+        return cls(await open_db(filename, w.SCHEMA, busy_s, attempts), attempts, limits)
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: Any, *, busy_s: float = 1.0,
-                   attempts: int = 8) -> AsyncIterator[AsyncQueue]:
+    async def open(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8,
+                   limits: w.Limits = w.PRODUCT) -> AsyncIterator[AsyncQueue]:
         """``async with AsyncQueue.open(path) as q:`` - closed on exit."""
-        queue = await cls.connect(path, busy_s=busy_s, attempts=attempts)
+        queue = await cls.connect(path, busy_s=busy_s, attempts=attempts, limits=limits)
         try:
             yield queue
         finally:
@@ -182,79 +188,81 @@ class AsyncQueue:
 
     async def enqueue(self, event: dict[str, Any], now_ms: int, ttl_ms: int,
                       max_attempts: int = 3) -> bool:
-        return bool(await self._run(w.plan_enqueue(event, now_ms, ttl_ms, max_attempts)))
+        plan = w.plan_enqueue(event, now_ms, ttl_ms, max_attempts, limits=self.limits)
+        return bool(await self._run(plan))
 
     async def enqueue_many(self, items: list[tuple[dict[str, Any], int, int]],
                            now_ms: int) -> list[bool | w.Conflict]:
-        results: list[bool | w.Conflict] = await self._run(w.plan_enqueue_many(items, now_ms))
+        plan = w.plan_enqueue_many(items, now_ms, limits=self.limits)
+        results: list[bool | w.Conflict] = await self._run(plan)
         return results
 
     async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
                     fault: w.Fault = None) -> w.Ticket | None:
-        plan = w.plan_claim(owner, now_ms, lease_ms)
+        plan = w.plan_claim(owner, now_ms, lease_ms, limits=self.limits)
         result: w.Ticket | None = await self._run(plan, check_async_fault(fault))
         return result
 
     async def claim_many(self, owner: str, now_ms: int, lease_ms: int,
                          count: int) -> list[w.Ticket]:
-        result: list[w.Ticket] = await self._run(w.plan_claim_many(owner, now_ms, lease_ms, count))
+        plan = w.plan_claim_many(owner, now_ms, lease_ms, count, limits=self.limits)
+        result: list[w.Ticket] = await self._run(plan)
         return result
 
     async def finish(self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0,
                      fault: w.Fault = None) -> str | bool:
-        plan = w.plan_finish(ticket, outcome, now_ms, delay_ms)
+        plan = w.plan_finish(ticket, outcome, now_ms, delay_ms, limits=self.limits)
         result: str | bool = await self._run(plan, check_async_fault(fault))
         return result
 
     async def finish_many(self, results: list[tuple[w.Ticket, str, int, int]]) -> list[str | bool]:
-        statuses: list[str | bool] = await self._run(w.plan_finish_many(results))
+        plan = w.plan_finish_many(results, limits=self.limits)
+        statuses: list[str | bool] = await self._run(plan)
         return statuses
 
     async def finish_and_claim(self, results: list[tuple[w.Ticket, str, int, int]], owner: str,
                                now_ms: int, lease_ms: int,
                                count: int) -> tuple[list[str | bool], list[w.Ticket]]:
-        plan = w.plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
+        plan = w.plan_finish_and_claim(results, owner, now_ms, lease_ms, count, limits=self.limits)
         outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(plan)
         return outcome
 
     async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
                      fault: w.Fault = None) -> w.Ticket | bool:
-        plan = w.plan_extend(ticket, now_ms, lease_ms)
+        plan = w.plan_extend(ticket, now_ms, lease_ms, limits=self.limits)
         result: w.Ticket | bool = await self._run(plan, check_async_fault(fault))
         return result
 
     async def extend_many(self, tickets: list[w.Ticket], now_ms: int,
                           lease_ms: int) -> list[w.Ticket | bool]:
         extended: list[w.Ticket | bool] = await self._run(
-            w.plan_extend_many(tickets, now_ms, lease_ms))
+            w.plan_extend_many(tickets, now_ms, lease_ms, limits=self.limits))
         return extended
 
     async def cycle(self, results: Sequence[tuple[w.Ticket, str, int, int]],
                     held: Sequence[w.Ticket],
-                    owner: str, now_ms: int, lease_ms: int,
-                    count: int) -> tuple[list[str | bool], list[w.Ticket | bool], list[w.Ticket]]:
-        plan = w.plan_cycle(results, held, owner, now_ms, lease_ms, count)
-        outcome: tuple[list[str | bool], list[w.Ticket | bool], list[w.Ticket]] = (
-            await self._run(plan))
+                    owner: str, now_ms: int, lease_ms: int, count: int) -> w.Cycle:
+        plan = w.plan_cycle(results, held, owner, now_ms, lease_ms, count, limits=self.limits)
+        outcome: w.Cycle = await self._run(plan)
         return outcome
 
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
                       fault: w.Fault = None) -> bool:
-        plan = w.plan_redrive(job_id, now_ms, ttl_ms, note)
+        plan = w.plan_redrive(job_id, now_ms, ttl_ms, note, limits=self.limits)
         return bool(await self._run(plan, check_async_fault(fault)))
 
     async def run_once(self, owner: str, clock: Callable[[], int],
                        send: Callable[[dict[str, Any]], Awaitable[object]], jitter: float,
                        lease_ms: int = 1000) -> dict[str, Any] | None:
         """The core's ``run_once`` with an async ``send``, awaited outside any transaction."""
-        w.check_run_args(owner, clock, send, jitter, lease_ms)
-        first = w.check_now(clock(), "first clock reading")
+        w.check_run_args(owner, clock, send, jitter, lease_ms, self.limits)
+        first = w.check_now(clock(), "first clock reading", self.limits)
         ticket = await self.claim(owner, first, lease_ms)
         if ticket is None:
             return None
         mine = dict(ticket)
         outcome, delay = await classify(send, mine, jitter)
-        now = w.second_reading(clock, first)
+        now = w.second_reading(clock, first, self.limits)
         return w.delivery_result(mine, await self.finish(dict(mine), outcome, now, delay))
 
 

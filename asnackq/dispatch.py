@@ -3,7 +3,8 @@
 * ``Committer`` owns every transaction and every ticket the run holds.  Each cycle is one
   ``cycle`` plan of the core: the finishes that came back, an extension of every held lease
   that ends within half a lease, and claims for idle coroutines plus some ahead of demand.
-* ``deliver`` is one delivery coroutine: take a ticket, send it, hand the result back.
+* ``deliver`` is one delivery coroutine: take a ticket, send it (again, while the sink is
+  not there: see ``breaker``), hand the result back.
 * ``Dispatcher.run`` is the lifecycle: start, drain, close, cancel (``Phase``).
 
 Rules of this module:
@@ -30,8 +31,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from asnackq.aio import AsyncQueue, AsyncSend, classify, epoch_ms
+from asnackq.aio import AsyncQueue, AsyncSend, epoch_ms
+from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
+
+DEFAULT_BREAKER = BreakerPolicy()
 
 __all__ = ["Claimed", "Dispatcher", "Finish", "Phase", "Sent", "Summary"]
 
@@ -82,16 +86,35 @@ class Summary:
     claimed: int = 0
     done: int = 0
     retried: int = 0
-    dead: int = 0
+    dead: int = 0              # every job that ended dead in this run's transactions:
+    dead_permanent: int = 0    # rejected by the sink,
+    dead_exhausted: int = 0    # out of attempts,
+    dead_deadline: int = 0     # or past its deadline (finished, or by a claim's quarantine)
     stale: int = 0
-    lost: int = 0        # held tickets whose extension came back stale: never finished
+    lost: int = 0              # held tickets whose extension came back stale: never finished
     bad_acks: int = 0
     errors: int = 0
     requests: int = 0
+    resent: int = 0            # sends repeated under the same lease: the sink was not there
     extended: int = 0
+    outages: int = 0           # the circuit breaker: times it opened,
+    probes: int = 0            # sends it let through while open,
+    paused_ms: int = 0         # and the time it was open
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    @property
+    def dead_unanswered(self) -> int:
+        """Jobs that ended dead although the sink never rejected them."""
+        return self.dead_exhausted + self.dead_deadline
+
+    def ended(self, reasons: dict[str, int]) -> None:
+        """Count the jobs a cycle ended dead, by reason."""
+        for reason, n in reasons.items():
+            self.dead += n
+            name = f"dead_{reason}"
+            setattr(self, name, getattr(self, name) + n)
 
     def fail(self, failure: str) -> None:
         """Count one send that ended without an outcome: a bad ACK or another error."""
@@ -108,8 +131,6 @@ class Summary:
             self.done += 1
         elif status == "pending":
             self.retried += 1
-        else:
-            self.dead += 1
 
 
 @dataclass(frozen=True)
@@ -120,17 +141,26 @@ class Settings:
     concurrency: int
     lease_ms: int
     clock: Callable[[], int]
+    jitter: Callable[[], float]
     idle_ms: int
     prefetch: int | None
     trace: Trace | None
+    retry: w.Retry
+    limits: w.Limits
+
+    def now(self, name: str = "clock reading") -> int:
+        """A checked reading of the run's clock."""
+        return w.check_now(self.clock(), name, self.limits)
 
 
 class Committer:
     """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
 
-    def __init__(self, queue: AsyncQueue, settings: Settings, budget: int | None) -> None:
+    def __init__(self, queue: AsyncQueue, settings: Settings, budget: int | None,
+                 breaker: BreakerPolicy) -> None:
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
+        self.breaker = Breaker(breaker, self.kick_now)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
         self.held: dict[str, w.Ticket] = {}      # id -> the current lease of each held ticket
@@ -162,9 +192,17 @@ class Committer:
         self.inbox.append(sent)
         self.kick.set()
 
+    def kick_now(self) -> None:
+        self.kick.set()
+
+    def keeps(self, ticket: w.Ticket, now: int) -> bool:
+        """Whether the run still holds this lease at ``now`` (a send may go under it)."""
+        current = self.held.get(ticket["id"])
+        return (current is not None and current["token"] == ticket["token"]
+                and now < current["lease_until"])
+
     def _taking(self, claimed: Claimed) -> Claimed:
         self.taken += 1
-        self.summary.requests += 1
         return claimed
 
     def _holds(self, ticket: w.Ticket) -> bool:
@@ -185,6 +223,10 @@ class Committer:
         self.phase = Phase.CLOSING
         self.kick.set()
         await asyncio.wait([task])
+        self.breaker.stop()
+        counts = self.breaker.counts
+        self.summary.outages, self.summary.probes = counts.outages, counts.probes
+        self.summary.paused_ms = counts.paused_ms
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -199,7 +241,7 @@ class Committer:
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         self.kick.clear()
-        now = w.check_now(self.settings.clock(), "clock reading")
+        now = self.settings.now()
         want = self._want()
         due, wake_ms = self._due(now)
         if self.inbox or due or (want and not self.dry):
@@ -262,6 +304,8 @@ class Committer:
         """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
         if self.phase is not Phase.CLAIMING:
             return 0
+        if self.breaker.is_open:                  # one ticket to probe with, if none is held
+            return int(not self.held and bool(self.waiters))    # (closing, it kicks us)
         want = len(self.waiters) + self._ahead() - len(self.ready)
         if self.budget is not None:
             want = min(want, self.budget)
@@ -274,10 +318,11 @@ class Committer:
         self.demand, self.taken = self.taken, 0
         self.cycling = True
         try:
-            statuses, extended, tickets = await self.queue.cycle(
+            statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, want)
         finally:
             self.cycling = False
+        self.summary.ended(ended)
         if want:
             self.dry = len(tickets) < want
         self._settled(finishes, statuses)
@@ -294,9 +339,9 @@ class Committer:
                 self.summary.fail(failure)
             if not self._holds(claimed.ticket):
                 continue                          # lost meanwhile: counted when it was
-            if outcome is None:
-                self._release(claimed.ticket["id"])   # stays leased: reclaimed later
-                continue
+            if outcome is None:                   # no answer to record: the job stays leased
+                self._release(claimed.ticket["id"])   # (or dies by its deadline) and is
+                continue                              # reclaimed later
             finishes.append(Finish(self.held[claimed.ticket["id"]], outcome, now_ms, delay_ms))
         return finishes
 
@@ -348,23 +393,61 @@ class Committer:
                 waiter.set_result(None)
 
 
-async def deliver(committer: Committer, send: AsyncSend, clock: Callable[[], int],
-                  jitter: Callable[[], float]) -> None:
+async def deliver(committer: Committer, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
     while (claimed := await committer.take()) is not None:
         try:
-            outcome, delay = await classify(send, claimed.ticket, w.check_jitter(jitter()),
-                                            claimed.ticket["token"])
-        except Exception as error:                # stays leased; reclaimed after the lease
-            failure = "bad_acks" if isinstance(error, w.BadAck) else "errors"
-            committer.hand_back(Sent(claimed, None, failure=failure))
-            continue
-        try:
-            now = w.second_reading(clock, claimed.first)
-        except ValueError:
-            committer.hand_back(Sent(claimed, None, failure="errors"))
+            sent = await send_until_answered(committer, send, claimed)
+        except Exception:                         # a bad clock: the run fails, the job
+            committer.hand_back(Sent(claimed, None, failure="errors"))   # stays leased
+            committer.drain()
             raise
-        committer.hand_back(Sent(claimed, outcome, now, delay))
+        committer.hand_back(sent)
+
+
+async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Claimed) -> Sent:
+    """Send a ticket, and again under the same lease while the sink is not there.
+
+    Classified like ``run_once``; an ``Unavailable`` failure is not an outcome: the send
+    goes again (paced by the retry policy, gated by the breaker) for as long as the run
+    keeps the lease - up to the job's deadline.
+    """
+    settings, breaker, summary = committer.settings, committer.breaker, committer.summary
+    ticket = claimed.ticket
+    for again in range(1_000_000):
+        probe = await breaker.admit()
+        if not committer.keeps(ticket, settings.now()):
+            breaker.record(probe, None)
+            return Sent(claimed, None)            # lost, or at its deadline: no answer
+        summary.requests += 1
+        if again:
+            summary.resent += 1
+        jitter = w.check_jitter(settings.jitter())
+        try:
+            ack = await send(w.fresh_event(ticket), ticket["token"])
+            outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
+        except w.Unavailable:
+            breaker.record(probe, True)
+            if not breaker.is_open:
+                await asyncio.sleep(settings.retry.delay(min(again + 1, 16), jitter,
+                                                         settings.limits) / 1000)
+            continue
+        except (w.Retryable, w.Permanent) as error:
+            outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
+        except Exception as error:                # stays leased; reclaimed after the lease
+            breaker.record(probe, False if isinstance(error, w.BadAck) else None)
+            return Sent(claimed, None, failure="bad_acks" if isinstance(error, w.BadAck)
+                        else "errors")
+        breaker.record(probe, False)
+        return Sent(claimed, *outcome_at(committer, claimed, outcome))
+    raise AssertionError("unreachable: a lease ends long before a million sends")
+
+
+def outcome_at(committer: Committer, claimed: Claimed,
+               outcome: tuple[str, int]) -> tuple[str, int, int]:
+    """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
+    now = w.second_reading(committer.settings.clock, claimed.first, committer.settings.limits)
+    return outcome[0], now, outcome[1]
 
 
 class Dispatcher:
@@ -372,24 +455,31 @@ class Dispatcher:
 
     One committer task runs every transaction (see ``Committer``); ``concurrency``
     coroutines only send.  ``prefetch`` fixes how many tickets are kept claimed ahead of
-    demand (default: adaptive).  ``summary`` is the current (or last) run's.
+    demand (default: adaptive).  ``retry`` is the delay before a job's next attempt (and
+    between re-sends while the sink is away); ``breaker`` when to pause for an outage.
+    Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
     def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
                  lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
                  jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
-                 idle_ms: int = 20, trace: Trace | None = None,
-                 prefetch: int | None = None) -> None:
-        w.check_run_args(owner, clock, send, 0.5, lease_ms)
+                 idle_ms: int = 20, trace: Trace | None = None, prefetch: int | None = None,
+                 retry: w.Retry = w.RUN_ONCE_RETRY,
+                 breaker: BreakerPolicy = DEFAULT_BREAKER) -> None:
+        limits = queue.limits
+        w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         w.check_int(concurrency, "concurrency", 1, 1024)
+        retry.check(limits)
+        breaker.check()
         if prefetch is not None:
             w.check_int(prefetch, "prefetch", 0, 1024)
         timeout_s = getattr(send, "timeout_s", None)
         if timeout_s is not None and timeout_s * 1000 >= lease_ms:
             raise ValueError(f"the sender's timeout ({timeout_s}s) must be below the lease "
                              f"({lease_ms}ms): a late ACK would arrive after the lease ended")
-        self.queue, self.send, self.jitter, self.grace_s = queue, send, jitter, grace_s
-        self.settings = Settings(owner, concurrency, lease_ms, clock, idle_ms, prefetch, trace)
+        self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
+        self.settings = Settings(owner, concurrency, lease_ms, clock, jitter, idle_ms, prefetch,
+                                 trace, retry, limits)
         self.summary = Summary()
 
     async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
@@ -401,11 +491,10 @@ class Dispatcher:
         cancellation: claim nothing more, let sends in flight (and tickets held) finish
         within ``grace_s``, commit their results, and re-raise.
         """
-        committer = Committer(self.queue, self.settings, max_jobs)
+        committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         self.summary = committer.summary
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
-        workers = [asyncio.ensure_future(deliver(committer, self.send, self.settings.clock,
-                                                 self.jitter))
+        workers = [asyncio.ensure_future(deliver(committer, self.send))
                    for _ in range(self.settings.concurrency)]
         try:
             await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers

@@ -4,9 +4,10 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 
 * Only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
   ``applied`` or ``duplicate`` is evidence of completion: the sender returns ``True``.
-* ``400 409 413 415 422`` raise ``Permanent``; ``408 425 429 5xx``, connection errors,
-  resets and timeouts raise ``Retryable``; a redirect, a wrong id, a malformed or
-  oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
+* ``400 409 413 415 422`` raise ``Permanent``; ``408 425 429 5xx`` raise ``Retryable``;
+  ``502 503 504``, connection errors, resets and timeouts raise its subclass
+  ``Unavailable`` (the sink is not there: nothing about the job); a redirect, a wrong id,
+  a malformed or oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
 """
@@ -21,7 +22,14 @@ from typing import Any
 
 import aiohttp
 
-from asnackq.core.worker import BadAck, Permanent, Retryable, check_event, check_int
+from asnackq.core.worker import (
+    BadAck,
+    Permanent,
+    Retryable,
+    Unavailable,
+    check_event,
+    check_int,
+)
 
 __all__ = ["MAX_ACK_BYTES", "TOKEN_HEADER", "AsyncHttpSender", "HttpSender", "judge"]
 
@@ -29,6 +37,7 @@ TOKEN_HEADER = "X-Asnackq-Token"
 MAX_ACK_BYTES = 4096
 PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 ACK_STATUSES = ("applied", "duplicate")
 
 
@@ -36,6 +45,8 @@ def judge(status: int, body: bytes, event_id: str) -> bool:
     """Return True for a verified ACK of ``event_id``; raise the exception the answer means."""
     if status in PERMANENT_STATUSES:
         raise Permanent(f"sink rejected {event_id!r} with {status}")
+    if status in UNAVAILABLE_STATUSES:
+        raise Unavailable(f"sink answered {status} for {event_id!r}")
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
         raise Retryable(f"sink answered {status} for {event_id!r}")
     if status != 200:
@@ -122,7 +133,7 @@ class HttpSender:
             response = conn.getresponse()
             answer = response.read(MAX_ACK_BYTES + 1)
         except (OSError, http.client.HTTPException) as error:   # resets, timeouts, refusals
-            raise Retryable(f"sending {event_id!r}: {error!r}") from error
+            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         finally:
             conn.close()
         return judge(response.status, answer, event_id)
@@ -164,6 +175,6 @@ class AsyncHttpSender:
                 answer = await read_bounded(response.content)
                 status = response.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise Retryable(f"sending {event_id!r}: {error!r}") from error
+            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         return judge(status, answer, event_id)
 

@@ -25,7 +25,7 @@ class AioBridge:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.queue: AsyncQueue = self.wait(AsyncQueue.connect(path))
+        self.queue: AsyncQueue = self.wait(AsyncQueue.connect(path, limits=w.CONTRACT))
 
     def wait(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)

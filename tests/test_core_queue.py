@@ -59,7 +59,8 @@ def test_open_queue_keeps_rows_across_reopen(db):
 def test_claim_plan_does_not_scan_finished_rows(db):
     con = w.open_queue(db)
     plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
-             for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE)]
+             for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED,
+                        w.SQL_NEXT_CLAIMABLE)]
     con.close()
     for plan in plans:
         assert "SCAN jobs" not in plan, plan
@@ -573,13 +574,13 @@ def test_cycle_is_finish_many_then_extend_many_then_claim_many(tmp_path, driver)
                ({**tickets[2], "owner": "w9"}, "ok", T0 + 1, 0)]
     held = [tickets[2], tickets[3], tickets[0]]          # j0 was just finished: stale
     expected = (q.finish_many(one, results), q.extend_many(one, held, T0 + 300, 500),
-                q.claim_many(one, "w2", T0 + 300, 500, 3))
+                q.claim_many(one, "w2", T0 + 300, 500, 3), {})
     got = q.cycle(many, results, held, "w2", T0 + 300, 500, 3)
     assert got == expected and expected[0] == ["done", "pending", False]
     assert [x if x is False else x["lease_until"] for x in got[1]] == [T0 + 800, T0 + 800, False]
     assert [t["id"] for t in got[2]] == ["j1", "j5", "j6"]
     assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
-    assert q.cycle(many, [], [], "w2", T0 + 301, 500, 0) == ([], [], [])
+    assert q.cycle(many, [], [], "w2", T0 + 301, 500, 0) == ([], [], [], {})
     before = rows(tmp_path / "many.db")
     for bad in ([(tickets[4], "ok", T0, 0)], [], "w2", T0, 500, -1), \
                ([], [{**tickets[4], "qty": 0}], "w2", T0, 500, 1):

@@ -8,7 +8,7 @@ import json
 import pytest
 from aiohttp import web
 
-from asnackq.core.worker import BadAck, Permanent, Retryable
+from asnackq.core.worker import BadAck, Permanent, Retryable, Unavailable
 from asnackq.http_send import AsyncHttpSender, HttpSender, judge
 
 from .sinks import dead_port, peer, serving, sink, sink_state
@@ -58,7 +58,8 @@ def answering(status=200, body=None, headers=None):
     (answering(status=422), Permanent),
     (answering(status=408), Retryable), (answering(status=425), Retryable),
     (answering(status=429), Retryable), (answering(status=500), Retryable),
-    (answering(status=503), Retryable),
+    (answering(status=501), Retryable), (answering(status=502), Unavailable),
+    (answering(status=503), Unavailable), (answering(status=504), Unavailable),
 ])
 async def test_answers_are_classified_the_same_by_both_senders(app, expected):
     async with serving(app) as running:
@@ -83,23 +84,24 @@ async def test_a_redirect_is_never_followed(tmp_path):
     assert hits == []
 
 
-async def test_a_reset_connection_and_a_refused_port_are_retryable():
+async def test_a_reset_connection_and_a_refused_port_say_the_sink_is_unavailable():
     async def reset(request):
         request.transport.abort()
         raise asyncio.CancelledError
 
     async with serving(peer(reset)) as running:
-        assert await send_both(running.url) == [Retryable, Retryable]
-    assert await send_both(f"http://127.0.0.1:{dead_port()}/events") == [Retryable, Retryable]
+        assert await send_both(running.url) == [Unavailable, Unavailable]
+    assert await send_both(f"http://127.0.0.1:{dead_port()}/events") == [Unavailable] * 2
+    assert issubclass(Unavailable, Retryable)      # run_once retries it like any Retryable
 
 
-async def test_a_timeout_is_retryable():
+async def test_a_timeout_says_the_sink_is_unavailable():
     async def slow(request):
         await asyncio.sleep(1)
         return web.json_response({"id": "a", "status": "applied"})
 
     async with serving(peer(slow)) as running:
-        assert await send_both(running.url, timeout_s=0.1) == [Retryable, Retryable]
+        assert await send_both(running.url, timeout_s=0.1) == [Unavailable, Unavailable]
 
 
 async def test_proxy_variables_are_ignored(tmp_path, monkeypatch):

@@ -29,9 +29,9 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, NamedTuple
 
 __all__ = [
-    "BadAck", "Conflict", "Permanent", "Retryable", "claim", "claim_many", "cycle", "enqueue",
-    "extend", "extend_many", "finish", "finish_many", "open_queue", "redrive", "retry_delay",
-    "run_file", "run_once",
+    "BadAck", "Conflict", "Permanent", "Retryable", "Unavailable", "claim", "claim_many",
+    "cycle", "enqueue", "extend", "extend_many", "finish", "finish_many", "open_queue",
+    "redrive", "retry_delay", "run_file", "run_once",
 ]
 
 
@@ -41,6 +41,14 @@ class Conflict(Exception):
 
 class Retryable(Exception):
     """Raised by a sender when delivery may succeed later (timeouts, 5xx, resets)."""
+
+
+class Unavailable(Retryable):
+    """Raised by a sender when the receiver is not there (refused, reset, timeout, 502-504).
+
+    An addition: ``run_once`` treats it as any ``Retryable``; the Dispatcher re-sends the
+    job under the same lease, without spending an attempt, and pauses while it lasts.
+    """
 
 
 class Permanent(Exception):
@@ -62,6 +70,29 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 Fault = Callable[[str], object] | None
 Ticket = dict[str, Any]
 
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+class Limits(NamedTuple):
+    """The longest ttl, lease and delay a surface accepts; times end ``max(...)`` before 10**15.
+
+    The graded functions of this file keep ``CONTRACT``; the package's own surfaces
+    (``AsyncQueue``, the Dispatcher, the command line) pass ``PRODUCT`` to the same plans.
+    """
+
+    ttl_ms: int = 60_000
+    lease_ms: int = 60_000
+    delay_ms: int = 60_000
+
+    @property
+    def max_now(self) -> int:
+        return MAX_TOKEN - max(self)
+
+
+CONTRACT = Limits()
+PRODUCT = Limits(ttl_ms=30 * DAY_MS, lease_ms=HOUR_MS, delay_ms=HOUR_MS)
+
 
 def check_identifier(value: object, name: str) -> str:
     """Return ``value`` if it is an exact str of 1-64 ASCII letters, digits, ``_`` or ``-``."""
@@ -77,9 +108,9 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
     return value
 
 
-def check_now(value: object, name: str = "now_ms") -> int:
+def check_now(value: object, name: str = "now_ms", limits: Limits = CONTRACT) -> int:
     """Return ``value`` if it is a valid millisecond timestamp of the shared time base."""
-    return check_int(value, name, 0, MAX_NOW)
+    return check_int(value, name, 0, limits.max_now)
 
 
 def check_jitter(value: object) -> float:
@@ -145,12 +176,34 @@ def check_queue_path(path: object) -> str:
 
 def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
     """Return ``floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter)``: cap first, then jitter."""
-    check_int(attempt, "attempt", 1, 16)
-    check_int(base_ms, "base_ms", 1, 60_000)
-    check_int(cap_ms, "cap_ms", base_ms, 60_000)
-    check_jitter(jitter)
-    capped: int = min(cap_ms, base_ms * 2 ** (attempt - 1))
-    return math.floor(capped * jitter)
+    return Retry(base_ms, cap_ms).delay(attempt, jitter)
+
+
+class Retry(NamedTuple):
+    """A retry policy: ``retry_delay``'s base and cap (``run_once`` uses 100 and 1000)."""
+
+    base_ms: int = 100
+    cap_ms: int = 1000
+
+    def check(self, limits: Limits = CONTRACT) -> Retry:
+        """Return this policy if base and cap are exact ints, ``1 <= base <= cap <= delay``."""
+        check_int(self.base_ms, "base_ms", 1, limits.delay_ms)
+        check_int(self.cap_ms, "cap_ms", self.base_ms, limits.delay_ms)
+        return self
+
+    def delay(self, attempt: int, jitter: float, limits: Limits = CONTRACT) -> int:
+        """The delay before retry number ``attempt``: the policy checked within ``limits``."""
+        check_int(attempt, "attempt", 1, 16)
+        self.check(limits)
+        check_jitter(jitter)
+        return self._delay(attempt, jitter)
+
+    def _delay(self, attempt: int, jitter: float) -> int:
+        capped: int = min(self.cap_ms, self.base_ms * 2 ** (attempt - 1))
+        return math.floor(capped * jitter)
+
+
+RUN_ONCE_RETRY = Retry()
 
 
 # --- schema and SQL --------------------------------------------------------------
@@ -173,16 +226,23 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs(status) WHERE attempts >= max_attempts",
 )
 
-SQL_QUARANTINE = """
-UPDATE jobs SET status = 'dead',
-  reason = CASE WHEN deadline <= :now THEN 'deadline' ELSE 'exhausted' END,
-  owner = NULL, lease_until = NULL
+# The quarantine, in two statements so that the plan can count each reason: first every
+# spent job past its deadline, then every other spent job (its budget is exhausted).
+SQL_QUARANTINE_DEADLINE = """
+UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
 WHERE seq IN (
   SELECT seq FROM jobs WHERE status = 'pending' AND deadline <= :now
-  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts
-  UNION SELECT seq FROM jobs
-    WHERE status = 'leased' AND lease_until <= :now
-      AND (deadline <= :now OR attempts >= max_attempts))"""
+  UNION SELECT seq FROM jobs WHERE status = 'leased' AND deadline <= :now
+    AND lease_until <= :now)"""
+
+SQL_QUARANTINE_EXHAUSTED = """
+UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
+WHERE seq IN (
+  SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts
+  UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
+    AND lease_until <= :now)"""
+
+QUARANTINE = (("deadline", SQL_QUARANTINE_DEADLINE), ("exhausted", SQL_QUARANTINE_EXHAUSTED))
 
 # The :n lowest-seq claimable jobs.  Leasing one job never makes another claimable or
 # unclaimable at the same instant, so these are exactly what :n sequential claims take.
@@ -266,6 +326,9 @@ class Hook(NamedTuple):
 
 
 Step = Sql | SqlMany | Hook
+# A cycle's result: finish statuses, extended tickets (or False), claimed tickets, and the
+# jobs its quarantine ended, by reason.
+Cycle = tuple[list[str | bool], list[Ticket | bool], list[Ticket], dict[str, int]]
 Plan = Generator[Step, list[tuple[Any, ...]] | None, tuple[Any, bool]]
 AFTER_COMMIT = "after-commit"
 
@@ -313,11 +376,12 @@ def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[St
             raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(chunk)}")
 
 
-def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3) -> Plan:
+def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3,
+                 *, limits: Limits = CONTRACT) -> Plan:
     """Validate an intake and return its plan (result: True inserted, False already there)."""
     job_id, qty = check_event(event)
-    check_now(now_ms)
-    check_int(ttl_ms, "ttl_ms", 1, 60_000)
+    check_now(now_ms, limits=limits)
+    check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms)
     check_int(max_attempts, "max_attempts", 1, 16)
     return _enqueue(job_id, qty, now_ms, ttl_ms, max_attempts)  # type: ignore[arg-type]
 
@@ -359,7 +423,8 @@ def _intake(items: list[tuple[str, int, int, int]],
     return results
 
 
-def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: object) -> Plan:
+def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: object,
+                      *, limits: Limits = CONTRACT) -> Plan:
     """Plan several intakes ``(event, ttl_ms, max_attempts)`` in one transaction.
 
     Each is judged exactly as a sequential ``enqueue`` would be; the result is the list of
@@ -368,7 +433,7 @@ def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: ob
     """
     checked = []
     for event, ttl_ms, max_attempts in items:
-        plan_enqueue(event, now_ms, ttl_ms, max_attempts).close()     # validates
+        plan_enqueue(event, now_ms, ttl_ms, max_attempts, limits=limits).close()  # validates
         job_id, qty = check_event(event)
         checked.append((job_id, qty, ttl_ms, max_attempts))
     if not checked:
@@ -381,16 +446,17 @@ def _enqueue_many(items: list[tuple[str, int, int, int]], now_ms: int) -> Plan:
     return results, False
 
 
-def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000) -> Plan:
+def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000,
+               *, limits: Limits = CONTRACT) -> Plan:
     """Validate a claim and return its plan (result: a ticket dict, or None)."""
     check_identifier(owner, "owner")
-    check_now(now_ms)
-    check_int(lease_ms, "lease_ms", 1, 60_000)
+    check_now(now_ms, limits=limits)
+    check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
     return _claim(owner, now_ms, lease_ms)  # type: ignore[arg-type]
 
 
 def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan:
-    tickets = yield from _lease(owner, now_ms, lease_ms, 1)
+    tickets, _ = yield from _lease(owner, now_ms, lease_ms, 1)
     if not tickets:
         return None, False
     yield Hook("after-claim")
@@ -398,31 +464,38 @@ def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan:
 
 
 def _lease(owner: str, now_ms: int, lease_ms: int,
-           count: int) -> Generator[Step, Any, list[Ticket]]:
-    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs."""
+           count: int) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
+    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs.
+
+    Returns the tickets and how many jobs the quarantine ended, by reason.
+    """
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
-    yield Sql(SQL_QUARANTINE, {"now": now_ms})
+    ended = {}
+    for reason, sql in QUARANTINE:
+        yield Sql(sql, {"now": now_ms})
+        ((ended[reason],),) = yield Sql(SQL_CHANGES)
     rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms, "n": count})
     tickets = [{"id": job_id, "qty": qty, "owner": owner, "token": token + 1,
                 "attempt": attempts + 1, "lease_until": min(now_ms + lease_ms, deadline)}
                for _, job_id, qty, attempts, token, deadline in rows]
     if tickets:
         yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
-    return tickets
+    return tickets, ended
 
 
-def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: object) -> Plan:
+def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: object,
+                    *, limits: Limits = CONTRACT) -> Plan:
     """Plan up to ``count`` claims at one instant in one transaction (result: list of tickets).
 
     Identical to ``count`` sequential claims at ``now_ms``: each job gets its own token.
     """
     check_int(count, "count", 1, 1024)
-    plan_claim(owner, now_ms, lease_ms)        # validates
+    plan_claim(owner, now_ms, lease_ms, limits=limits).close()     # validates
     return _claim_many(owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
 
 
 def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan:
-    tickets = yield from _lease(owner, now_ms, lease_ms, count)
+    tickets, _ = yield from _lease(owner, now_ms, lease_ms, count)
     return tickets, bool(tickets)
 
 
@@ -449,12 +522,13 @@ def _decide(row: tuple[Any, ...], outcome: str, now_ms: int, delay_ms: int) -> t
     return "pending", "retry"
 
 
-def plan_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object = 0) -> Plan:
+def plan_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object = 0,
+                *, limits: Limits = CONTRACT) -> Plan:
     """Validate a completion and return its plan (result: the new status, or False if stale)."""
     mine = check_ticket(ticket)
     check_outcome(outcome)
-    check_now(now_ms)
-    check_int(delay_ms, "delay_ms", 0, 60_000)
+    check_now(now_ms, limits=limits)
+    check_int(delay_ms, "delay_ms", 0, limits.delay_ms)
     return _finish(mine, outcome, now_ms, delay_ms)  # type: ignore[arg-type]
 
 
@@ -466,8 +540,12 @@ def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan:
     return status, True
 
 
-def _settle(results: list[tuple[Ticket, str, int, int]]) -> Generator[Step, Any, list[Any]]:
-    """Fence each ``(ticket, outcome, now_ms, delay_ms)`` on its own, then write them all."""
+def _settle(results: list[tuple[Ticket, str, int, int]],
+            ended: dict[str, int] | None = None) -> Generator[Step, Any, list[Any]]:
+    """Fence each ``(ticket, outcome, now_ms, delay_ms)`` on its own, then write them all.
+
+    The jobs that end dead are counted by reason into ``ended``, when given.
+    """
     ids = sorted({ticket["id"] for ticket, *_ in results})
     rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
     current = {row[-1]: row[:-1] for row in rows}
@@ -484,29 +562,32 @@ def _settle(results: list[tuple[Ticket, str, int, int]]) -> Generator[Step, Any,
         updates.append({**ticket, "status": status, "reason": reason,
                         "available_at": available_at})
         statuses.append(status)
+        if status == "dead" and ended is not None:
+            ended[reason] = ended.get(reason, 0) + 1
     if updates:
         yield from _write_many(SQL_FINISH, updates)
     return statuses
 
 
-def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]]) -> Plan:
+def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]],
+                     *, limits: Limits = CONTRACT) -> Plan:
     """Plan several finishes ``(ticket, outcome, now_ms, delay_ms)`` in one transaction.
 
     Each ticket is fenced on its own, exactly as sequential finishes would be; the
     result is the list of per-ticket results.
     """
-    checked = _checked_results(results)
+    checked = _checked_results(results, limits)
     if not checked:
         raise ValueError("finish_many needs at least one result")
     return _finish_many(checked)
 
 
-def _checked_results(results: Iterable[tuple[Ticket, str, int, int]]) -> list[
+def _checked_results(results: Iterable[tuple[Ticket, str, int, int]], limits: Limits) -> list[
         tuple[Ticket, str, int, int]]:
     """Validate each result as ``plan_finish`` does; return them with copied tickets."""
     checked = []
     for ticket, outcome, now_ms, delay_ms in results:
-        plan_finish(ticket, outcome, now_ms, delay_ms).close()     # validates
+        plan_finish(ticket, outcome, now_ms, delay_ms, limits=limits).close()  # validates
         checked.append((dict(ticket), outcome, now_ms, delay_ms))
     return checked
 
@@ -517,48 +598,57 @@ def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan:
 
 
 def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner: object,
-                          now_ms: object, lease_ms: object, count: object) -> Plan:
+                          now_ms: object, lease_ms: object, count: object,
+                          *, limits: Limits = CONTRACT) -> Plan:
     """Plan finishes, then up to ``count`` claims at ``now_ms``, in one transaction.
 
     Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
     count)``; the result is ``(statuses, tickets)``.  ``results`` may be empty.
     """
     check_int(count, "count", 1, 1024)
-    return _pair(plan_cycle(results, (), owner, now_ms, lease_ms, count))
+    return _pair(plan_cycle(results, (), owner, now_ms, lease_ms, count, limits=limits))
 
 
 def _pair(plan: Plan) -> Plan:
-    (statuses, _, tickets), changed = yield from plan
+    (statuses, _, tickets, _), changed = yield from plan
     return (statuses, tickets), changed
 
 
 def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[Ticket],
-               owner: object, now_ms: object, lease_ms: object, count: object) -> Plan:
+               owner: object, now_ms: object, lease_ms: object, count: object,
+               *, limits: Limits = CONTRACT) -> Plan:
     """Plan a dispatcher's cycle: finishes, then extensions, then claims, in one transaction.
 
     Identical to ``finish_many(results)``, then ``extend_many(held, now_ms, lease_ms)``, then
     ``claim_many(owner, now_ms, lease_ms, count)``; each part may be empty (``count`` 0).
-    The result is ``(statuses, extended, tickets)``.
+    The result is ``(statuses, extended, tickets, ended)``: ``ended`` counts the jobs that
+    ended dead in it (finished dead, or by the claim's quarantine), by reason.
     """
-    checked = _checked_results(results)
-    tickets = _checked_extensions(held, now_ms, lease_ms)
+    checked = _checked_results(results, limits)
+    tickets = _checked_extensions(held, now_ms, lease_ms, limits)
     check_int(count, "count", 0, 1024)
-    plan_claim(owner, now_ms, lease_ms).close()     # validates
+    plan_claim(owner, now_ms, lease_ms, limits=limits).close()     # validates
     return _cycle(checked, tickets, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
 
 
 def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owner: str,
            now_ms: int, lease_ms: int, count: int) -> Plan:
-    statuses = (yield from _settle(results)) if results else []
+    ended: dict[str, int] = {}
+    statuses = (yield from _settle(results, ended)) if results else []
     extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
-    tickets = (yield from _lease(owner, now_ms, lease_ms, count)) if count else []
+    tickets, quarantined = (yield from _lease(owner, now_ms, lease_ms, count)) if count else (
+        [], {})
+    for reason, n in quarantined.items():
+        if n:
+            ended[reason] = ended.get(reason, 0) + n
     changed = bool(tickets) or any(x is not False for x in (*statuses, *extended))
-    return (statuses, extended, tickets), changed
+    return (statuses, extended, tickets, ended), changed
 
 
-def plan_extend(ticket: object, now_ms: object, lease_ms: object) -> Plan:
+def plan_extend(ticket: object, now_ms: object, lease_ms: object,
+                *, limits: Limits = CONTRACT) -> Plan:
     """Validate a lease extension and return its plan (result: the new ticket, or False)."""
-    (mine,) = _checked_extensions([ticket], now_ms, lease_ms)  # type: ignore[list-item]
+    (mine,) = _checked_extensions([ticket], now_ms, lease_ms, limits)  # type: ignore[list-item]
     return _extend(mine, now_ms, lease_ms)  # type: ignore[arg-type]
 
 
@@ -570,23 +660,24 @@ def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan:
     return longer, True
 
 
-def plan_extend_many(tickets: Iterable[Ticket], now_ms: object, lease_ms: object) -> Plan:
+def plan_extend_many(tickets: Iterable[Ticket], now_ms: object, lease_ms: object,
+                     *, limits: Limits = CONTRACT) -> Plan:
     """Plan several extensions at ``now_ms`` in one transaction (result: per-ticket results).
 
     Each ticket is fenced on its own, exactly as sequential ``extend`` calls would be.
     """
-    checked = _checked_extensions(tickets, now_ms, lease_ms)
+    checked = _checked_extensions(tickets, now_ms, lease_ms, limits)
     if not checked:
         raise ValueError("extend_many needs at least one ticket")
     return _extend_many(checked, now_ms, lease_ms)  # type: ignore[arg-type]
 
 
-def _checked_extensions(tickets: Iterable[Ticket], now_ms: object,
-                        lease_ms: object) -> list[Ticket]:
+def _checked_extensions(tickets: Iterable[Ticket], now_ms: object, lease_ms: object,
+                        limits: Limits) -> list[Ticket]:
     """Validate extensions as ``plan_extend`` does; return copies of the tickets."""
     checked = [check_ticket(ticket) for ticket in tickets]
-    check_now(now_ms)
-    check_int(lease_ms, "lease_ms", 1, 60_000)
+    check_now(now_ms, limits=limits)
+    check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
     return checked
 
 
@@ -617,11 +708,12 @@ def _prolong(tickets: list[Ticket], now_ms: int,
     return extended
 
 
-def plan_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object) -> Plan:
+def plan_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object,
+                 *, limits: Limits = CONTRACT) -> Plan:
     """Validate a redrive and return its plan (result: True; ValueError if the job is not dead)."""
     check_identifier(job_id, "job_id")
-    check_now(now_ms)
-    check_int(ttl_ms, "ttl_ms", 1, 60_000)
+    check_now(now_ms, limits=limits)
+    check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms)
     check_identifier(note, "note")
     return _redrive(job_id, now_ms, ttl_ms, note)  # type: ignore[arg-type]
 
@@ -786,11 +878,10 @@ def extend_many(con: sqlite3.Connection, tickets: Iterable[Ticket], now_ms: int,
 
 def cycle(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
           held: Iterable[Ticket], owner: str, now_ms: int, lease_ms: int,
-          count: int) -> tuple[list[str | bool], list[Ticket | bool], list[Ticket]]:
+          count: int) -> Cycle:
     """Finishes, extensions, then claims, in one transaction (see ``plan_cycle``)."""
-    plan = plan_cycle(results, held, owner, now_ms, lease_ms, count)
-    outcome: tuple[list[str | bool], list[Ticket | bool], list[Ticket]] = _drive(
-        _check_con(con), plan)
+    outcome: Cycle = _drive(_check_con(con), plan_cycle(results, held, owner, now_ms, lease_ms,
+                                                        count))
     return outcome
 
 
@@ -804,13 +895,13 @@ def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note
 # --- steps 7-8: one delivery -----------------------------------------------------------
 
 def check_run_args(owner: object, clock: object, send: object, jitter: object,
-                   lease_ms: object) -> None:
+                   lease_ms: object, limits: Limits = CONTRACT) -> None:
     """Validate ``run_once``'s arguments, jitter first, before any clock reading."""
     check_jitter(jitter)
     check_identifier(owner, "owner")
     check_callable(clock, "clock")
     check_callable(send, "send")
-    check_int(lease_ms, "lease_ms", 1, 60_000)
+    check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
 
 
 def fresh_event(ticket: Ticket) -> dict[str, Any]:
@@ -819,10 +910,11 @@ def fresh_event(ticket: Ticket) -> dict[str, Any]:
 
 
 def judge_send(ticket: Ticket, jitter: float, ack: object = None,
-               error: Retryable | Permanent | None = None) -> tuple[str, int]:
+               error: Retryable | Permanent | None = None,
+               retry: Retry = RUN_ONCE_RETRY, limits: Limits = CONTRACT) -> tuple[str, int]:
     """Map a send's answer to ``(outcome, delay_ms)``: only the exact ``True`` is ok."""
     if isinstance(error, Retryable):
-        return "retry", retry_delay(ticket["attempt"], 100, 1000, jitter)
+        return "retry", retry.delay(ticket["attempt"], jitter, limits)
     if isinstance(error, Permanent):
         return "permanent", 0
     if ack is not True:
@@ -840,9 +932,9 @@ def classify(send: Callable[[dict[str, Any]], object], ticket: Ticket,
     return judge_send(ticket, jitter, ack)
 
 
-def second_reading(clock: Callable[[], object], first: int) -> int:
+def second_reading(clock: Callable[[], object], first: int, limits: Limits = CONTRACT) -> int:
     """Read the clock again; it must be valid and not earlier than ``first``."""
-    now = check_now(clock(), "second clock reading")
+    now = check_now(clock(), "second clock reading", limits)
     if now < first:
         raise ValueError(f"clock went backwards: {now} < {first}")
     return now

@@ -1,0 +1,122 @@
+"""A circuit breaker for a run's sends: pause while the sink is away, probe one at a time.
+
+Rules of this module:
+
+* Only ``Unavailable`` failures count: the sink refused, reset, timed out or answered
+  502-504.  Any other answer (an ACK, a rejection, a bad ACK) shows the sink is there.
+* ``after`` such failures in a row open the breaker: no send passes but one probe at a
+  time, the first ``base_ms`` after the opening, each next wait doubled up to ``max_ms``.
+  Any answer from the sink closes it, and every waiting send goes at once.
+* The breaker only gates sends.  The job whose send found no sink stays held (its lease
+  kept) and is sent again under the same lease: the sink's absence never spends an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from asnackq.core import worker as w
+
+__all__ = ["Breaker", "BreakerPolicy"]
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """When the breaker opens (``after`` failures in a row) and how it probes."""
+
+    after: int = 8
+    base_ms: int = 100
+    max_ms: int = 2000
+
+    def check(self) -> BreakerPolicy:
+        w.check_int(self.after, "breaker after", 1, 10_000)
+        w.check_int(self.base_ms, "breaker base_ms", 1, w.HOUR_MS)
+        w.check_int(self.max_ms, "breaker max_ms", self.base_ms, w.HOUR_MS)
+        return self
+
+
+@dataclass
+class BreakerCounts:
+    """What the breaker did during a run."""
+
+    outages: int = 0       # times it opened
+    probes: int = 0        # sends let through while open
+    paused_ms: int = 0     # time spent open
+
+
+class Breaker:
+    """Gate each send with ``probe = await admit()``, then report with ``record``."""
+
+    def __init__(self, policy: BreakerPolicy, on_close: Callable[[], None]) -> None:
+        self.policy = policy.check()
+        self.counts = BreakerCounts()
+        self.closed = asyncio.Event()
+        self.closed.set()
+        self._turn = asyncio.Lock()           # held by the one probe in flight
+        self._on_close = on_close
+        self._in_a_row = 0
+        self._wait_ms = policy.base_ms
+        self._opened_at = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return not self.closed.is_set()
+
+    async def admit(self) -> bool:
+        """Wait until a send may go; True if it goes as the probe (then ``record`` it)."""
+        if not self.is_open:
+            return False
+        await self._turn.acquire()
+        if not self.is_open:
+            self._turn.release()
+            return False
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.closed.wait(), self._wait_ms / 1000)
+        except BaseException:                 # cancelled: the turn passes on
+            self._turn.release()
+            raise
+        if not self.is_open:                  # another send's answer closed it meanwhile
+            self._turn.release()
+            return False
+        self.counts.probes += 1
+        return True
+
+    def record(self, probe: bool, unavailable: bool | None) -> None:
+        """The send admitted with ``probe`` found no sink (True), an answer (False), or
+        did not happen (None)."""
+        if unavailable:
+            self._in_a_row += 1
+            if probe:
+                self._wait_ms = min(2 * self._wait_ms, self.policy.max_ms)
+            elif not self.is_open and self._in_a_row >= self.policy.after:
+                self._open()
+        elif unavailable is False:
+            self._in_a_row = 0
+            if self.is_open:
+                self._close()
+        if probe:
+            self._turn.release()
+
+    def stop(self) -> None:
+        """The run is over: count an outage still going on."""
+        if self.is_open:
+            self.counts.paused_ms += self._elapsed_ms()
+            self._opened_at = asyncio.get_running_loop().time()
+
+    def _open(self) -> None:
+        self.closed.clear()
+        self._opened_at = asyncio.get_running_loop().time()
+        self._wait_ms = self.policy.base_ms
+        self.counts.outages += 1
+
+    def _close(self) -> None:
+        self.counts.paused_ms += self._elapsed_ms()
+        self.closed.set()
+        self._on_close()
+
+    def _elapsed_ms(self) -> int:
+        return round((asyncio.get_running_loop().time() - self._opened_at) * 1000)
