@@ -65,27 +65,31 @@ class Breaker:
     def is_open(self) -> bool:
         return not self.closed.is_set()
 
-    async def admit(self) -> bool:
-        """Wait until a send may go; True if it goes as the probe (then ``record`` it)."""
+    async def admit(self, within_s: float) -> bool | None:
+        """Wait until a send may go: True if it goes as the probe (then ``record`` it), False
+        if the breaker is closed, None if the wait would outlast ``within_s`` seconds."""
         if not self.is_open:
             return False
-        await self._turn.acquire()
-        if not self.is_open:
-            self._turn.release()
-            return False
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + within_s
+        try:
+            await asyncio.wait_for(self._turn.acquire(), within_s)
+        except TimeoutError:
+            return None
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.closed.wait(), self._wait_ms / 1000)
+                await asyncio.wait_for(self.closed.wait(),
+                                       min(self._wait_ms / 1000, give_up - loop.time()))
         except BaseException:                 # cancelled: the turn passes on
             self._turn.release()
             raise
-        if not self.is_open:                  # another send's answer closed it meanwhile
-            self._turn.release()
-            return False
+        if not self.is_open or loop.time() >= give_up:
+            self._turn.release()              # closed meanwhile, or no time left to probe
+            return False if not self.is_open else None
         self.counts.probes += 1
         return True
 
-    def record(self, probe: bool, unavailable: bool | None) -> None:
+    def record(self, probe: bool | None, unavailable: bool | None) -> None:
         """The send admitted with ``probe`` found no sink (True), an answer (False), or
         did not happen (None)."""
         if unavailable:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -39,7 +40,7 @@ class Failure(Exception):
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-TTL_MS = 60_000          # the contract's longest ttl: the default for intakes and redrives
+TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
 
 
 def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:
@@ -193,7 +194,8 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=int)
-    enqueue.add_argument("--ttl-ms", type=int, default=TTL_MS, help="1..60000 (default 60000)")
+    enqueue.add_argument("--ttl-ms", type=int, default=TTL_MS,
+                         help="1..2592000000, 30 days (default 60000)")
     enqueue.add_argument("--max-attempts", type=int, default=3, help="1..16 (default 3)")
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
     enqueue.set_defaults(run=run_enqueue)
@@ -218,7 +220,7 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
                 raise ValueError(f"unknown keys {sorted(unknown)}")
             item = ({"id": record.get("id"), "qty": record.get("qty")},
                     record.get("ttl_ms", ttl_ms), record.get("max_attempts", max_attempts))
-            w.plan_enqueue(item[0], 0, item[1], item[2]).close()
+            w.plan_enqueue(item[0], 0, item[1], item[2], limits=w.PRODUCT).close()
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
         items.append(item)
@@ -281,13 +283,23 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--sink", required=True, help="the sink's /events URL")
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
-    work.add_argument("--lease-ms", type=int, default=5000)
+    work.add_argument("--lease-ms", type=int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument("--prefetch", type=int, default=None,
                       help="tickets kept claimed ahead of demand (default: adapts to how "
                       "many the coroutines take during one commit)")
     work.add_argument("--timeout-s", type=float, default=2.0,
                       help="HTTP timeout per send; must be below the lease")
     work.add_argument("--until-empty", action="store_true")
+    work.add_argument("--retry-base-ms", type=int, default=100,
+                      help="retry delay of a job's first retry, doubled per attempt (default 100)")
+    work.add_argument("--retry-cap-ms", type=int, default=1000,
+                      help="longest retry delay, up to an hour (default 1000)")
+    work.add_argument("--breaker-after", type=int, default=8,
+                      help="sends in a row that find no sink before the run pauses (default 8)")
+    work.add_argument("--breaker-max-ms", type=int, default=2000,
+                      help="longest wait between probes while paused (default 2000)")
+    work.add_argument("--accept-dead", action="store_true",
+                      help="exit 0 even when jobs ended dead that the sink never rejected")
     work.add_argument("--max-jobs", type=int, default=None, help="stop after N claims")
     work.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
     work.add_argument("--trace", type=Path, default=None,
@@ -314,20 +326,23 @@ class Tracer:
         self.file.close()
 
 
-def progress_line(summary: dict[str, int], seconds: float) -> str:
-    finished = summary["done"] + summary["dead"]
+def progress_line(summary: dict[str, int], seconds: float, paused: bool) -> str:
     return (f"done {summary['done']}  retried {summary['retried']}  dead {summary['dead']}  "
             f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
-            f"errors {summary['errors']}  {finished / max(seconds, 1e-9):,.0f} jobs/s")
+            f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
+            + ("  PAUSED: the sink is not there, probing" if paused else ""))
 
 
 def run_work(args: argparse.Namespace) -> int:
     from asnackq.aio import AsyncQueue
+    from asnackq.breaker import BreakerPolicy
     from asnackq.dispatch import Dispatcher
     from asnackq.http_send import AsyncHttpSender
 
     existing_queue(args.queue)
     owner = args.owner or default_owner()
+    retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
+    breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
     sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s,
                              allow_remote=args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
@@ -338,7 +353,7 @@ def run_work(args: argparse.Namespace) -> int:
         async with AsyncQueue.open(args.queue) as queue, sender as send:
             dispatcher = Dispatcher(queue, send, owner=owner, concurrency=args.concurrency,
                                     lease_ms=args.lease_ms, trace=tracer,
-                                    prefetch=args.prefetch)
+                                    prefetch=args.prefetch, retry=retry, breaker=breaker)
             running = asyncio.ensure_future(dispatcher.run(
                 until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
             loop = asyncio.get_running_loop()
@@ -349,8 +364,9 @@ def run_work(args: argparse.Namespace) -> int:
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)
                     if console.is_terminal:
-                        live.update(progress_line(dispatcher.summary.as_dict(),
-                                                  time.perf_counter() - started), refresh=True)
+                        live.update(progress_line(
+                            dispatcher.summary.as_dict(), time.perf_counter() - started,
+                            dispatcher.paused), refresh=True)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             stopped = running.cancelled()
@@ -365,11 +381,21 @@ def run_work(args: argparse.Namespace) -> int:
             tracer.close()
     seconds = time.perf_counter() - started
     result = {**summary, "owner": owner, "seconds": round(seconds, 3),
-              "stopped_by_signal": stopped}
+              "stopped_by_signal": stopped, "retry": retry._asdict(),
+              "breaker": dataclasses.asdict(breaker)}
     emit(args, result, lambda out: out.print(key_values(
         f"asnackq work {owner}" + (" (stopped by signal)" if stopped else ""),
         [*summary.items(), ("seconds", f"{seconds:.1f}"),
-         ("jobs/s", f"{(summary['done'] + summary['dead']) / max(seconds, 1e-9):,.0f}")])))
+         ("done/s", f"{summary['done'] / max(seconds, 1e-9):,.0f}"),
+         ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
+         ("breaker", f"after {breaker.after} failures in a row, probes "
+                     f"{breaker.base_ms}..{breaker.max_ms} ms apart")])))
+    unanswered = summary["dead_exhausted"] + summary["dead_deadline"]
+    if unanswered and not args.accept_dead:
+        print(f"asnackq work: {unanswered} jobs ended dead that the sink never rejected "
+              f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
+              "pass --accept-dead to exit 0", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -394,7 +420,8 @@ def add_inspect(commands: Commands) -> None:
     redrive.add_argument("queue", type=Path)
     redrive.add_argument("id", nargs="?")
     redrive.add_argument("--reason", choices=ops.REASONS)
-    redrive.add_argument("--ttl-ms", type=int, required=True, help="new budget, 1..60000")
+    redrive.add_argument("--ttl-ms", type=int, required=True,
+                         help="new budget, 1..2592000000 (30 days)")
     redrive.add_argument("--note", required=True, help="why ([A-Za-z0-9_-]{1,64})")
     redrive.add_argument("--json", action="store_true")
     redrive.set_defaults(run=run_redrive)
@@ -448,7 +475,7 @@ def run_redrive(args: argparse.Namespace) -> int:
     if args.id is not None:
         con = w.open_queue(args.queue)
         try:
-            w.redrive(con, args.id, now, args.ttl_ms, args.note)
+            ops.redrive(con, args.id, now, args.ttl_ms, args.note)
         finally:
             con.close()
         results = [{"id": args.id, "redriven": True}]
@@ -534,8 +561,9 @@ def add_lab(commands: Commands) -> None:
         "lab", help="a fault and load experiment with real processes; verifies the invariants",
         description="Start a sink with faults and P worker processes of C coroutines each, "
         "SIGKILL a random worker every --kill-every seconds (replacing it), then check every "
-        "invariant from the evidence. Exit code 1 on any violation. Jobs get the contract's "
-        "longest ttl (60 s): a job not finished by then ends dead by deadline.")
+        "invariant from the evidence. Exit code 1 on any violation, and on any job that ended "
+        "dead although the sink never rejected it (unless --fail-rate or --drop-rate 1 make "
+        "that expected). Jobs get a ttl of --timeout-s plus a minute.")
     lab.add_argument("--jobs", type=int, default=2000)
     lab.add_argument("--processes", type=int, default=2)
     lab.add_argument("--concurrency", type=int, default=64)
@@ -573,7 +601,9 @@ def run_lab(args: argparse.Namespace) -> int:
     out.print(key_values("asnackq lab", report_rows(result)))
     for violation in result["violations"]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
-    return 1 if result["violations"] else 0
+    for failure in result["liveness_failures"]:
+        out.print(f"[bold red]LIVENESS[/] {failure}")
+    return 1 if result["violations"] or result["liveness_failures"] else 0
 
 
 def add_demo(commands: Commands) -> None:

@@ -201,6 +201,13 @@ class Committer:
         return (current is not None and current["token"] == ticket["token"]
                 and now < current["lease_until"])
 
+    def lease_left_s(self, ticket: w.Ticket) -> float:
+        """Seconds until the run's current lease on this ticket ends (0: not held)."""
+        current = self.held.get(ticket["id"])
+        if current is None or current["token"] != ticket["token"]:
+            return 0.0
+        return max(0.0, (int(current["lease_until"]) - self.settings.now()) / 1000)
+
     def _taking(self, claimed: Claimed) -> Claimed:
         self.taken += 1
         return claimed
@@ -413,15 +420,18 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
     keeps the lease - up to the job's deadline.
     """
     settings, breaker, summary = committer.settings, committer.breaker, committer.summary
-    ticket = claimed.ticket
-    for again in range(1_000_000):
-        probe = await breaker.admit()
+    ticket, again = claimed.ticket, 0
+    while True:
+        probe = await breaker.admit(committer.lease_left_s(ticket))
         if not committer.keeps(ticket, settings.now()):
             breaker.record(probe, None)
             return Sent(claimed, None)            # lost, or at its deadline: no answer
+        if probe is None:
+            continue                              # the lease was extended meanwhile
         summary.requests += 1
         if again:
             summary.resent += 1
+        again += 1
         jitter = w.check_jitter(settings.jitter())
         try:
             ack = await send(w.fresh_event(ticket), ticket["token"])
@@ -429,7 +439,7 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
         except w.Unavailable:
             breaker.record(probe, True)
             if not breaker.is_open:
-                await asyncio.sleep(settings.retry.delay(min(again + 1, 16), jitter,
+                await asyncio.sleep(settings.retry.delay(min(again, 16), jitter,
                                                          settings.limits) / 1000)
             continue
         except (w.Retryable, w.Permanent) as error:
@@ -440,7 +450,6 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
                         else "errors")
         breaker.record(probe, False)
         return Sent(claimed, *outcome_at(committer, claimed, outcome))
-    raise AssertionError("unreachable: a lease ends long before a million sends")
 
 
 def outcome_at(committer: Committer, claimed: Claimed,
@@ -481,6 +490,12 @@ class Dispatcher:
         self.settings = Settings(owner, concurrency, lease_ms, clock, jitter, idle_ms, prefetch,
                                  trace, retry, limits)
         self.summary = Summary()
+        self._breaker: Breaker | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether the current run is paused by its circuit breaker (the sink is away)."""
+        return self._breaker is not None and self._breaker.is_open
 
     async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
                   follow: bool = False) -> Summary:
@@ -492,7 +507,7 @@ class Dispatcher:
         within ``grace_s``, commit their results, and re-raise.
         """
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
-        self.summary = committer.summary
+        self.summary, self._breaker = committer.summary, committer.breaker
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
         workers = [asyncio.ensure_future(deliver(committer, self.send))
                    for _ in range(self.settings.concurrency)]

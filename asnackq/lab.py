@@ -7,6 +7,11 @@ file, the sink DB, the sink's counters and the workers' traces.
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
+
+Safety and liveness are both verdicts: a job that ends dead although the sink never rejected
+it is a *liveness failure* (never sent, or dead with its effect applied, or out of attempts
+or time), unless the faults asked for make it expected (a fail or drop rate of 1).  Jobs get
+a ttl that outlasts the run's own time bound, so no job dies of the lab's length.
 """
 
 from __future__ import annotations
@@ -54,18 +59,34 @@ class LabConfig:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
         w.check_int(self.processes, "processes", 1, 64)
         w.check_int(self.concurrency, "concurrency", 1, 1024)
-        w.check_int(self.lease_ms, "lease_ms", 1, 60_000)
+        w.check_int(self.lease_ms, "lease_ms", 1, w.PRODUCT.lease_ms)
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
         for name in ("fail_rate", "drop_rate"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in 0..1")
-        if self.kill_every < 0 or self.timeout_s <= 0:
-            raise ValueError("kill_every must be >= 0 and timeout_s > 0")
+        if self.kill_every < 0 or not 0 < self.timeout_s <= 86_400:
+            raise ValueError("kill_every must be >= 0 and timeout_s in (0, 86400]")
         if self.send_timeout_s * 1000 >= self.lease_ms:
             raise ValueError("the send timeout must be below the lease")
         if self.directory is not None and self.directory.exists() and \
                 any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
+
+    @property
+    def ttl_ms(self) -> int:
+        """Long enough that no job dies of the run's length: its time bound, plus a minute.
+
+        When the faults leave no way to deliver, ten leases: the jobs end dead (as expected)
+        well within the run instead of outlasting it.
+        """
+        if self.dead_expected:
+            return min(round(self.timeout_s * 1000), 10 * self.lease_ms)
+        return round(self.timeout_s * 1000) + 60_000
+
+    @property
+    def dead_expected(self) -> bool:
+        """Whether the faults asked for leave some jobs no way to end done."""
+        return self.fail_rate >= 1 or self.drop_rate >= 1
 
 
 @dataclass
@@ -90,7 +111,8 @@ class Workers:
                 [sys.executable, "-m", "asnackq", "work", str(self.root / "queue.db"),
                  "--sink", self.url, "--concurrency", str(c.concurrency), "--owner", owner,
                  "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
-                 "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json"],
+                 "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json",
+                 "--accept-dead"],            # the lab judges dead jobs itself
                 stdout=out, stderr=err)
 
     def kill_one(self, rng: random.Random) -> None:
@@ -128,7 +150,7 @@ class Workers:
 
 def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
-    ops.enqueue_all(queue, [({"id": job_id, "qty": n}, 60_000, config.max_attempts)
+    ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
                             for job_id, n in qty.items()])
     return qty
 
@@ -164,6 +186,8 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
     with ops.read_only(queue, "jobs") as con:
         jobs = {row[0]: row[1:] for row in con.execute(
             "SELECT id, qty, status, reason, token FROM jobs")}
+    unsent = sorted(i for i, (_, status, reason, token) in jobs.items()
+                    if status == "dead" and reason != "permanent" and token == 0)
     with ops.read_only(sink_db, "inbox", "sink DB") as con:
         inbox_rows = con.execute("SELECT count(*) FROM inbox").fetchone()[0]
     for job_id, n in qty.items():
@@ -204,10 +228,15 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
         if key in claims:
             latencies.append(record["at"] - claims[key]["at"])
     evidence = audited["flags"]["dead-after-applied"]
+    unanswered = sum(1 for _, status, reason, _ in jobs.values()
+                     if status == "dead" and reason != "permanent")
     statuses: dict[str, int] = {}
     for row in jobs.values():
         statuses[row[1]] = statuses.get(row[1], 0) + 1
+    liveness = {"dead_unanswered": unanswered, "never_sent": len(unsent),
+                "dead_after_applied": evidence, "examples": unsent[:5]}
     return {"violations": violations, "dead_after_applied": evidence, "statuses": statuses,
+            "liveness": liveness,
             "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
                              for reason in ops.REASONS},
             "latency_ms": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
@@ -253,11 +282,18 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     result["violations"] += workers.failures.values()
     if timed_out:
         result["violations"].append(f"the run did not end within {config.timeout_s}s")
-    ended = result["statuses"].get("done", 0) + result["statuses"].get("dead", 0)
+    done = result["statuses"].get("done", 0)
+    liveness = result["liveness"]
+    liveness["expected"] = config.dead_expected
+    result["liveness_failures"] = [] if config.dead_expected or not liveness[
+        "dead_unanswered"] else [
+        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
+        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
+        f"effect applied)"]
     result.update({
         "config": {k: (str(v) if isinstance(v, Path) else v)
                    for k, v in config.__dict__.items()},
-        "seconds": round(seconds, 3), "jobs_per_s": round(ended / seconds, 1),
+        "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
         "kills": workers.kills, "workers_started": workers.started})
@@ -282,7 +318,7 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
         ("sink faults (fail / drop / delay ms)",
          f"{c['fail_rate']} / {c['drop_rate']} / {c['delay_ms']}"),
         ("seconds", result["seconds"]),
-        ("throughput (jobs/s)", f"{result['jobs_per_s']:,}"),
+        ("throughput (done jobs/s)", f"{result['done_per_s']:,}"),
         ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
         ("HTTP requests", result["requests"]),
         ("duplicates absorbed", result["duplicates"]),
@@ -291,5 +327,9 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
         ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
         ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
         ("dead with effect applied (evidence)", result["dead_after_applied"]),
+        ("liveness failures (dead, never rejected)",
+         f"{result['liveness']['dead_unanswered']}"
+         + (" (expected: the faults allow no delivery)" if result["liveness"]["expected"]
+            else "")),
         ("violations", len(result["violations"])),
     ]

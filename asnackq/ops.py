@@ -36,7 +36,7 @@ def enqueue_all(path: Path, items: list[Intake],
     try:
         for start in range(0, len(items), CHUNK):
             chunk = items[start:start + CHUNK]
-            results += w.enqueue_many(con, chunk, epoch_ms())
+            results += w.enqueue_many(con, chunk, epoch_ms(), limits=w.PRODUCT)
             if advance is not None:
                 advance(len(chunk))
     finally:
@@ -109,18 +109,23 @@ def history(con: sqlite3.Connection, job_id: str) -> dict[str, Any]:
             "token": token, "redrives": redrives}
 
 
+def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
+    """The core's audited redrive, with the product's ranges (a ttl of up to 30 days)."""
+    w.drive(con, w.plan_redrive(job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
+
+
 def redrive_by_reason(path: Path, reason: str, now_ms: int, ttl_ms: int,
                       note: str) -> list[dict[str, Any]]:
     """Redrive every dead job with ``reason``, each in its own audited transaction."""
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
-    w.plan_redrive("x", now_ms, ttl_ms, note).close()      # validate before any change
+    w.plan_redrive("x", now_ms, ttl_ms, note, limits=w.PRODUCT).close()   # validate first
     con = w.open_queue(path)
     try:
         done = []
         for job in dead(con, reason):
             try:
-                w.redrive(con, job["id"], now_ms, ttl_ms, note)
+                redrive(con, job["id"], now_ms, ttl_ms, note)
             except ValueError as error:     # redriven or changed by someone else meanwhile
                 done.append({"id": job["id"], "redriven": False, "why": str(error)})
             else:

@@ -742,10 +742,18 @@ def _rollback(con: sqlite3.Connection) -> None:
             con.execute("ROLLBACK")
 
 
-def _drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:
-    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con`` and return its result."""
-    con.execute("BEGIN IMMEDIATE")  # outside the try: a failed BEGIN owns no transaction
+def drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:
+    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con`` and return its result.
+
+    The sqlite3 driver of every plan; the package's own surfaces use it to run plans built
+    with ``limits=PRODUCT``.
+    """
+    # outside the try: a failed BEGIN owns no transaction
+    _check_con(con).execute("BEGIN IMMEDIATE")
     return _transact(con, plan, fault)
+
+
+_drive = drive
 
 
 def _transact(con: sqlite3.Connection, plan: Plan, fault: Fault) -> Any:
@@ -813,9 +821,10 @@ def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms:
 
 
 def enqueue_many(con: sqlite3.Connection, items: Iterable[tuple[dict[str, Any], int, int]],
-                 now_ms: int) -> list[bool | Conflict]:
+                 now_ms: int, *, limits: Limits = CONTRACT) -> list[bool | Conflict]:
     """Several ``(event, ttl_ms, max_attempts)`` intakes in one transaction (see the plan)."""
-    results: list[bool | Conflict] = _drive(_check_con(con), plan_enqueue_many(items, now_ms))
+    plan = plan_enqueue_many(items, now_ms, limits=limits)
+    results: list[bool | Conflict] = _drive(_check_con(con), plan)
     return results
 
 
