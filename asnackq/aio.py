@@ -22,7 +22,7 @@ import random
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -30,6 +30,7 @@ from asnackq.core import worker as w
 
 __all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]   # and, lazily, Dispatcher and Summary
 
+T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
 
 
@@ -73,17 +74,18 @@ async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
     return db
 
 
-async def pump(db: aiosqlite.Connection, plan: w.Plan, fault: w.Fault,
-               attempts: int = 8) -> Any:
+async def pump(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault,
+               attempts: int = 8) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db``: COMMIT, or ROLLBACK and re-raise.
 
-    The asyncio twin of the core's ``_transact`` loop, on aiosqlite's public API only: each
+    The asyncio twin of the core's ``drive`` loop, on aiosqlite's public API only: each
     step is one ``execute_fetchall`` or ``executemany``.  The caller holds the queue's lock,
     so nothing else runs on the connection between the steps.
     """
     await _begin(db, attempts)    # outside the try: a failed BEGIN owns no transaction
+    result: T
     try:
-        reply: list[tuple[Any, ...]] | None = None
+        reply: w.Reply = None
         while True:
             try:
                 step = plan.send(reply)
@@ -168,9 +170,9 @@ class AsyncQueue:
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
 
-    async def _run(self, plan: w.Plan, fault: w.Fault = None) -> Any:
+    async def _run(self, plan: w.Plan[T], fault: w.Fault = None) -> T:
         """Run one plan under the lock, shielded: cancellation never splits the transaction."""
-        async def locked() -> Any:
+        async def locked() -> T:
             async with self._lock:
                 return await pump(self._db, plan, fault, self._attempts)
 
@@ -194,57 +196,47 @@ class AsyncQueue:
     async def enqueue_many(self, items: list[tuple[dict[str, Any], int, int]],
                            now_ms: int) -> list[bool | w.Conflict]:
         plan = w.plan_enqueue_many(items, now_ms, limits=self.limits)
-        results: list[bool | w.Conflict] = await self._run(plan)
-        return results
+        return await self._run(plan)
 
     async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
                     fault: w.Fault = None) -> w.Ticket | None:
         plan = w.plan_claim(owner, now_ms, lease_ms, limits=self.limits)
-        result: w.Ticket | None = await self._run(plan, check_async_fault(fault))
-        return result
+        return await self._run(plan, check_async_fault(fault))
 
     async def claim_many(self, owner: str, now_ms: int, lease_ms: int,
                          count: int) -> list[w.Ticket]:
         plan = w.plan_claim_many(owner, now_ms, lease_ms, count, limits=self.limits)
-        result: list[w.Ticket] = await self._run(plan)
-        return result
+        return await self._run(plan)
 
     async def finish(self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0,
                      fault: w.Fault = None) -> str | bool:
         plan = w.plan_finish(ticket, outcome, now_ms, delay_ms, limits=self.limits)
-        result: str | bool = await self._run(plan, check_async_fault(fault))
-        return result
+        return await self._run(plan, check_async_fault(fault))
 
     async def finish_many(self, results: list[tuple[w.Ticket, str, int, int]]) -> list[str | bool]:
         plan = w.plan_finish_many(results, limits=self.limits)
-        statuses: list[str | bool] = await self._run(plan)
-        return statuses
+        return await self._run(plan)
 
     async def finish_and_claim(self, results: list[tuple[w.Ticket, str, int, int]], owner: str,
                                now_ms: int, lease_ms: int,
                                count: int) -> tuple[list[str | bool], list[w.Ticket]]:
         plan = w.plan_finish_and_claim(results, owner, now_ms, lease_ms, count, limits=self.limits)
-        outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(plan)
-        return outcome
+        return await self._run(plan)
 
     async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
                      fault: w.Fault = None) -> w.Ticket | bool:
         plan = w.plan_extend(ticket, now_ms, lease_ms, limits=self.limits)
-        result: w.Ticket | bool = await self._run(plan, check_async_fault(fault))
-        return result
+        return await self._run(plan, check_async_fault(fault))
 
     async def extend_many(self, tickets: list[w.Ticket], now_ms: int,
                           lease_ms: int) -> list[w.Ticket | bool]:
-        extended: list[w.Ticket | bool] = await self._run(
-            w.plan_extend_many(tickets, now_ms, lease_ms, limits=self.limits))
-        return extended
+        return await self._run(w.plan_extend_many(tickets, now_ms, lease_ms, limits=self.limits))
 
     async def cycle(self, results: Sequence[tuple[w.Ticket, str, int, int]],
                     held: Sequence[w.Ticket],
                     owner: str, now_ms: int, lease_ms: int, count: int) -> w.Cycle:
         plan = w.plan_cycle(results, held, owner, now_ms, lease_ms, count, limits=self.limits)
-        outcome: w.Cycle = await self._run(plan)
-        return outcome
+        return await self._run(plan)
 
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
                       fault: w.Fault = None) -> bool:

@@ -220,7 +220,7 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
                 raise ValueError(f"unknown keys {sorted(unknown)}")
             item = ({"id": record.get("id"), "qty": record.get("qty")},
                     record.get("ttl_ms", ttl_ms), record.get("max_attempts", max_attempts))
-            w.plan_enqueue(item[0], 0, item[1], item[2], limits=w.PRODUCT).close()
+            w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
         items.append(item)

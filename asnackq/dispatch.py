@@ -422,9 +422,9 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
     settings, breaker, summary = committer.settings, committer.breaker, committer.summary
     ticket, again = claimed.ticket, 0
     while True:
-        probe = await breaker.admit(committer.lease_left_s(ticket))
-        if not committer.keeps(ticket, settings.now()):
-            breaker.record(probe, None)
+        probe = await breaker.admit(committer.lease_left_s(ticket)) if breaker.is_open else False
+        if (again or probe is not False) and not committer.keeps(ticket, settings.now()):
+            breaker.record(probe, None)           # (a first send's ticket was just checked)
             return Sent(claimed, None)            # lost, or at its deadline: no answer
         if probe is None:
             continue                              # the lease was extended meanwhile

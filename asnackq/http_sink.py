@@ -90,7 +90,7 @@ def decide(known: dict[str, int], event_id: str, qty: int) -> str:
     return "duplicate" if known[event_id] == qty else "conflict"
 
 
-def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan:
+def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[list[str]]:
     """One group commit as a plan (run by the core's driver): decisions in arrival order.
 
     Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.

@@ -119,7 +119,7 @@ def redrive_by_reason(path: Path, reason: str, now_ms: int, ttl_ms: int,
     """Redrive every dead job with ``reason``, each in its own audited transaction."""
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
-    w.plan_redrive("x", now_ms, ttl_ms, note, limits=w.PRODUCT).close()   # validate first
+    w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)        # validate before any change
     con = w.open_queue(path)
     try:
         done = []

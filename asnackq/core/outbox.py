@@ -3,7 +3,7 @@
 Rules of this module (the style of ``worker.py``; standard library only):
 
 * ``accept`` writes the order and its outbox row in one transaction, as a plan driven by
-  ``worker._drive``; the same id and qty again is ``False``, another qty ``Conflict``.
+  ``worker.drive``; the same id and qty again is ``False``, another qty ``Conflict``.
 * ``pending`` reads unsent rows in insertion order ``seq`` (never by id or time) and leaves
   no transaction open: the read is over before anything is sent.
 * ``dispatch`` marks an item sent only after a strict ``True`` ACK, and stops at the
@@ -25,14 +25,14 @@ from asnackq.core.worker import (
     Conflict,
     Plan,
     Sql,
-    _check_con,
-    _drive,
-    _write,
     check_callable,
+    check_con,
     check_event,
     check_identifier,
     check_int,
+    drive,
     open_db,
+    write_one,
 )
 
 __all__ = ["accept", "dispatch", "mark_sent", "open_source", "pending"]
@@ -63,37 +63,37 @@ def open_source(path: str | os.PathLike[str]) -> sqlite3.Connection:
 def accept(con: sqlite3.Connection, event: dict[str, Any]) -> bool:
     """Accept an order and its outbox row in one transaction (True), or recognise it (False)."""
     job_id, qty = check_event(event)
-    return bool(_drive(_check_con(con), _accept(job_id, qty)))
+    return bool(drive(check_con(con), _accept(job_id, qty)))
 
 
-def _accept(job_id: str, qty: int) -> Plan:
+def _accept(job_id: str, qty: int) -> Plan[bool]:
     rows = yield Sql(SQL_ORDER, (job_id,))
     if rows:
         if rows[0][0] != qty:
             raise Conflict(f"order {job_id!r} exists with qty {rows[0][0]}, not {qty}")
         return False, False
-    yield from _write(SQL_INSERT_ORDER, (job_id, qty))
-    yield from _write(SQL_INSERT_OUTBOX, (job_id, qty))
+    yield from write_one(SQL_INSERT_ORDER, (job_id, qty))
+    yield from write_one(SQL_INSERT_OUTBOX, (job_id, qty))
     return True, True
 
 
 def pending(con: sqlite3.Connection, limit: int = 16) -> list[dict[str, Any]]:
     """Up to ``limit`` (1-16) unsent items in ``seq`` order; reading changes nothing."""
     check_int(limit, "limit", 1, 16)
-    rows = _check_con(con).execute(SQL_PENDING, (limit,)).fetchall()
+    rows = check_con(con).execute(SQL_PENDING, (limit,)).fetchall()
     return [{"id": job_id, "qty": qty} for job_id, qty in rows]
 
 
 def mark_sent(con: sqlite3.Connection, event_id: str) -> bool:
     """Mark one item sent: False when it is missing or already sent."""
     check_identifier(event_id, "event id")
-    return bool(_drive(_check_con(con), _mark_sent(event_id)))
+    return bool(drive(check_con(con), _mark_sent(event_id)))
 
 
-def _mark_sent(event_id: str) -> Plan:
+def _mark_sent(event_id: str) -> Plan[bool]:
     if not (yield Sql(SQL_UNSENT, (event_id,))):
         return False, False
-    yield from _write(SQL_MARK_SENT, (event_id,))
+    yield from write_one(SQL_MARK_SENT, (event_id,))
     return True, True
 
 

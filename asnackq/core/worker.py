@@ -5,7 +5,7 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
 * Standard library only, no package imports: the grader loads this file by path.
 * Every state transition is a *plan*: a generator that yields ``Sql`` steps (and
   receives their rows) and ``Hook`` points, and returns ``(result, changed)``.
-  Plans contain no I/O.  ``_drive`` below runs a plan on ``sqlite3``; the asyncio
+  Plans contain no I/O.  ``drive`` below runs a plan on ``sqlite3``; the asyncio
   layer (``asnackq.aio``) runs the very same plans on aiosqlite.  There is no
   second copy of the state machine anywhere.
 * Plans are created by ``plan_*`` functions that validate every input eagerly,
@@ -15,6 +15,21 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
   is called only when the plan reports that it changed the job it was about.
 * Writes are guarded: the fence (status, token, owner, ...) is re-checked in the
   UPDATE's WHERE clause, and the plan checks that exactly one row changed.
+
+A job's states (``token`` counts its leases and never goes back)::
+
+    enqueue -> pending --claim: attempts+1, token+1--> leased --finish ok--------> done
+                 ^  ^                                    |  |
+                 |  +------ finish retry (within budget) -+  +--finish permanent--> dead
+                 |    a lease that ended is taken over by the next claim (token+1)
+                 |
+                 |  quarantine (first step of every claim): a pending job, or a leased one
+                 |  whose lease ended, past its deadline or out of attempts --> dead
+                 |  (reason deadline or exhausted); so does a retry past budget or time
+                 +-- redrive (dead only, audited): attempts 0, new deadline, token kept
+
+Topics, in order: errors; values and checks; step 1 (retry delay); schema and statements;
+plans (the state machine, free of I/O); the sqlite3 driver; the public API (steps 2-8).
 """
 
 from __future__ import annotations
@@ -26,7 +41,7 @@ import re
 import sqlite3
 import stat
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "BadAck", "Conflict", "Permanent", "Retryable", "Unavailable", "claim", "claim_many",
@@ -34,6 +49,8 @@ __all__ = [
     "redrive", "retry_delay", "run_file", "run_once",
 ]
 
+
+# --- errors ----------------------------------------------------------------------------
 
 class Conflict(Exception):
     """Raised when an id is enqueued again with a different qty."""
@@ -59,7 +76,7 @@ class BadAck(Exception):
     """Raised when an answer is not evidence of completion (anything but a verified ACK)."""
 
 
-# --- values ------------------------------------------------------------------
+# --- values and checks ---------------------------------------------------------------
 
 MAX_NOW = 10**15 - 60_000
 MAX_TOKEN = 10**15
@@ -67,6 +84,7 @@ TICKET_KEYS = frozenset({"id", "qty", "owner", "token", "attempt", "lease_until"
 OUTCOMES = ("ok", "retry", "permanent")
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
+T = TypeVar("T")
 Fault = Callable[[str], object] | None
 Ticket = dict[str, Any]
 
@@ -115,10 +133,10 @@ def check_now(value: object, name: str = "now_ms", limits: Limits = CONTRACT) ->
 
 def check_jitter(value: object) -> float:
     """Return ``value`` if it is a finite int or float (not bool) in 0..1."""
-    # The range test comes first: math.isfinite(10**400) would overflow; nan fails both.
-    if type(value) not in (int, float) or not 0 <= value <= 1 or not math.isfinite(value):  # type: ignore[operator,arg-type]
-        raise ValueError(f"jitter must be a finite int or float in 0..1: {value!r}")
-    return value  # type: ignore[return-value]
+    # A range test alone: nan and the infinities fail it, and huge ints never overflow.
+    if (type(value) is int or type(value) is float) and 0 <= value <= 1:
+        return value
+    raise ValueError(f"jitter must be a finite int or float in 0..1: {value!r}")
 
 
 def check_fault(fault: object) -> Fault:
@@ -172,6 +190,43 @@ def check_queue_path(path: object) -> str:
     return text
 
 
+def check_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object,
+                  limits: Limits = CONTRACT) -> tuple[str, int, int, int, int]:
+    """An intake's inputs, checked in order: ``(id, qty, now_ms, ttl_ms, max_attempts)``."""
+    job_id, qty = check_event(event)
+    return (job_id, qty, check_now(now_ms, limits=limits),
+            check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms),
+            check_int(max_attempts, "max_attempts", 1, 16))
+
+
+def check_claim(owner: object, now_ms: object, lease_ms: object,
+                limits: Limits = CONTRACT) -> tuple[str, int, int]:
+    """A claim's inputs, checked in order: ``(owner, now_ms, lease_ms)``."""
+    return (check_identifier(owner, "owner"), check_now(now_ms, limits=limits),
+            check_int(lease_ms, "lease_ms", 1, limits.lease_ms))
+
+
+def check_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object,
+                 limits: Limits = CONTRACT) -> tuple[Ticket, str, int, int]:
+    """A finish's inputs, checked in order, with a copy of the ticket."""
+    return (check_ticket(ticket), check_outcome(outcome), check_now(now_ms, limits=limits),
+            check_int(delay_ms, "delay_ms", 0, limits.delay_ms))
+
+
+def check_extend(tickets: Iterable[object], now_ms: object, lease_ms: object,
+                 limits: Limits = CONTRACT) -> tuple[list[Ticket], int, int]:
+    """Extensions' inputs, checked in order: copies of the tickets, ``now_ms``, ``lease_ms``."""
+    return ([check_ticket(ticket) for ticket in tickets], check_now(now_ms, limits=limits),
+            check_int(lease_ms, "lease_ms", 1, limits.lease_ms))
+
+
+def check_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object,
+                  limits: Limits = CONTRACT) -> tuple[str, int, int, str]:
+    """A redrive's inputs, checked in order: ``(job_id, now_ms, ttl_ms, note)``."""
+    return (check_identifier(job_id, "job_id"), check_now(now_ms, limits=limits),
+            check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms), check_identifier(note, "note"))
+
+
 # --- step 1: retry delay -------------------------------------------------------
 
 def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
@@ -206,7 +261,7 @@ class Retry(NamedTuple):
 RUN_ONCE_RETRY = Retry()
 
 
-# --- schema and SQL --------------------------------------------------------------
+# --- schema and statements --------------------------------------------------------------
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -329,26 +384,28 @@ Step = Sql | SqlMany | Hook
 # A cycle's result: finish statuses, extended tickets (or False), claimed tickets, and the
 # jobs its quarantine ended, by reason.
 Cycle = tuple[list[str | bool], list[Ticket | bool], list[Ticket], dict[str, int]]
-Plan = Generator[Step, list[tuple[Any, ...]] | None, tuple[Any, bool]]
+Reply = list[tuple[Any, ...]] | None
+# A plan yields steps, receives their rows, and returns ``(result, changed)``.
+Plan = Generator[Step, Reply, tuple[T, bool]]
 AFTER_COMMIT = "after-commit"
 
 
 PRAGMAS = ("PRAGMA journal_mode=DELETE", "PRAGMA synchronous=FULL")
 
 
-def plan_schema(schema: Iterable[str]) -> Plan:
+def plan_schema(schema: Iterable[str]) -> Plan[None]:
     """Plan the creation of absent tables and indexes, in one transaction."""
     return _schema(tuple(schema))
 
 
-def _schema(schema: tuple[str, ...]) -> Plan:
+def _schema(schema: tuple[str, ...]) -> Plan[None]:
     for statement in schema:
         yield Sql(statement)
     return None, False
 
 
-def _write(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[Step, Any, None]:
-    """Execute a guarded write and insist that it changed exactly one row."""
+def write_one(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[Step, Any, None]:
+    """A plan step: execute a guarded write and insist that it changed exactly one row."""
     yield Sql(sql, params)
     rows = yield Sql(SQL_CHANGES)
     if rows != [(1,)]:  # the fence was checked under the same lock: this is a bug
@@ -377,16 +434,12 @@ def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[St
 
 
 def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3,
-                 *, limits: Limits = CONTRACT) -> Plan:
+                 *, limits: Limits = CONTRACT) -> Plan[bool]:
     """Validate an intake and return its plan (result: True inserted, False already there)."""
-    job_id, qty = check_event(event)
-    check_now(now_ms, limits=limits)
-    check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms)
-    check_int(max_attempts, "max_attempts", 1, 16)
-    return _enqueue(job_id, qty, now_ms, ttl_ms, max_attempts)  # type: ignore[arg-type]
+    return _enqueue(*check_enqueue(event, now_ms, ttl_ms, max_attempts, limits))
 
 
-def _enqueue(job_id: str, qty: int, now_ms: int, ttl_ms: int, max_attempts: int) -> Plan:
+def _enqueue(job_id: str, qty: int, now_ms: int, ttl_ms: int, max_attempts: int) -> Plan[bool]:
     (result,) = yield from _intake([(job_id, qty, ttl_ms, max_attempts)], now_ms)
     if isinstance(result, Conflict):
         raise result
@@ -424,38 +477,34 @@ def _intake(items: list[tuple[str, int, int, int]],
 
 
 def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: object,
-                      *, limits: Limits = CONTRACT) -> Plan:
+                      *, limits: Limits = CONTRACT) -> Plan[list[bool | Conflict]]:
     """Plan several intakes ``(event, ttl_ms, max_attempts)`` in one transaction.
 
     Each is judged exactly as a sequential ``enqueue`` would be; the result is the list of
     per-item results: True inserted, False already there, or a ``Conflict`` (nothing written
     for it).  Every item is validated before anything is planned.
     """
-    checked = []
-    for event, ttl_ms, max_attempts in items:
-        plan_enqueue(event, now_ms, ttl_ms, max_attempts, limits=limits).close()  # validates
-        job_id, qty = check_event(event)
-        checked.append((job_id, qty, ttl_ms, max_attempts))
+    checked = [check_enqueue(event, now_ms, ttl_ms, max_attempts, limits)
+               for event, ttl_ms, max_attempts in items]
     if not checked:
         raise ValueError("enqueue_many needs at least one event")
-    return _enqueue_many(checked, now_ms)  # type: ignore[arg-type]
+    return _enqueue_many([(i, qty, ttl, tries) for i, qty, _, ttl, tries in checked],
+                         checked[0][2])
 
 
-def _enqueue_many(items: list[tuple[str, int, int, int]], now_ms: int) -> Plan:
+def _enqueue_many(items: list[tuple[str, int, int, int]],
+                  now_ms: int) -> Plan[list[bool | Conflict]]:
     results = yield from _intake(items, now_ms)
     return results, False
 
 
 def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000,
-               *, limits: Limits = CONTRACT) -> Plan:
+               *, limits: Limits = CONTRACT) -> Plan[Ticket | None]:
     """Validate a claim and return its plan (result: a ticket dict, or None)."""
-    check_identifier(owner, "owner")
-    check_now(now_ms, limits=limits)
-    check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
-    return _claim(owner, now_ms, lease_ms)  # type: ignore[arg-type]
+    return _claim(*check_claim(owner, now_ms, lease_ms, limits))
 
 
-def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan:
+def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan[Ticket | None]:
     tickets, _ = yield from _lease(owner, now_ms, lease_ms, 1)
     if not tickets:
         return None, False
@@ -470,7 +519,7 @@ def _lease(owner: str, now_ms: int, lease_ms: int,
     Returns the tickets and how many jobs the quarantine ended, by reason.
     """
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
-    ended = {}
+    ended: dict[str, int] = {}
     for reason, sql in QUARANTINE:
         yield Sql(sql, {"now": now_ms})
         ((ended[reason],),) = yield Sql(SQL_CHANGES)
@@ -484,17 +533,16 @@ def _lease(owner: str, now_ms: int, lease_ms: int,
 
 
 def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: object,
-                    *, limits: Limits = CONTRACT) -> Plan:
+                    *, limits: Limits = CONTRACT) -> Plan[list[Ticket]]:
     """Plan up to ``count`` claims at one instant in one transaction (result: list of tickets).
 
     Identical to ``count`` sequential claims at ``now_ms``: each job gets its own token.
     """
-    check_int(count, "count", 1, 1024)
-    plan_claim(owner, now_ms, lease_ms, limits=limits).close()     # validates
-    return _claim_many(owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
+    many = check_int(count, "count", 1, 1024)
+    return _claim_many(*check_claim(owner, now_ms, lease_ms, limits), many)
 
 
-def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan:
+def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan[list[Ticket]]:
     tickets, _ = yield from _lease(owner, now_ms, lease_ms, count)
     return tickets, bool(tickets)
 
@@ -523,16 +571,12 @@ def _decide(row: tuple[Any, ...], outcome: str, now_ms: int, delay_ms: int) -> t
 
 
 def plan_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object = 0,
-                *, limits: Limits = CONTRACT) -> Plan:
+                *, limits: Limits = CONTRACT) -> Plan[str | bool]:
     """Validate a completion and return its plan (result: the new status, or False if stale)."""
-    mine = check_ticket(ticket)
-    check_outcome(outcome)
-    check_now(now_ms, limits=limits)
-    check_int(delay_ms, "delay_ms", 0, limits.delay_ms)
-    return _finish(mine, outcome, now_ms, delay_ms)  # type: ignore[arg-type]
+    return _finish(*check_finish(ticket, outcome, now_ms, delay_ms, limits))
 
 
-def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan:
+def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan[str | bool]:
     (status,) = yield from _settle([(ticket, outcome, now_ms, delay_ms)])
     if status is False:
         return False, False  # a stale or late result never touches the current job
@@ -570,7 +614,7 @@ def _settle(results: list[tuple[Ticket, str, int, int]],
 
 
 def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]],
-                     *, limits: Limits = CONTRACT) -> Plan:
+                     *, limits: Limits = CONTRACT) -> Plan[list[str | bool]]:
     """Plan several finishes ``(ticket, outcome, now_ms, delay_ms)`` in one transaction.
 
     Each ticket is fenced on its own, exactly as sequential finishes would be; the
@@ -585,21 +629,19 @@ def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]],
 def _checked_results(results: Iterable[tuple[Ticket, str, int, int]], limits: Limits) -> list[
         tuple[Ticket, str, int, int]]:
     """Validate each result as ``plan_finish`` does; return them with copied tickets."""
-    checked = []
-    for ticket, outcome, now_ms, delay_ms in results:
-        plan_finish(ticket, outcome, now_ms, delay_ms, limits=limits).close()  # validates
-        checked.append((dict(ticket), outcome, now_ms, delay_ms))
-    return checked
+    return [check_finish(ticket, outcome, now_ms, delay_ms, limits)
+            for ticket, outcome, now_ms, delay_ms in results]
 
 
-def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan:
+def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str | bool]]:
     statuses = yield from _settle(results)
     return statuses, any(status is not False for status in statuses)
 
 
 def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner: object,
                           now_ms: object, lease_ms: object, count: object,
-                          *, limits: Limits = CONTRACT) -> Plan:
+                          *, limits: Limits = CONTRACT
+                          ) -> Plan[tuple[list[str | bool], list[Ticket]]]:
     """Plan finishes, then up to ``count`` claims at ``now_ms``, in one transaction.
 
     Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
@@ -609,14 +651,14 @@ def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner
     return _pair(plan_cycle(results, (), owner, now_ms, lease_ms, count, limits=limits))
 
 
-def _pair(plan: Plan) -> Plan:
+def _pair(plan: Plan[Cycle]) -> Plan[tuple[list[str | bool], list[Ticket]]]:
     (statuses, _, tickets, _), changed = yield from plan
     return (statuses, tickets), changed
 
 
 def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[Ticket],
                owner: object, now_ms: object, lease_ms: object, count: object,
-               *, limits: Limits = CONTRACT) -> Plan:
+               *, limits: Limits = CONTRACT) -> Plan[Cycle]:
     """Plan a dispatcher's cycle: finishes, then extensions, then claims, in one transaction.
 
     Identical to ``finish_many(results)``, then ``extend_many(held, now_ms, lease_ms)``, then
@@ -625,14 +667,13 @@ def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[T
     ended dead in it (finished dead, or by the claim's quarantine), by reason.
     """
     checked = _checked_results(results, limits)
-    tickets = _checked_extensions(held, now_ms, lease_ms, limits)
-    check_int(count, "count", 0, 1024)
-    plan_claim(owner, now_ms, lease_ms, limits=limits).close()     # validates
-    return _cycle(checked, tickets, owner, now_ms, lease_ms, count)  # type: ignore[arg-type]
+    tickets, _, _ = check_extend(held, now_ms, lease_ms, limits)
+    many = check_int(count, "count", 0, 1024)
+    return _cycle(checked, tickets, *check_claim(owner, now_ms, lease_ms, limits), many)
 
 
 def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owner: str,
-           now_ms: int, lease_ms: int, count: int) -> Plan:
+           now_ms: int, lease_ms: int, count: int) -> Plan[Cycle]:
     ended: dict[str, int] = {}
     statuses = (yield from _settle(results, ended)) if results else []
     extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
@@ -646,13 +687,13 @@ def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owne
 
 
 def plan_extend(ticket: object, now_ms: object, lease_ms: object,
-                *, limits: Limits = CONTRACT) -> Plan:
+                *, limits: Limits = CONTRACT) -> Plan[Ticket | bool]:
     """Validate a lease extension and return its plan (result: the new ticket, or False)."""
-    (mine,) = _checked_extensions([ticket], now_ms, lease_ms, limits)  # type: ignore[list-item]
-    return _extend(mine, now_ms, lease_ms)  # type: ignore[arg-type]
+    (mine,), now, lease = check_extend([ticket], now_ms, lease_ms, limits)
+    return _extend(mine, now, lease)
 
 
-def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan:
+def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan[Ticket | bool]:
     (longer,) = yield from _prolong([ticket], now_ms, lease_ms)
     if longer is False:
         return False, False
@@ -661,27 +702,18 @@ def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan:
 
 
 def plan_extend_many(tickets: Iterable[Ticket], now_ms: object, lease_ms: object,
-                     *, limits: Limits = CONTRACT) -> Plan:
+                     *, limits: Limits = CONTRACT) -> Plan[list[Ticket | bool]]:
     """Plan several extensions at ``now_ms`` in one transaction (result: per-ticket results).
 
     Each ticket is fenced on its own, exactly as sequential ``extend`` calls would be.
     """
-    checked = _checked_extensions(tickets, now_ms, lease_ms, limits)
+    checked, now, lease = check_extend(tickets, now_ms, lease_ms, limits)
     if not checked:
         raise ValueError("extend_many needs at least one ticket")
-    return _extend_many(checked, now_ms, lease_ms)  # type: ignore[arg-type]
+    return _extend_many(checked, now, lease)
 
 
-def _checked_extensions(tickets: Iterable[Ticket], now_ms: object, lease_ms: object,
-                        limits: Limits) -> list[Ticket]:
-    """Validate extensions as ``plan_extend`` does; return copies of the tickets."""
-    checked = [check_ticket(ticket) for ticket in tickets]
-    check_now(now_ms, limits=limits)
-    check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
-    return checked
-
-
-def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan:
+def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan[list[Ticket | bool]]:
     extended = yield from _prolong(tickets, now_ms, lease_ms)
     return extended, any(longer is not False for longer in extended)
 
@@ -709,25 +741,21 @@ def _prolong(tickets: list[Ticket], now_ms: int,
 
 
 def plan_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object,
-                 *, limits: Limits = CONTRACT) -> Plan:
+                 *, limits: Limits = CONTRACT) -> Plan[bool]:
     """Validate a redrive and return its plan (result: True; ValueError if the job is not dead)."""
-    check_identifier(job_id, "job_id")
-    check_now(now_ms, limits=limits)
-    check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms)
-    check_identifier(note, "note")
-    return _redrive(job_id, now_ms, ttl_ms, note)  # type: ignore[arg-type]
+    return _redrive(*check_redrive(job_id, now_ms, ttl_ms, note, limits))
 
 
-def _redrive(job_id: str, now_ms: int, ttl_ms: int, note: str) -> Plan:
+def _redrive(job_id: str, now_ms: int, ttl_ms: int, note: str) -> Plan[bool]:
     rows = yield Sql(SQL_JOB, (job_id,))
     if not rows:
         raise ValueError(f"no job {job_id!r} to redrive")
     if rows[0][1] != "dead":
         raise ValueError(f"job {job_id!r} is {rows[0][1]}, not dead: only dead jobs are redriven")
     token = rows[0][4]  # kept: a lease generation is never reused
-    yield from _write(SQL_AUDIT, (job_id, token, now_ms, note))
+    yield from write_one(SQL_AUDIT, (job_id, token, now_ms, note))
     yield Hook("after-audit")
-    yield from _write(SQL_REDRIVE, {"id": job_id, "token": token, "now": now_ms,
+    yield from write_one(SQL_REDRIVE, {"id": job_id, "token": token, "now": now_ms,
                                     "deadline": now_ms + ttl_ms})
     yield Hook("after-redrive")
     return True, True
@@ -742,27 +770,26 @@ def _rollback(con: sqlite3.Connection) -> None:
             con.execute("ROLLBACK")
 
 
-def drive(con: sqlite3.Connection, plan: Plan, fault: Fault = None) -> Any:
+def drive(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con`` and return its result.
 
     The sqlite3 driver of every plan; the package's own surfaces use it to run plans built
     with ``limits=PRODUCT``.
     """
     # outside the try: a failed BEGIN owns no transaction
-    _check_con(con).execute("BEGIN IMMEDIATE")
+    check_con(con).execute("BEGIN IMMEDIATE")
     return _transact(con, plan, fault)
 
 
-_drive = drive
 
-
-def _transact(con: sqlite3.Connection, plan: Plan, fault: Fault) -> Any:
+def _transact(con: sqlite3.Connection, plan: Plan[T], fault: Fault) -> T:
     """Run ``plan`` inside the transaction ``con`` has begun: COMMIT, or ROLLBACK and re-raise.
 
-    The one driver loop: the asyncio layer runs it too, in aiosqlite's thread.
+    The sqlite3 driver loop (``asnackq.aio.pump`` is its asyncio twin).
     """
+    result: T
     try:
-        reply: list[tuple[Any, ...]] | None = None
+        reply: Reply = None
         while True:
             try:
                 step = plan.send(reply)
@@ -786,7 +813,8 @@ def _transact(con: sqlite3.Connection, plan: Plan, fault: Fault) -> Any:
     return result
 
 
-def _check_con(con: object) -> sqlite3.Connection:
+def check_con(con: object) -> sqlite3.Connection:
+    """Return ``con`` if it is a ``sqlite3.Connection``."""
     if not isinstance(con, sqlite3.Connection):
         raise ValueError(f"con must be a sqlite3.Connection: {con!r}")
     return con
@@ -806,7 +834,7 @@ def open_db(path: str | os.PathLike[str], schema: Iterable[str]) -> sqlite3.Conn
     try:
         for pragma in PRAGMAS:
             con.execute(pragma).fetchall()
-        _drive(con, plan_schema(schema))
+        drive(con, plan_schema(schema))
     except BaseException:
         con.close()
         raise
@@ -817,47 +845,42 @@ def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms:
             max_attempts: int = 3) -> bool:
     """Insert a new pending job (True); the same id and qty again keeps the row (False)."""
     plan = plan_enqueue(event, now_ms, ttl_ms, max_attempts)
-    return bool(_drive(_check_con(con), plan))
+    return bool(drive(con, plan))
 
 
 def enqueue_many(con: sqlite3.Connection, items: Iterable[tuple[dict[str, Any], int, int]],
                  now_ms: int, *, limits: Limits = CONTRACT) -> list[bool | Conflict]:
     """Several ``(event, ttl_ms, max_attempts)`` intakes in one transaction (see the plan)."""
     plan = plan_enqueue_many(items, now_ms, limits=limits)
-    results: list[bool | Conflict] = _drive(_check_con(con), plan)
-    return results
+    return drive(con, plan)
 
 
 def claim(con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int = 1000,
           fault: Fault = None) -> Ticket | None:
     """Quarantine spent jobs, then lease the lowest-seq claimable job to ``owner``."""
     plan = plan_claim(owner, now_ms, lease_ms)
-    result: Ticket | None = _drive(_check_con(con), plan, check_fault(fault))
-    return result
+    return drive(con, plan, check_fault(fault))
 
 
 def claim_many(con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int,
                count: int) -> list[Ticket]:
     """Up to ``count`` claims at one instant in one transaction (an addition to the contract)."""
     plan = plan_claim_many(owner, now_ms, lease_ms, count)
-    result: list[Ticket] = _drive(_check_con(con), plan)
-    return result
+    return drive(con, plan)
 
 
 def finish(con: sqlite3.Connection, ticket: Ticket, outcome: str, now_ms: int,
            delay_ms: int = 0, fault: Fault = None) -> str | bool:
     """Record the outcome of the lease ``ticket`` names; False when that lease is stale."""
     plan = plan_finish(ticket, outcome, now_ms, delay_ms)
-    result: str | bool = _drive(_check_con(con), plan, check_fault(fault))
-    return result
+    return drive(con, plan, check_fault(fault))
 
 
 def finish_many(con: sqlite3.Connection,
                 results: Iterable[tuple[Ticket, str, int, int]]) -> list[str | bool]:
     """Several finishes in one transaction, each fenced on its own (an addition)."""
     plan = plan_finish_many(results)
-    result: list[str | bool] = _drive(_check_con(con), plan)
-    return result
+    return drive(con, plan)
 
 
 def finish_and_claim(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
@@ -865,40 +888,34 @@ def finish_and_claim(con: sqlite3.Connection, results: Iterable[tuple[Ticket, st
                      count: int) -> tuple[list[str | bool], list[Ticket]]:
     """Finishes, then claims, in one transaction (see ``plan_finish_and_claim``)."""
     plan = plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
-    outcome: tuple[list[str | bool], list[Ticket]] = _drive(_check_con(con), plan)
-    return outcome
+    return drive(con, plan)
 
 
 def extend(con: sqlite3.Connection, ticket: Ticket, now_ms: int, lease_ms: int,
            fault: Fault = None) -> Ticket | bool:
     """Extend a live lease, capped at the deadline: the new ticket, or False (an addition)."""
     plan = plan_extend(ticket, now_ms, lease_ms)
-    result: Ticket | bool = _drive(_check_con(con), plan, check_fault(fault))
-    return result
+    return drive(con, plan, check_fault(fault))
 
 
 def extend_many(con: sqlite3.Connection, tickets: Iterable[Ticket], now_ms: int,
                 lease_ms: int) -> list[Ticket | bool]:
     """Several extensions in one transaction, each fenced on its own (an addition)."""
-    result: list[Ticket | bool] = _drive(_check_con(con), plan_extend_many(tickets, now_ms,
-                                                                            lease_ms))
-    return result
+    return drive(con, plan_extend_many(tickets, now_ms, lease_ms))
 
 
 def cycle(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
           held: Iterable[Ticket], owner: str, now_ms: int, lease_ms: int,
           count: int) -> Cycle:
     """Finishes, extensions, then claims, in one transaction (see ``plan_cycle``)."""
-    outcome: Cycle = _drive(_check_con(con), plan_cycle(results, held, owner, now_ms, lease_ms,
-                                                        count))
-    return outcome
+    return drive(con, plan_cycle(results, held, owner, now_ms, lease_ms, count))
 
 
 def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str,
             fault: Fault = None) -> bool:
     """Re-queue a dead job with a fresh budget, recording an audit row in the same transaction."""
     plan = plan_redrive(job_id, now_ms, ttl_ms, note)
-    return bool(_drive(_check_con(con), plan, check_fault(fault)))
+    return bool(drive(con, plan, check_fault(fault)))
 
 
 # --- steps 7-8: one delivery -----------------------------------------------------------
@@ -960,7 +977,7 @@ def run_once(con: sqlite3.Connection, owner: str, clock: Callable[[], int],
              lease_ms: int = 1000) -> dict[str, Any] | None:
     """Claim one job, send it outside any transaction, and finish it with a second reading."""
     check_run_args(owner, clock, send, jitter, lease_ms)
-    _check_con(con)
+    check_con(con)
     first = check_now(clock(), "first clock reading")
     ticket = claim(con, owner, first, lease_ms)
     if ticket is None:
