@@ -20,13 +20,13 @@ import contextlib
 import inspect
 import random
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from asnackq.core import worker as w
+from asnackq.core.worker import epoch_ms
 
 __all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]   # and, lazily, Dispatcher and Summary
 
@@ -36,11 +36,6 @@ AsyncSend = Callable[..., Awaitable[object]]
 
 class QueueBusy(sqlite3.OperationalError):
     """Raised when the queue file stayed locked by other processes beyond the retry bound."""
-
-
-def epoch_ms() -> int:
-    """The default clock: milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
 
 
 def check_async_fault(fault: object) -> w.Fault:

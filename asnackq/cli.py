@@ -27,7 +27,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from asnackq import ops
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
 
@@ -435,7 +434,7 @@ def add_inspect(commands: Commands) -> None:
 
 def run_stats(args: argparse.Namespace) -> int:
     with ops.read_only(args.queue, "jobs") as con:
-        result = ops.stats(con, epoch_ms())
+        result = ops.stats(con, w.epoch_ms())
 
     def human(out: Console) -> None:
         pairs: list[tuple[str, object]] = [("jobs", result["jobs"])]
@@ -471,7 +470,7 @@ def run_redrive(args: argparse.Namespace) -> int:
     existing_queue(args.queue)
     if (args.id is None) == (args.reason is None):
         raise Failure("give either one job ID or --reason (exhausted, deadline, permanent)")
-    now = epoch_ms()
+    now = w.epoch_ms()
     if args.id is not None:
         con = w.open_queue(args.queue)
         try:
@@ -521,7 +520,7 @@ def add_audit(commands: Commands) -> None:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    result = ops.audit(args.queue, args.sink_db, epoch_ms(), job_id=args.id, limit=args.limit)
+    result = ops.audit(args.queue, args.sink_db, w.epoch_ms(), job_id=args.id, limit=args.limit)
 
     def human(out: Console) -> None:
         out.print(key_values("evidence reached", sorted(result["stages"].items())))

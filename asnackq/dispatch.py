@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from asnackq.aio import AsyncQueue, AsyncSend, epoch_ms
+from asnackq.aio import AsyncQueue, AsyncSend
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
 
@@ -470,7 +470,7 @@ class Dispatcher:
     """
 
     def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
-                 lease_ms: int = 5000, clock: Callable[[], int] = epoch_ms,
+                 lease_ms: int = 5000, clock: Callable[[], int] = w.epoch_ms,
                  jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
                  idle_ms: int = 20, trace: Trace | None = None, prefetch: int | None = None,
                  retry: w.Retry = w.RUN_ONCE_RETRY,

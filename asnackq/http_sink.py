@@ -20,7 +20,6 @@ import asyncio
 import hmac
 import json
 import random
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ import aiosqlite
 from aiohttp import web
 
 from asnackq.aio import open_db, pump
-from asnackq.core.worker import Plan, Sql, SqlMany, check_event
+from asnackq.core.worker import Plan, Sql, SqlMany, check_event, epoch_ms
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
 
 __all__ = ["SinkConfig", "make_app", "open_sink_db", "serve"]
@@ -166,7 +165,7 @@ class Inbox:
                 item.done.set_result(status)
 
     async def _commit(self, batch: list[Delivery]) -> list[str]:
-        plan = plan_inbox([(i.event_id, i.qty, i.token) for i in batch], int(time.time() * 1000))
+        plan = plan_inbox([(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
         statuses: list[str] = await pump(self.db, plan, None)
         self.commits += 1
         return statuses

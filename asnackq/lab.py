@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asnackq import ops
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 from asnackq.procs import sink_process, sink_stats
 
@@ -196,7 +195,7 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
             violations.append(f"job lost or unfinished: {job_id} ({row and row[1]})")
         elif row[0] != n:
             violations.append(f"job {job_id} has qty {row[0]}, enqueued {n}")
-    audited = ops.audit(queue, sink_db, epoch_ms(), limit=5)
+    audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
     for flag, description in ops.VIOLATIONS.items():
         if audited["flags"][flag]:
             violations.append(f"{audited['flags'][flag]} x {flag}: {description}")

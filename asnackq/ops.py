@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 
 __all__ = ["AUDIT_SQL", "audit", "dead", "enqueue_all", "history", "read_only",
@@ -36,7 +35,7 @@ def enqueue_all(path: Path, items: list[Intake],
     try:
         for start in range(0, len(items), CHUNK):
             chunk = items[start:start + CHUNK]
-            results += w.enqueue_many(con, chunk, epoch_ms(), limits=w.PRODUCT)
+            results += w.enqueue_many(con, chunk, w.epoch_ms(), limits=w.PRODUCT)
             if advance is not None:
                 advance(len(chunk))
     finally:

@@ -40,6 +40,7 @@ import os
 import re
 import sqlite3
 import stat
+import time
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, NamedTuple, TypeVar
 
@@ -110,6 +111,11 @@ class Limits(NamedTuple):
 
 CONTRACT = Limits()
 PRODUCT = Limits(ttl_ms=30 * DAY_MS, lease_ms=HOUR_MS, delay_ms=HOUR_MS)
+
+
+def epoch_ms() -> int:
+    """The default clock: milliseconds since the epoch (the shared time base of ``now_ms``)."""
+    return time.time_ns() // 1_000_000
 
 
 def check_identifier(value: object, name: str) -> str:
