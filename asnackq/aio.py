@@ -178,6 +178,11 @@ class AsyncQueue:
             await asyncio.wait([task])     # let COMMIT or ROLLBACK land, then re-raise
             raise
 
+    async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
+        """Pass every statement the connection runs to ``callback`` (None: stop)."""
+        async with self._lock:
+            await self._db.set_trace_callback(callback)
+
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
         async with self._lock:

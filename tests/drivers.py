@@ -35,7 +35,7 @@ class AioBridge:
         return self.queue.in_transaction
 
     def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
-        self.wait(self.queue._db.set_trace_callback(callback))
+        self.wait(self.queue.set_trace_callback(callback))
 
     def close(self) -> None:
         self.wait(self.queue.close())

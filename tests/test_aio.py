@@ -100,10 +100,10 @@ async def test_cancelling_a_caller_never_splits_a_batch(queue, db):
     for _ in range(20):
         task = asyncio.ensure_future(queue.claim_many("w1", T0, 1000, 50))
         for _ in range(10_000):                 # cancel while the transaction is in flight
-            if queue._lock.locked():
+            if queue.in_transaction:
                 break
             await asyncio.sleep(0)
-        assert queue._lock.locked() and not task.done()
+        assert queue.in_transaction and not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -176,16 +176,19 @@ async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queu
     async def send(event, token):
         return True
 
-    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, idle_ms=5,
-                            trace=lambda *step: seen.append(step))
+    three_done = asyncio.Event()
+
+    def trace(*step):
+        seen.append(step)
+        if sum(kind == "finish" for kind, *_ in seen) == 3:
+            three_done.set()
+
+    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, idle_ms=5, trace=trace)
     task = asyncio.ensure_future(dispatcher.run(follow=True))
-    await asyncio.sleep(0.1)
-    assert not task.done() and seen == []          # an empty queue does not end a follower
+    finished, _ = await asyncio.wait([task], timeout=0.1)
+    assert not finished and seen == []            # an empty queue does not end a follower
     await fill(queue, 3, now=epoch_ms())
-    for _ in range(200):
-        if dispatcher.summary.done == 3:
-            break
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(three_done.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

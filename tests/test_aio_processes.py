@@ -73,4 +73,5 @@ def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp
     assert stats["requests"] == sum(s["requests"] for s in summaries)
     assert stats["applied"] == len(inbox)
     assert sum(s["done"] for s in summaries) == len(done)
-    assert len(done) > 1900
+    # 503s and lost ACKs say "the sink is not there": re-sent, never charged: every job done.
+    assert len(done) == 2000

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -29,10 +28,10 @@ w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)
 """
 
 RACE = PRELUDE + """
-db, start_at, owner, now = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+db, owner, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = w.open_queue(db)
-while time.time() < start_at:
-    pass
+print("ready", flush=True)
+sys.stdin.read(1)             # the barrier: both are released by one write each
 print(json.dumps(w.claim(con, owner, now)))
 """
 
@@ -70,9 +69,12 @@ def child(script: str, *args: object) -> list[str]:
 @pytest.mark.parametrize("round_", range(3))
 def test_two_processes_released_together_claim_one_job_once(con, db, round_):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
-    start_at = time.time() + 0.5
-    procs = [subprocess.Popen(child(RACE, db, start_at, owner, T0), stdout=subprocess.PIPE,
-                              text=True) for owner in ("p1", "p2")]
+    procs = [subprocess.Popen(child(RACE, db, owner, T0), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for owner in ("p1", "p2")]
+    assert [p.stdout.readline() for p in procs] == ["ready\n", "ready\n"]   # both connected
+    for p in procs:
+        p.stdin.write("go")
+        p.stdin.flush()
     results = [json.loads(p.communicate(timeout=30)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     winners = [r for r in results if r is not None]
