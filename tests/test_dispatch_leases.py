@@ -201,7 +201,7 @@ def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
                    epoch_ms())
     con.close()
     sink_proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(sink_db),
-                                  "--delay-ms", "1200"], stdout=subprocess.PIPE, text=True)
+                                  "--delay-ms", "900"], stdout=subprocess.PIPE, text=True)
     try:
         url = sink_proc.stdout.readline().split()[-1]
         first = subprocess.Popen([sys.executable, "-c", WORKER, str(db), url, "first"])
