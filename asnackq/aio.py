@@ -21,7 +21,7 @@ import inspect
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
@@ -181,7 +181,8 @@ class AsyncQueue:
     async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
         """Pass every statement the connection runs to ``callback`` (None: stop)."""
         async with self._lock:
-            await self._db.set_trace_callback(callback)
+            # aiosqlite types the handler as a callable, but None is sqlite3's "stop".
+            await self._db.set_trace_callback(cast(Callable[..., Any], callback))
 
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""

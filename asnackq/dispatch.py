@@ -478,6 +478,9 @@ class Dispatcher:
         limits = queue.limits
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         w.check_int(concurrency, "concurrency", 1, 1024)
+        w.check_int(idle_ms, "idle_ms", 1, 60_000)
+        if type(grace_s) not in (int, float) or not 0 <= grace_s <= 3600:
+            raise ValueError(f"grace_s must be a number of seconds in 0..3600: {grace_s!r}")
         retry.check(limits)
         breaker.check()
         if prefetch is not None:
@@ -506,6 +509,8 @@ class Dispatcher:
         cancellation: claim nothing more, let sends in flight (and tickets held) finish
         within ``grace_s``, commit their results, and re-raise.
         """
+        if max_jobs is not None:
+            w.check_int(max_jobs, "max_jobs", 0, 10**12)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         self.summary, self._breaker = committer.summary, committer.breaker
         loop = asyncio.ensure_future(committer.run(until_empty, follow))

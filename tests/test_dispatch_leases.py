@@ -224,3 +224,17 @@ def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
     total, inbox = sink_state(sink_db)
     assert [(i, q) for i, q, _ in inbox] == sorted((f"job-{i}", i + 1) for i in range(16))
     assert total == sum(range(1, 17))                         # each effect once
+
+
+@pytest.mark.parametrize(("options", "run_options"), [
+    ({"idle_ms": 0}, {}), ({"grace_s": -1}, {}), ({"grace_s": float("nan")}, {}),
+    ({"concurrency": 0}, {}), ({"prefetch": -1}, {}), ({"lease_ms": w.HOUR_MS + 1}, {}),
+    ({}, {"max_jobs": -1}), ({}, {"max_jobs": True}),
+])
+async def test_bad_settings_are_refused_before_anything_is_claimed(queue, db, options,
+                                                                   run_options):
+    await fill(queue, 2)
+    before = rows(db)
+    with pytest.raises(ValueError):
+        await Dispatcher(queue, SlowSend([0, 0]), owner="d1", **options).run(**run_options)
+    assert rows(db) == before
