@@ -197,16 +197,13 @@ class Committer:
 
     def keeps(self, ticket: w.Ticket, now: int) -> bool:
         """Whether the run still holds this lease at ``now`` (a send may go under it)."""
-        current = self.held.get(ticket["id"])
-        return (current is not None and current["token"] == ticket["token"]
-                and now < current["lease_until"])
+        return self._holds(ticket) and now < self.held[ticket["id"]]["lease_until"]
 
     def lease_left_s(self, ticket: w.Ticket) -> float:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""
-        current = self.held.get(ticket["id"])
-        if current is None or current["token"] != ticket["token"]:
+        if not self._holds(ticket):
             return 0.0
-        return max(0.0, (int(current["lease_until"]) - self.settings.now()) / 1000)
+        return max(0.0, (int(self.held[ticket["id"]]["lease_until"]) - self.settings.now()) / 1000)
 
     def _taking(self, claimed: Claimed) -> Claimed:
         self.taken += 1
