@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -66,40 +67,65 @@ def existing_queue(path: Path) -> Path:
     return path
 
 
-def rate(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in 0..1: {text}")
-    return value
+def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan                # fails the range check below
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, "
+                f"not {text!r}")
+        return value
+    return parse
+
+
+RATE = within(float, 0, 1)
 
 
 def add_sink(commands: Commands) -> None:
     sink = commands.add_parser("sink", help="run the HTTP sink (inbox + stock) until SIGINT/TERM")
     sink.add_argument("--db", required=True, type=Path, help="sink DB file (created if needed)")
     sink.add_argument("--host", default="127.0.0.1")
-    sink.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sink.add_argument("--port", type=within(int, 0, 65535), default=0,
+                      help="0 picks a free port")
     sink.add_argument("--allow-remote", action="store_true",
                       help="allow binding a non-loopback --host")
-    sink.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN'")
-    sink.add_argument("--fail-rate", type=rate, default=0.0, help="answer 503 before any change")
-    sink.add_argument("--drop-rate", type=rate, default=0.0,
+    sink.add_argument("--auth-token",
+                      help="require 'Authorization: Bearer TOKEN' on every route "
+                      "(1-256 visible ASCII characters)")
+    sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
+    sink.add_argument("--drop-rate", type=RATE, default=0.0,
                       help="commit, then close the connection without an answer")
-    sink.add_argument("--delay-ms", type=int, default=0)
+    sink.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
     sink.add_argument("--seed", type=int, default=None)
-    sink.add_argument("--batch-max", type=int, default=512,
+    sink.add_argument("--batch-max", type=within(int, 1, 10_000), default=512,
                       help="most requests in one group commit (1: commit per request)")
+    sink.add_argument("--idle-timeout-s", type=within(float, 0.01, 3600), default=10.0,
+                      help="close a connection with no request in progress (idle, or its "
+                      "headers incomplete) after this long (default 10)")
+    sink.add_argument("--body-timeout-s", type=within(float, 0.01, 600), default=5.0,
+                      help="a request body must arrive within this (default 5; else 408)")
+    sink.add_argument("--max-connections", type=within(int, 1, 65_536), default=1024,
+                      help="past this, a new connection closes the oldest idle ones "
+                      "(default 1024, lowered to fit the descriptor limit)")
     sink.set_defaults(run=run_sink)
 
 
 def run_sink(args: argparse.Namespace) -> int:
-    from asnackq.http_sink import SinkConfig, serve
+    from asnackq.http_sink import SinkConfig
+    from asnackq.sink_server import serve
 
     if not args.allow_remote and not is_loopback(args.host):
         raise Failure(f"refusing to bind non-loopback host {args.host!r} without --allow-remote")
     try:
         config = SinkConfig(args.db, auth_token=args.auth_token, fail_rate=args.fail_rate,
                             drop_rate=args.drop_rate, delay_ms=args.delay_ms, seed=args.seed,
-                            batch_max=args.batch_max)
+                            batch_max=args.batch_max, idle_timeout_s=args.idle_timeout_s,
+                            body_timeout_s=args.body_timeout_s,
+                            max_connections=args.max_connections)
     except ValueError as error:
         raise Failure(str(error)) from None
 
@@ -538,8 +564,8 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--jobs", type=int, default=2000)
     lab.add_argument("--processes", type=int, default=2)
     lab.add_argument("--concurrency", type=int, default=64)
-    lab.add_argument("--fail-rate", type=rate, default=0.0)
-    lab.add_argument("--drop-rate", type=rate, default=0.0)
+    lab.add_argument("--fail-rate", type=RATE, default=0.0)
+    lab.add_argument("--drop-rate", type=RATE, default=0.0)
     lab.add_argument("--delay-ms", type=int, default=0)
     lab.add_argument("--kill-every", type=float, default=0.0, metavar="SECONDS",
                      help="SIGKILL a random worker this often (0: never)")
