@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
+from asnackq.procs import sink_process
 
 from .test_cli import fails
 
@@ -108,3 +113,25 @@ def test_enqueue_needs_either_id_and_qty_or_an_input(queue, args):
     before = digest(queue)
     fails("enqueue", queue, *args, code=2, stdin="")
     assert digest(queue) == before
+
+
+def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_path):
+    """``work`` started while the file is locked waits with the bounded backoff of BEGIN
+    (about 9 s in all) instead of failing after a second; 1.5 s of lock is waited out."""
+    holder = sqlite3.connect(queue, isolation_level=None)
+    with sink_process(tmp_path / "sink.db") as url:
+        holder.execute("BEGIN EXCLUSIVE")
+        work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink", url,
+                                 "--until-empty", "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.5)                  # longer than a busy timeout (1 s) and start-up
+            holder.execute("COMMIT")
+            out, err = work.communicate(timeout=30)
+        finally:
+            holder.close()
+            if work.poll() is None:
+                work.kill()
+                work.communicate()
+    assert work.returncode == 0, err
+    assert '"done": 1' in out
