@@ -200,7 +200,8 @@ class SinkUnavailable(Exception):
 CONFIG = web.AppKey("config", SinkConfig)
 INBOX = web.AppKey("inbox", Inbox)
 STATS = web.AppKey("stats", dict[str, int])
-BUSY = web.AppKey("busy", set[web.RequestHandler])   # connections with a request in a handler
+# The connections with a request in a handler (and not waiting for its body).
+BUSY = web.AppKey("busy", set[web.RequestHandler])
 
 
 def answer(status: int, event_id: str | None, outcome: str) -> web.Response:
@@ -230,20 +231,25 @@ def require_token(request: web.Request) -> None:
 async def read_body(request: web.Request) -> bytes:
     """The whole body within ``body_timeout_s``; a body that cannot be had is a 4xx.
 
-    Its rest is then spoiled: it is marked ended, so that aiohttp does not drain it after
-    the answer (nor log its error a second time), and the connection closes at once.
+    While a body is still arriving its connection does not count as busy: nothing has been
+    done for it yet, so past the connection limit it may be closed for a newcomer.  A body
+    that cannot be had spoils the rest: it is marked ended, so that aiohttp does not drain
+    it after the answer (nor log its error a second time), and the connection closes.
     """
-    timeout_s = request.app[CONFIG].body_timeout_s
-    # Usually the whole body came with the headers: then no timer is needed.
-    waiting = contextlib.nullcontext() if request.content.is_eof() else asyncio.timeout(timeout_s)
+    timeout_s, busy = request.app[CONFIG].body_timeout_s, request.app[BUSY]
+    arrived = request.content.is_eof()      # usually the body came with the headers
+    if not arrived:
+        busy.discard(request.protocol)
     try:
-        async with waiting:
+        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
             return await request.read()      # over client_max_size: aiohttp raises 413
     except TimeoutError:
         refusal: web.HTTPException = web.HTTPRequestTimeout(
             text=f"the body did not arrive within {timeout_s:g} s")
     except (web.RequestPayloadError, ConnectionError) as error:   # bad encoding, hang-up
         refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
+    finally:
+        busy.add(request.protocol)
     request.content.feed_eof()
     refusal.force_close()
     raise refusal

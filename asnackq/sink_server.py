@@ -4,11 +4,13 @@ Rules of this module:
 
 * The port is bound before the DB is opened: an address that cannot be had creates no file.
 * At most ``max_connections`` live connections (lowered to fit the descriptor limit, so
-  ``accept()`` never runs out): past it a newcomer first closes the oldest connections
-  with no request in a handler; only when every one is busy does it get a 503.
+  ``accept()`` never runs out): past it a newcomer first closes the oldest idle ones -
+  no request in a handler, or one still waiting for its body (``BUSY`` says which);
+  only when every one is busy does it get a 503.
 * A connection with no request in a handler is closed after ``idle_timeout_s``
   (aiohttp's keep-alive timer, which also runs while headers arrive); an unread body is
-  drained for ``LINGER_S`` at most.
+  drained for ``LINGER_S`` at most.  Headers are small (``MAX_LINE``, ``MAX_HEADERS``):
+  a connection's buffered headers cost little memory even at the connection limit.
 * Every log record is one line on stderr, never a traceback.
 """
 
@@ -28,6 +30,8 @@ __all__ = ["serve"]
 BACKLOG = 128            # asyncio accepts up to this many sockets before admitting any
 FD_RESERVE = 64          # descriptors kept for the DB, its journal and the listening socket
 LINGER_S = 2.0           # how long an unread request body is drained before the close
+MAX_LINE = 4096          # bytes in the request line, and in each header line
+MAX_HEADERS = 32
 
 TOO_MANY_BODY = b'{"status": "too many connections"}'
 TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -47,10 +51,10 @@ class Refused(asyncio.Protocol):
 class Gate:
     """The listening socket's protocol factory: at most ``limit`` live connections.
 
-    Past the limit a newcomer first closes the oldest connections with no request in a
-    handler (idle keep-alive, or headers still arriving): a flood of idle or half-sent
-    sockets only churns itself, and a real request always finds a place unless every
-    connection is busy in a handler (then it gets a 503; bodies are bounded in time).
+    Past the limit a newcomer first closes the oldest idle connections (idle keep-alive,
+    headers or a body still arriving): a flood of half-sent requests only churns itself,
+    and a real request finds a place unless every connection has a whole request in a
+    handler (then it gets a 503).
     """
 
     def __init__(self, app: web.Application, limit: int) -> None:
@@ -127,7 +131,9 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
     gate = Gate(app, connection_limit(config.max_connections))
     listener = await loop.create_server(gate, host, port, backlog=BACKLOG, start_serving=False)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=LOG,
-                           keepalive_timeout=config.idle_timeout_s, lingering_time=LINGER_S)
+                           keepalive_timeout=config.idle_timeout_s, lingering_time=LINGER_S,
+                           max_line_size=MAX_LINE, max_field_size=MAX_LINE,
+                           max_headers=MAX_HEADERS)
     try:
         await runner.setup()                 # opens (or creates) the DB
     except BaseException:

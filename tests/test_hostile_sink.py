@@ -125,9 +125,9 @@ MALFORMED = [
     b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
     b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
     b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n",
-    b"POST /events HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(200)) + b"\r\n",
-    b"POST /events HTTP/1.1\r\nHost: x\r\nX-Long: " + b"y" * 9000 + b"\r\n\r\n",
-    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /events HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(40)) + b"\r\n",
+    b"POST /events HTTP/1.1\r\nHost: x\r\nX-Long: " + b"y" * 5000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     b"GET /events/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
     b"POST /events HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"GET / HTTP/9.9\r\n\r\n",
@@ -162,12 +162,16 @@ def test_an_unknown_expectation_is_a_417_on_every_path_even_with_a_non_utf8_byte
     assert sink_state(tmp_path / "sink.db") == (2, [("a", 2, 1)])
 
 
-def idle_sockets(port, count):
-    """``count`` connections, each with half a request line sent (slowloris)."""
+HALF_HEADERS = b"POST /events HTTP/1.1\r\nHost: x\r\n"
+HALF_BODY = request(EVENT, headers=[JSON], length=100)    # 100 announced, 21 sent
+
+
+def idle_sockets(port, count, sent=HALF_HEADERS):
+    """``count`` connections, each with half a request sent (slowloris)."""
     socks = []
     for _ in range(count):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"POST /events HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(sent)
         socks.append(s)
     return socks
 
@@ -204,14 +208,16 @@ def descriptor_limit(soft):
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
-def test_a_flood_of_idle_sockets_beyond_the_descriptor_limit_cannot_starve_a_request(tmp_path):
+@pytest.mark.parametrize("sent", [HALF_HEADERS, HALF_BODY], ids=["headers", "body"])
+def test_a_flood_of_half_sent_requests_beyond_the_descriptor_limit_cannot_starve_a_request(
+        tmp_path, sent):
     """With 224 descriptors the sink admits 32 connections (224 - one accept batch of 128
-    - 64 for itself); 260 slowloris sockets evict each other, oldest first, and a real
-    request still gets through at once."""
+    - 64 for itself); 260 slowloris sockets - half their headers sent, or half their
+    body - evict each other, oldest first, and a real request still gets through at once."""
     with contextlib.ExitStack() as stack:
         with descriptor_limit(224):
             sink = stack.enter_context(running_sink(tmp_path))
-        socks = [stack.enter_context(s) for s in idle_sockets(sink.port, 260)]
+        socks = [stack.enter_context(s) for s in idle_sockets(sink.port, 260, sent)]
         started = time.monotonic()
         assert HttpSender(sink.url, timeout_s=5)({"id": "real", "qty": 3}) is True
         assert time.monotonic() - started < 2
