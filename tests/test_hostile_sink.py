@@ -141,20 +141,25 @@ def test_malformed_requests_and_mid_body_hang_ups_log_one_line_each(tmp_path):
         for _ in range(5):                       # announce 100 bytes, send 5, hang up
             with socket.create_connection(("127.0.0.1", sink.port)) as s:
                 s.sendall(request(b'{"id"', headers=[JSON], length=100))
+        assert sink.exchange(request(method=b"GET", path=b"/%1B[2J%0Afake%E2%80%AE"))[0] == 404
         assert sink.serves("after")
-        assert wait_for(lambda: len(sink.log_lines()) >= len(MALFORMED) + 5)
+        assert wait_for(lambda: len(sink.log_lines()) >= len(MALFORMED) + 6)
         lines = sink.log_lines()
-    assert len(lines) == len(MALFORMED) + 5
-    assert all(line.startswith("asnackq sink: ") for line in lines)
+    assert len(lines) == len(MALFORMED) + 6
+    assert all(line.startswith("asnackq sink: ") and line.isascii() and line.isprintable()
+               for line in lines)
     assert sum("the body cannot be read" in line for line in lines) == 5
 
 
 def test_an_unknown_expectation_is_a_417_on_every_path_even_with_a_non_utf8_byte(tmp_path):
     """(aiohttp's default expect handler echoes the header: a non-UTF-8 byte made a 500.)"""
     with running_sink(tmp_path) as sink:
-        for path in (b"/events", b"/stats", b"/nowhere"):
-            assert sink.exchange(request(EVENT, path=path, headers=[
-                JSON, b"Expect: \x80"]))[0] == 417
+        for method, path in ((b"POST", b"/events"), (b"GET", b"/stats"), (b"GET", b"/nowhere"),
+                             (b"GET", b"/new%0Aline"), (b"OPTIONS", b"*"),
+                             (b"CONNECT", b"127.0.0.1:80"), (b"GET", b"http://x")):
+            status, body = sink.exchange(request(EVENT, method=method, path=path, headers=[
+                JSON, b"Expect: \x80"]))
+            assert (status, json.loads(body)["status"]) == (417, "expectation failed")
         with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as s:
             s.sendall(request(EVENT, headers=[JSON, b"Expect: 100-continue"]))
             reply = read_until_close(s)
@@ -269,9 +274,11 @@ def hostile_requests(draw):
     headers += [n + b": " + v for n, v in draw(st.lists(st.tuples(names, header_values),
                                                         max_size=3))]
     cut = draw(st.integers(0, 3))                         # a body longer than announced
-    method = draw(st.sampled_from([b"POST", b"POST", b"POST", b"GET", b"PUT", b"P\x00ST"]))
+    method = draw(st.sampled_from([b"POST", b"POST", b"POST", b"GET", b"PUT", b"OPTIONS",
+                                   b"CONNECT", b"P\x00ST"]))
     path = draw(st.sampled_from([b"/events", b"/events", b"/events/f1", b"/events/%ED%A0%80",
-                                 b"/stats", b"/metrics", b"/nowhere", b"/events?x=\xff"]))
+                                 b"/stats", b"/metrics", b"/nowhere", b"/events?x=\xff", b"*",
+                                 b"http://x/events", b"x:80", b"/%0A%1B"]))
     return request(body, method=method, path=path, headers=headers,
                    length=max(len(body) - cut, 0))
 
