@@ -57,12 +57,17 @@ def call_fault(fault: w.Fault, point: str) -> None:
 
 async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
                   attempts: int = 8) -> aiosqlite.Connection:
-    """Open a DB file with the core's settings, creating ``schema`` through the core's plan."""
+    """Open a DB file with the core's settings, creating ``schema`` through the core's plan.
+
+    The schema goes first: its BEGIN waits out a file another process holds with the same
+    bounded backoff as every transaction (``QueueBusy`` after it); once the schema is
+    read, the PRAGMAs need no lock.
+    """
     db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
     try:
+        await pump(db, w.plan_schema(schema), None, attempts)
         for pragma in w.PRAGMAS:
             await db.execute(pragma)
-        await pump(db, w.plan_schema(schema), None, attempts)
     except BaseException:
         await db.close()
         raise

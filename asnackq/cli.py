@@ -1,7 +1,9 @@
 """The ``asnackq`` command: one entry point, one subcommand per job.
 
-Exit codes: 0 ok, 1 failure or violation, 2 usage.  A bad input is one clear line on
-stderr (never a traceback) and changes nothing.
+Exit codes: 0 ok, 1 failure or violation, 2 usage (an unknown, missing, malformed or
+out-of-range option, or options that do not go together).  A bad input is one clear
+line on stderr (never a traceback) and changes nothing: options are checked before any
+file is opened or created.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -19,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeAlias
+from typing import IO, Any, NoReturn, TypeAlias
 
 from rich.console import Console
 from rich.live import Live
@@ -28,7 +31,7 @@ from rich.table import Table
 
 from asnackq import ops
 from asnackq.core import worker as w
-from asnackq.http_send import is_loopback
+from asnackq.http_send import check_url, is_loopback
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -37,7 +40,18 @@ class Failure(Exception):
     """A user-facing failure: printed as one line on stderr, exit code 1."""
 
 
-Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+class Usage(Failure):
+    """Options that do not go together: printed as one line on stderr, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``asnackq COMMAND: why``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
 
@@ -66,42 +80,78 @@ def existing_queue(path: Path) -> Path:
     return path
 
 
-def rate(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in 0..1: {text}")
-    return value
+def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan                # fails the range check below
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, "
+                f"not {text!r}")
+        return value
+    return parse
+
+
+RATE = within(float, 0, 1)
+TIMEOUT = within(float, 0.001, 600)      # a sender's timeout_s
+
+
+def sink_url(text: str) -> str:
+    """An argparse type: an http(s) URL with a host and a valid port (the loopback rule
+    is applied later, with ``--allow-remote``)."""
+    try:
+        check_url(text, allow_remote=True)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def add_sink(commands: Commands) -> None:
     sink = commands.add_parser("sink", help="run the HTTP sink (inbox + stock) until SIGINT/TERM")
     sink.add_argument("--db", required=True, type=Path, help="sink DB file (created if needed)")
     sink.add_argument("--host", default="127.0.0.1")
-    sink.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    sink.add_argument("--port", type=within(int, 0, 65535), default=0,
+                      help="0 picks a free port")
     sink.add_argument("--allow-remote", action="store_true",
                       help="allow binding a non-loopback --host")
-    sink.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN'")
-    sink.add_argument("--fail-rate", type=rate, default=0.0, help="answer 503 before any change")
-    sink.add_argument("--drop-rate", type=rate, default=0.0,
+    sink.add_argument("--auth-token",
+                      help="require 'Authorization: Bearer TOKEN' on every route "
+                      "(1-256 visible ASCII characters)")
+    sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
+    sink.add_argument("--drop-rate", type=RATE, default=0.0,
                       help="commit, then close the connection without an answer")
-    sink.add_argument("--delay-ms", type=int, default=0)
+    sink.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
     sink.add_argument("--seed", type=int, default=None)
-    sink.add_argument("--batch-max", type=int, default=512,
+    sink.add_argument("--batch-max", type=within(int, 1, 10_000), default=512,
                       help="most requests in one group commit (1: commit per request)")
+    sink.add_argument("--idle-timeout-s", type=within(float, 0.01, 3600), default=10.0,
+                      help="close a connection with no request in progress (idle, or its "
+                      "headers incomplete) after this long (default 10)")
+    sink.add_argument("--body-timeout-s", type=within(float, 0.01, 600), default=5.0,
+                      help="a request body must arrive within this (default 5; else 408)")
+    sink.add_argument("--max-connections", type=within(int, 1, 65_536), default=1024,
+                      help="past this, a new connection closes the oldest idle ones "
+                      "(default 1024, lowered to fit the descriptor limit)")
     sink.set_defaults(run=run_sink)
 
 
 def run_sink(args: argparse.Namespace) -> int:
-    from asnackq.http_sink import SinkConfig, serve
+    from asnackq.http_sink import SinkConfig
+    from asnackq.sink_server import serve
 
     if not args.allow_remote and not is_loopback(args.host):
         raise Failure(f"refusing to bind non-loopback host {args.host!r} without --allow-remote")
     try:
         config = SinkConfig(args.db, auth_token=args.auth_token, fail_rate=args.fail_rate,
                             drop_rate=args.drop_rate, delay_ms=args.delay_ms, seed=args.seed,
-                            batch_max=args.batch_max)
+                            batch_max=args.batch_max, idle_timeout_s=args.idle_timeout_s,
+                            body_timeout_s=args.body_timeout_s,
+                            max_connections=args.max_connections)
     except ValueError as error:
-        raise Failure(str(error)) from None
+        raise Usage(str(error)) from None
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -123,22 +173,30 @@ def add_outbox(commands: Commands) -> None:
     accept.add_argument("--qty", required=True, type=int)
     pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
     pending.add_argument("source", type=Path)
-    pending.add_argument("--limit", type=int, default=16)
+    pending.add_argument("--limit", type=within(int, 1, 16), default=16)
     dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
     dispatch.add_argument("source", type=Path)
-    dispatch.add_argument("--sink", required=True, help="the sink's /events URL")
-    dispatch.add_argument("--limit", type=int, default=16)
-    dispatch.add_argument("--timeout-s", type=float, default=2.0)
+    dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
+    dispatch.add_argument("--limit", type=within(int, 1, 16), default=16)
+    dispatch.add_argument("--timeout-s", type=TIMEOUT, default=2.0)
     outbox.set_defaults(run=run_outbox)
 
 
 def run_outbox(args: argparse.Namespace) -> int:
     from asnackq.core import outbox
-    from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable
+    from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable, check_event
     from asnackq.http_send import HttpSender
 
-    if args.action != "accept" and not args.source.is_file():
-        raise Failure(f"no source DB at {args.source}")
+    if args.action == "pending":           # read-only: a file is never created or migrated
+        with ops.read_only(args.source, "outbox", "source DB") as con:
+            print(json.dumps(outbox.pending(con, args.limit)))
+        return 0
+    if args.action == "accept":
+        check_event({"id": args.id, "qty": args.qty})       # before the file is created
+    else:
+        sender = HttpSender(args.sink, timeout_s=args.timeout_s)
+        with ops.read_only(args.source, "outbox", "source DB"):
+            pass                                             # an existing source DB only
     con = outbox.open_source(args.source)
     try:
         if args.action == "accept":
@@ -147,10 +205,7 @@ def run_outbox(args: argparse.Namespace) -> int:
             except Conflict as error:
                 raise Failure(str(error)) from None
             print(json.dumps({"id": args.id, "accepted": new}))
-        elif args.action == "pending":
-            print(json.dumps(outbox.pending(con, args.limit)))
         else:
-            sender = HttpSender(args.sink, timeout_s=args.timeout_s)
             try:
                 print(json.dumps({"sent": outbox.dispatch(con, sender, args.limit)}))
             except (Retryable, Permanent, BadAck) as error:
@@ -222,17 +277,19 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
             w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
+        except RecursionError:
+            raise Failure(f"{name}:{number}: nested too deeply") from None
         items.append(item)
     return items
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
-    existing_queue(args.queue)
     if (args.input is None) == (args.id is None):
-        raise Failure("give either --id and --qty, or a JSON Lines input (a file or -)")
+        raise Usage("give either --id and --qty, or a JSON Lines input (a file or -)")
+    if (args.id is None) != (args.qty is None):
+        raise Usage("--id and --qty go together")
+    existing_queue(args.queue)
     if args.input is None:
-        if args.qty is None:
-            raise Failure("--id needs --qty")
         items = [({"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts)]
     elif args.input == "-":
         items = read_intakes(sys.stdin, "stdin", args.ttl_ms, args.max_attempts)
@@ -279,14 +336,14 @@ def add_work(commands: Commands) -> None:
         "claiming, let in-flight sends end, finish them, print the summary). With "
         "--until-empty, stop once no job is pending or leased.")
     work.add_argument("queue", type=Path)
-    work.add_argument("--sink", required=True, help="the sink's /events URL")
+    work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument("--prefetch", type=int, default=None,
                       help="tickets kept claimed ahead of demand (default: adapts to how "
                       "many the coroutines take during one commit)")
-    work.add_argument("--timeout-s", type=float, default=2.0,
+    work.add_argument("--timeout-s", type=TIMEOUT, default=2.0,
                       help="HTTP timeout per send; must be below the lease")
     work.add_argument("--until-empty", action="store_true")
     work.add_argument("--retry-base-ms", type=int, default=100,
@@ -299,7 +356,8 @@ def add_work(commands: Commands) -> None:
                       help="longest wait between probes while paused (default 2000)")
     work.add_argument("--accept-dead", action="store_true",
                       help="exit 0 even when jobs ended dead that the sink never rejected")
-    work.add_argument("--max-jobs", type=int, default=None, help="stop after N claims")
+    work.add_argument("--max-jobs", type=within(int, 1, 10**9), default=None,
+                      help="stop after N claims (N >= 1)")
     work.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
     work.add_argument("--trace", type=Path, default=None,
                       help="append one JSON line per claim and per finish (for experiments)")
@@ -467,9 +525,9 @@ def run_dead(args: argparse.Namespace) -> int:
 
 
 def run_redrive(args: argparse.Namespace) -> int:
-    existing_queue(args.queue)
     if (args.id is None) == (args.reason is None):
-        raise Failure("give either one job ID or --reason (exhausted, deadline, permanent)")
+        raise Usage("give either one job ID or --reason (exhausted, deadline, permanent)")
+    existing_queue(args.queue)
     now = w.epoch_ms()
     if args.id is not None:
         con = w.open_queue(args.queue)
@@ -566,16 +624,17 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--jobs", type=int, default=2000)
     lab.add_argument("--processes", type=int, default=2)
     lab.add_argument("--concurrency", type=int, default=64)
-    lab.add_argument("--fail-rate", type=rate, default=0.0)
-    lab.add_argument("--drop-rate", type=rate, default=0.0)
-    lab.add_argument("--delay-ms", type=int, default=0)
-    lab.add_argument("--kill-every", type=float, default=0.0, metavar="SECONDS",
+    lab.add_argument("--fail-rate", type=RATE, default=0.0)
+    lab.add_argument("--drop-rate", type=RATE, default=0.0)
+    lab.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
+    lab.add_argument("--kill-every", type=within(float, 0, 3600), default=0.0, metavar="SECONDS",
                      help="SIGKILL a random worker this often (0: never)")
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--lease-ms", type=int, default=2000)
-    lab.add_argument("--send-timeout-s", type=float, default=1.0)
+    lab.add_argument("--send-timeout-s", type=TIMEOUT, default=1.0)
     lab.add_argument("--max-attempts", type=int, default=5)
-    lab.add_argument("--timeout-s", type=float, default=300.0, help="bound on the whole run")
+    lab.add_argument("--timeout-s", type=within(float, 0.01, 86_400), default=300.0,
+                     help="bound on the whole run")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -617,7 +676,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = Parser(
         prog="asnackq", description="At-least-once delivery with once-only effects.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_demo(commands)
@@ -640,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except Failure as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, Usage) else 1
     except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 1

@@ -10,17 +10,22 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
   a malformed or oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
+* ``timeout_s`` bounds the whole request - connect, send, headers and body - not each
+  read; a body shorter than its ``Content-Length`` proves nothing (``Retryable``).
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import ipaddress
 import json
+import socket
+import ssl
+import time
 import urllib.parse
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from asnackq.core.worker import (
     BadAck,
@@ -31,6 +36,11 @@ from asnackq.core.worker import (
     check_int,
 )
 
+# aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
+# HttpSender starts 0.15 s sooner.
+if TYPE_CHECKING:
+    import aiohttp
+
 __all__ = ["MAX_ACK_BYTES", "TOKEN_HEADER", "AsyncHttpSender", "HttpSender", "judge"]
 
 TOKEN_HEADER = "X-Asnackq-Token"
@@ -39,6 +49,9 @@ PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 ACK_STATUSES = ("applied", "duplicate")
+# An idle pooled connection is closed after this, below the sink's idle timeout (10 s):
+# the sender closes first, so a send never races the sink closing the same connection.
+POOL_IDLE_S = 5.0
 
 
 def judge(status: int, body: bytes, event_id: str) -> bool:
@@ -69,6 +82,12 @@ def check_url(url: object, allow_remote: bool) -> urllib.parse.SplitResult:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}")
+    try:
+        port = parts.port
+    except ValueError:                  # not a number, or over 65535
+        port = 0
+    if port == 0:
+        raise ValueError(f"url port must be a number in 1..65535: {url!r}")
     if not allow_remote and not is_loopback(parts.hostname):
         raise ValueError(f"refusing non-loopback sink {parts.hostname!r} (pass allow_remote=True)")
     return parts
@@ -84,10 +103,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_number(value: object, name: str, low: float, high: float, *,
+                 open_low: bool = False) -> float:
+    """Return ``value`` as a float if it is an exact int or float in ``[low, high]``
+    (``(low, high]`` with ``open_low``); never a bool, NaN or infinity."""
+    if type(value) not in (int, float) or not (
+            low < value <= high if open_low else low <= value <= high):  # type: ignore[operator]
+        raise ValueError(f"{name} must be a number in {'(' if open_low else '['}{low}, {high}]:"
+                         f" {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def check_timeout(timeout_s: object) -> float:
-    if type(timeout_s) not in (int, float) or not 0 < timeout_s <= 600:  # type: ignore[operator]
-        raise ValueError(f"timeout_s must be a number in (0, 600]: {timeout_s!r}")
-    return float(timeout_s)  # type: ignore[arg-type]
+    return check_number(timeout_s, "timeout_s", 0, 600, open_low=True)
 
 
 def request_parts(event: object, token: object) -> tuple[str, bytes, dict[str, str]]:
@@ -112,6 +140,38 @@ async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
     return b"".join(chunks)
 
 
+def time_left(deadline: float) -> float:
+    """Seconds until ``deadline`` (``time.monotonic``); ``TimeoutError`` once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request's timeout_s has passed")
+    return left
+
+
+class UntilDeadline(io.RawIOBase):
+    """A socket's receiving side on which every read waits only for the time left."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.sock.settimeout(time_left(self.deadline))
+        return self.sock.recv_into(buffer)
+
+
+class BoundedResponse(http.client.HTTPResponse):
+    """``http.client``'s response, reading its status line, headers and body by a deadline."""
+
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()                 # the unbounded reader the base class made
+        self.fp = io.BufferedReader(UntilDeadline(sock, deadline))
+
+
 class HttpSender:
     """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises."""
 
@@ -124,11 +184,12 @@ class HttpSender:
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         event_id, body, headers = request_parts(event, token)
+        deadline = time.monotonic() + self.timeout_s
         # http.client never consults proxy variables and never follows redirects.
-        kind = http.client.HTTPSConnection if self.parts.scheme == "https" else \
-            http.client.HTTPConnection
-        conn = kind(self.parts.hostname or "", self.parts.port, timeout=self.timeout_s)
+        conn = http.client.HTTPConnection(self.parts.hostname or "", self.port)
+        conn.response_class = functools.partial(BoundedResponse, deadline=deadline)  # type: ignore[assignment]
         try:
+            conn.sock = self.connect(deadline)
             conn.request("POST", self.path, body=body, headers=headers)
             response = conn.getresponse()
             answer = response.read(MAX_ACK_BYTES + 1)
@@ -136,7 +197,30 @@ class HttpSender:
             raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         finally:
             conn.close()
+        if response.length and len(answer) <= MAX_ACK_BYTES:    # fewer bytes than announced
+            raise Unavailable(f"the answer for {event_id!r} ended {response.length} bytes short")
         return judge(response.status, answer, event_id)
+
+    @property
+    def port(self) -> int:
+        return self.parts.port or (443 if self.parts.scheme == "https" else 80)
+
+    def connect(self, deadline: float) -> socket.socket:
+        """A connected (for https, handshaken) socket within the deadline (a host name's
+        resolution aside), its timeout set to the time left for the send."""
+        sock = socket.create_connection((self.parts.hostname or "", self.port),
+                                        time_left(deadline))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.parts.scheme == "https":
+                sock.settimeout(time_left(deadline))
+                sock = ssl.create_default_context().wrap_socket(
+                    sock, server_hostname=self.parts.hostname)
+            sock.settimeout(time_left(deadline))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 class AsyncHttpSender:
@@ -154,7 +238,9 @@ class AsyncHttpSender:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncHttpSender:
-        connector = aiohttp.TCPConnector(limit=self.limit)
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=POOL_IDLE_S)
         self._session = aiohttp.ClientSession(
             connector=connector, trust_env=False,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s))
@@ -166,6 +252,8 @@ class AsyncHttpSender:
             self._session = None
 
     async def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
+        import aiohttp
+
         if self._session is None:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         event_id, body, headers = request_parts(event, token)

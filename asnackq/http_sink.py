@@ -10,17 +10,23 @@ Rules of this module:
   them in arrival order inside one transaction - exactly as if they had come one by one.
   A failed batch answers 503 to each of its requests and changes nothing.
 * One aiosqlite connection and one lock: a read never sees the writer's open transaction.
-* Bad input is a 4xx, never a 500; fault injection (fail, drop, delay) is off by default
-  and seeded for reproducible experiments.
+* Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
+  traceback; fault injection (fail, drop, delay) is off by default and seeded.
+* A body must arrive within ``body_timeout_s``; the connection limit and the idle
+  timeout live with the listening socket (``sink_server``), which reads ``BUSY``: the
+  connections whose request is in a handler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
+import logging
 import random
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +35,18 @@ import aiosqlite
 from aiohttp import web
 
 from asnackq.aio import open_db, pump
-from asnackq.core.worker import Plan, Sql, SqlMany, check_event, epoch_ms
-from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER
+from asnackq.core.worker import (
+    Plan,
+    Sql,
+    SqlMany,
+    check_event,
+    check_identifier,
+    check_int,
+    epoch_ms,
+)
+from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
-__all__ = ["SinkConfig", "make_app", "open_sink_db", "serve"]
+__all__ = ["SinkConfig", "make_app", "open_sink_db"]
 
 SINK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
@@ -53,7 +67,11 @@ SQL_RECORD = """SELECT id, qty, first_token, last_token, deliveries, applied_at_
 FROM inbox WHERE id = ?"""
 RECORD_FIELDS = ("id", "qty", "first_token", "last_token", "deliveries", "applied_at_ms",
                  "last_seen_ms")
-COUNTERS = ("requests", "applied", "duplicates", "conflicts", "rejected", "failed", "dropped")
+COUNTERS = ("requests", "applied", "duplicates", "conflicts", "rejected", "failed", "dropped",
+            "evicted", "refused")
+TOKEN_RULE = re.compile(r"[!-~]{1,256}")     # visible ASCII: what fits a Bearer header
+LOG = logging.getLogger("asnackq.sink")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -67,17 +85,22 @@ class SinkConfig:
     delay_ms: int = 0
     seed: int | None = None
     batch_max: int = 512
+    idle_timeout_s: float = 10.0
+    body_timeout_s: float = 5.0
+    max_connections: int = 1024
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("fail_rate", "drop_rate"):
-            value = getattr(self, name)
-            if type(value) not in (int, float) or not 0 <= value <= 1:
-                raise ValueError(f"{name} must be a number in 0..1: {value!r}")
-        if type(self.delay_ms) is not int or not 0 <= self.delay_ms <= 60_000:
-            raise ValueError(f"delay_ms must be an int in 0..60000: {self.delay_ms!r}")
-        if type(self.batch_max) is not int or not 1 <= self.batch_max <= 10_000:
-            raise ValueError(f"batch_max must be an int in 1..10000: {self.batch_max!r}")
+        check_number(self.fail_rate, "fail_rate", 0, 1)
+        check_number(self.drop_rate, "drop_rate", 0, 1)
+        check_int(self.delay_ms, "delay_ms", 0, 60_000)
+        check_int(self.batch_max, "batch_max", 1, 10_000)
+        check_number(self.idle_timeout_s, "idle_timeout_s", 0, 3600, open_low=True)
+        check_number(self.body_timeout_s, "body_timeout_s", 0, 600, open_low=True)
+        check_int(self.max_connections, "max_connections", 1, 65_536)
+        if self.auth_token is not None and (type(self.auth_token) is not str
+                                            or not TOKEN_RULE.fullmatch(self.auth_token)):
+            raise ValueError("auth_token must be 1-256 visible ASCII characters")
         self.rng = random.Random(self.seed)
 
 
@@ -183,6 +206,8 @@ class SinkUnavailable(Exception):
 CONFIG = web.AppKey("config", SinkConfig)
 INBOX = web.AppKey("inbox", Inbox)
 STATS = web.AppKey("stats", dict[str, int])
+# The connections with a request in a handler (and not waiting for its body).
+BUSY = web.AppKey("busy", set[web.RequestHandler])
 
 
 def answer(status: int, event_id: str | None, outcome: str) -> web.Response:
@@ -198,36 +223,86 @@ def check_token_header(value: str | None) -> int | None:
     return int(value)
 
 
-def authorized(request: web.Request, expected: str | None) -> bool:
-    if expected is None:
-        return True
+def require_token(request: web.Request) -> None:
+    """Refuse (401) a request without the configured bearer token, on every route."""
+    expected = request.app[CONFIG].auth_token
     given = request.headers.get("Authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+    # A valid token is visible ASCII (TOKEN_RULE): a header with any other byte never matches.
+    if expected is not None and not (given.isascii()
+                                     and hmac.compare_digest(given, f"Bearer {expected}")):
+        raise web.HTTPUnauthorized(text="'Authorization: Bearer TOKEN' is required",
+                                   headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body within ``body_timeout_s``; a body that cannot be had is a 4xx.
+
+    While a body is still arriving its connection does not count as busy: nothing has been
+    done for it yet, so past the connection limit it may be closed for a newcomer.  A body
+    that cannot be had spoils the rest: it is marked ended, so that aiohttp does not drain
+    it after the answer (nor log its error a second time), and the connection closes.
+    """
+    timeout_s, busy = request.app[CONFIG].body_timeout_s, request.app[BUSY]
+    arrived = request.content.is_eof()      # usually the body came with the headers
+    if not arrived:
+        busy.discard(request.protocol)
+    try:
+        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
+            return await request.read()      # over client_max_size: aiohttp raises 413
+    except TimeoutError:
+        refusal: web.HTTPException = web.HTTPRequestTimeout(
+            text=f"the body did not arrive within {timeout_s:g} s")
+    except (web.RequestPayloadError, ConnectionError) as error:   # bad encoding, hang-up
+        refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
+    finally:
+        busy.add(request.protocol)
+    request.content.feed_eof()
+    refusal.force_close()
+    raise refusal
 
 
 async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
     """Read and validate one event; raise the aiohttp HTTP error its flaw deserves."""
     if request.content_type != "application/json":
-        raise web.HTTPUnsupportedMediaType(text='{"status": "unsupported media type"}',
-                                           content_type="application/json")
-    body = await request.read()          # over client_max_size: aiohttp answers 413
+        raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
+    body = await read_body(request)
     try:
         event_id, qty = check_event(json.loads(body))
         token = check_token_header(request.headers.get(TOKEN_HEADER))
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
-        raise web.HTTPBadRequest(text=json.dumps({"status": "bad request",
-                                                  "error": str(error)[:200]}),
-                                 content_type="application/json") from None
+        raise web.HTTPBadRequest(text=str(error)) from None
     return event_id, qty, token
+
+
+def as_json(request: web.BaseRequest, refusal: web.HTTPException) -> web.HTTPException:
+    """A refusal with its reason as a JSON body, logged as one line."""
+    detail = refusal.text or ""
+    LOG.info("%s %s %s from %s: %s", refusal.status, request.method, request.path[:80],
+             request.remote, detail)
+    refusal.text = json.dumps({"status": (refusal.reason or "").lower(), "error": detail[:200]})
+    refusal.content_type = "application/json"
+    return refusal
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Mark the connection busy while its request runs; every refusal a JSON 4xx, logged."""
+    busy = request.app[BUSY]
+    busy.add(request.protocol)
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        as_json(request, error)
+        raise
+    finally:
+        busy.discard(request.protocol)
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
     config, stats = request.app[CONFIG], request.app[STATS]
     stats["requests"] += 1
-    if not authorized(request, config.auth_token):
-        stats["rejected"] += 1
-        return answer(401, None, "unauthorized")
     try:
+        require_token(request)
         event_id, qty, token = await parse_event(request)
     except web.HTTPException:
         stats["rejected"] += 1
@@ -252,9 +327,14 @@ async def post_event(request: web.Request) -> web.StreamResponse:
 
 
 async def get_event(request: web.Request) -> web.Response:
-    rows = await request.app[INBOX].read(SQL_RECORD, (request.match_info["id"],))
+    require_token(request)
+    try:
+        event_id = check_identifier(request.match_info["id"], "event id")
+    except ValueError as error:
+        raise web.HTTPBadRequest(text=str(error)) from None
+    rows = await request.app[INBOX].read(SQL_RECORD, (event_id,))
     if not rows:
-        return answer(404, request.match_info["id"], "unknown")
+        return answer(404, event_id, "unknown")
     return web.json_response(dict(zip(RECORD_FIELDS, rows[0], strict=True)))
 
 
@@ -264,6 +344,7 @@ async def stock(app: web.Application) -> int:
 
 
 async def get_stats(request: web.Request) -> web.Response:
+    require_token(request)
     counters: dict[str, int] = request.app[STATS]
     stats = counters.copy()
     stats.update(stock=await stock(request.app), commits=request.app[INBOX].commits)
@@ -271,6 +352,7 @@ async def get_stats(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    require_token(request)
     lines = []
     for name, value in request.app[STATS].items():
         lines += [f"# TYPE asnackq_sink_{name}_total counter", f"asnackq_sink_{name}_total {value}"]
@@ -296,27 +378,13 @@ async def inbox_context(app: web.Application) -> AsyncIterator[None]:
 
 def make_app(config: SinkConfig) -> web.Application:
     """The sink as an aiohttp application (bodies over 4 KiB are refused with 413)."""
-    app = web.Application(client_max_size=MAX_ACK_BYTES)
+    app = web.Application(client_max_size=MAX_ACK_BYTES, middlewares=[guard])
     app[CONFIG] = config
     app[STATS] = dict.fromkeys(COUNTERS, 0)
+    app[BUSY] = set()
     app.cleanup_ctx.append(inbox_context)
     app.router.add_post("/events", post_event)
     app.router.add_get("/events/{id}", get_event)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/metrics", get_metrics)
     return app
-
-
-async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set; print the listening line first (flushed)."""
-    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"asnackq sink listening on http://{shown}:{bound[1]}/events", flush=True)
-        await stop.wait()
-    finally:
-        await runner.cleanup()            # in-flight requests are answered, then the DB closes

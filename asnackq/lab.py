@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from asnackq import ops
 from asnackq.core import worker as w
+from asnackq.http_send import check_number
 from asnackq.procs import sink_process, sink_stats
 
 __all__ = ["LabConfig", "run_lab", "verify"]
@@ -60,11 +61,12 @@ class LabConfig:
         w.check_int(self.concurrency, "concurrency", 1, 1024)
         w.check_int(self.lease_ms, "lease_ms", 1, w.PRODUCT.lease_ms)
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
-        for name in ("fail_rate", "drop_rate"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in 0..1")
-        if self.kill_every < 0 or not 0 < self.timeout_s <= 86_400:
-            raise ValueError("kill_every must be >= 0 and timeout_s in (0, 86400]")
+        w.check_int(self.delay_ms, "delay_ms", 0, 60_000)
+        check_number(self.fail_rate, "fail_rate", 0, 1)
+        check_number(self.drop_rate, "drop_rate", 0, 1)
+        check_number(self.kill_every, "kill_every", 0, 3600)
+        check_number(self.send_timeout_s, "send_timeout_s", 0, 600, open_low=True)
+        check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)
         if self.send_timeout_s * 1000 >= self.lease_ms:
             raise ValueError("the send timeout must be below the lease")
         if self.directory is not None and self.directory.exists() and \

@@ -45,7 +45,10 @@ def enqueue_all(path: Path, items: list[Intake],
 
 @contextlib.contextmanager
 def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.Connection]:
-    """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise."""
+    """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
+
+    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``.
+    """
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
@@ -54,9 +57,9 @@ def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.C
             found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (table,)).fetchone()
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"{path} is not a {what} DB: {error}") from None
+            raise ValueError(f"{path} is not a {what}: {error}") from None
         if found is None:
-            raise ValueError(f"{path} is not a {what} DB (no {table} table)")
+            raise ValueError(f"{path} is not a {what} (no {table} table)")
         yield con
     finally:
         con.close()

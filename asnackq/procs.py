@@ -9,15 +9,19 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 __all__ = ["sink_process", "sink_stats"]
 
 
 @contextlib.contextmanager
-def sink_process(db: Path, *options: str) -> Iterator[str]:
-    """Run ``asnackq sink --db DB OPTIONS`` and yield its URL; stopped (SIGTERM) on exit."""
+def sink_process(db: Path, *options: str, stderr: IO[Any] | None = None) -> Iterator[str]:
+    """Run ``asnackq sink --db DB OPTIONS`` and yield its URL; stopped (SIGTERM) on exit.
+
+    The sink's log (one line per refusal) goes to ``stderr``, by default this process's.
+    """
     proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(db), *options],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -36,8 +36,8 @@ def fails(*args, code=1, **kwargs):
     run = asnackq(*args, **kwargs)
     assert run.returncode == code, (run.stdout, run.stderr)
     assert "Traceback" not in run.stderr
-    if code == 1:
-        assert run.stderr.startswith(f"asnackq {args[0]}: ")
+    assert run.stderr.count("\n") == 1
+    assert run.stderr.startswith(f"asnackq {args[0]}: " if code == 1 else "asnackq")
     return run.stderr
 
 
@@ -139,10 +139,10 @@ def test_commands_on_a_missing_or_foreign_file_fail_clearly(tmp_path):
     assert not missing.exists()
     other = tmp_path / "other.db"
     sqlite3.connect(other).close()
-    assert "not a queue DB" in fails("dead", other)
+    assert "is not a queue (no jobs table)" in fails("dead", other)
     text = tmp_path / "text.db"
     text.write_text("hello, this is not SQLite at all" * 10)
-    assert "not a queue DB" in fails("stats", text)
+    assert "is not a queue: file is not a database" in fails("stats", text)
 
 
 # --- stats, dead, redrive, history ----------------------------------------------------------
@@ -209,7 +209,7 @@ def test_redrive_errors_change_nothing(queue):
                                            "--note", "x")
     assert "no job 'ghost'" in fails("redrive", queue, "ghost", "--ttl-ms", "10", "--note", "x")
     assert "give either one job ID or --reason" in fails("redrive", queue, "--ttl-ms", "10",
-                                                         "--note", "x")
+                                                         "--note", "x", code=2)
     assert "note" in fails("redrive", queue, "--reason", "exhausted", "--ttl-ms", "10",
                            "--note", "two words")
     assert "ttl_ms" in fails("redrive", queue, "e1", "--ttl-ms", "0", "--note", "x")

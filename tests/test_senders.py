@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 
 import pytest
 from aiohttp import web
@@ -152,3 +154,55 @@ def test_judge_reads_only_a_bounded_ack():
     assert judge(200, json.dumps({"id": "a", "status": "applied"}).encode(), "a") is True
     with pytest.raises(BadAck):
         judge(200, b" " * 4097, "a")
+
+
+@contextlib.asynccontextmanager
+async def raw_peer(answer):
+    """A loopback server that reads one request, then runs ``answer(reader, writer)``."""
+    async def handle(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            await answer(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+ACK = json.dumps({"id": "a", "status": "applied"}).encode()
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+
+
+async def test_timeout_s_bounds_the_whole_answer_not_each_read():
+    """A peer dripping a valid ACK a byte every 20 ms (about 2.5 s in all) is a timeout
+    after timeout_s = 0.3 for both senders, however lively each read is."""
+    async def drip(reader, writer):
+        for byte in OK_HEAD % len(ACK) + ACK:
+            if reader.at_eof():               # the sender gave up and closed
+                return
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    async with raw_peer(drip) as url:
+        started = time.monotonic()
+        with pytest.raises(Retryable):
+            await asyncio.to_thread(HttpSender(url, timeout_s=0.3), dict(EVENT))
+        assert time.monotonic() - started < 1.0
+        assert await send_both(url, timeout_s=0.3) == [Unavailable, Unavailable]
+
+
+async def test_a_body_shorter_than_its_content_length_proves_nothing():
+    async def short(reader, writer):
+        writer.write(OK_HEAD % 1000 + ACK)         # 1000 announced, a whole ACK, then close
+        await writer.drain()
+
+    async with raw_peer(short) as url:      # a cut answer: the connection, not the job
+        assert await send_both(url) == [Unavailable, Unavailable]

@@ -1,0 +1,137 @@
+"""Bad arguments to the real ``asnackq`` command: exit 2 for usage, 1 for a failure, one
+line on stderr, no traceback, and every file as it was (or never created)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from asnackq.aio import epoch_ms
+from asnackq.core import worker as w
+from asnackq.procs import sink_process
+
+from .test_cli import fails
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def queue(tmp_path):
+    """A queue holding one pending job."""
+    path = tmp_path / "q.db"
+    con = w.open_queue(path)
+    try:
+        w.enqueue(con, {"id": "a", "qty": 1}, epoch_ms(), 60_000)
+    finally:
+        con.close()
+    return path
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/events", "http://127.0.0.1:abc/events"])
+def test_work_refuses_a_bad_sink_url_before_anything_is_claimed(queue, url):
+    before = digest(queue)
+    assert "argument --sink:" in fails("work", queue, "--sink", url, "--until-empty", code=2)
+    assert digest(queue) == before
+
+
+@pytest.mark.parametrize("count", ["-1", "0"])
+def test_work_max_jobs_must_be_at_least_one(queue, count):
+    before = digest(queue)
+    assert "argument --max-jobs:" in fails("work", queue, "--sink", "http://127.0.0.1:9/events",
+                                           "--max-jobs", count, code=2)
+    assert digest(queue) == before
+
+
+def test_enqueue_of_deeply_nested_json_is_one_line_and_writes_nothing(queue, tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "b", "qty": 1}\n' + "[" * 100_000 + "\n")
+    before = digest(queue)
+    assert fails("enqueue", queue, deep).endswith(":2: nested too deeply\n")
+    assert digest(queue) == before
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_sink_port_out_of_range_is_usage_and_creates_no_db(tmp_path, port):
+    assert "argument --port:" in fails("sink", "--db", tmp_path / "s.db", "--port", port, code=2)
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_sink_on_a_port_in_use_fails_and_creates_no_db(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert "address already in use" in fails("sink", "--db", tmp_path / "s.db", "--port", port)
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_sink_refuses_a_token_that_no_header_could_carry(tmp_path):
+    assert "auth_token" in fails("sink", "--db", tmp_path / "s.db", "--auth-token", "tök",
+                                 code=2)
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize("option", [("--delay-ms", "-1"), ("--fail-rate", "nan")])
+def test_lab_refuses_bad_fault_options_in_one_line(tmp_path, option):
+    assert f"argument {option[0]}:" in fails("lab", "--dir", tmp_path / "lab", *option, code=2)
+    assert not (tmp_path / "lab").exists()
+
+
+def test_outbox_pending_and_dispatch_never_add_tables(queue):
+    before = digest(queue)
+    assert "argument --limit:" in fails("outbox", "pending", queue, "--limit", "0", code=2)
+    assert "is not a source DB (no outbox table)" in fails("outbox", "pending", queue)
+    assert "is not a source DB" in fails("outbox", "dispatch", queue, "--sink",
+                                         "http://127.0.0.1:9/events")
+    assert digest(queue) == before
+
+
+def test_outbox_commands_with_bad_input_create_no_file(tmp_path):
+    new = tmp_path / "new.db"
+    assert "event id" in fails("outbox", "accept", new, "--id", "bad id", "--qty", "1")
+    assert "no source DB at" in fails("outbox", "pending", new)
+    assert "argument --sink:" in fails("outbox", "dispatch", new, "--sink",
+                                       "http://127.0.0.1:99999/events", code=2)
+    assert not new.exists()
+
+
+def test_audit_names_a_file_that_is_not_a_sink_db_once(queue):
+    error = fails("audit", queue, "--sink-db", queue)
+    assert "is not a sink DB (no inbox table)" in error and "DB DB" not in error
+
+
+@pytest.mark.parametrize("args", [("--id", "b"), ("-", "--id", "b", "--qty", "2")])
+def test_enqueue_needs_either_id_and_qty_or_an_input(queue, args):
+    before = digest(queue)
+    fails("enqueue", queue, *args, code=2, stdin="")
+    assert digest(queue) == before
+
+
+def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_path):
+    """``work`` started while the file is locked waits with the bounded backoff of BEGIN
+    (about 9 s in all) instead of failing after a second; 1.5 s of lock is waited out."""
+    holder = sqlite3.connect(queue, isolation_level=None)
+    with sink_process(tmp_path / "sink.db") as url:
+        holder.execute("BEGIN EXCLUSIVE")
+        work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink", url,
+                                 "--until-empty", "--json"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.5)                  # longer than a busy timeout (1 s) and start-up
+            holder.execute("COMMIT")
+            out, err = work.communicate(timeout=30)
+        finally:
+            holder.close()
+            if work.poll() is None:
+                work.kill()
+                work.communicate()
+    assert work.returncode == 0, err
+    assert '"done": 1' in out
