@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops
+from asnackq import metrics, ops
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
@@ -301,10 +301,12 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--accept-dead", action="store_true",
                       help="exit 0 even when jobs ended dead that the sink never rejected")
     work.add_argument("--max-jobs", type=int, default=None, help="stop after N claims")
-    work.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
+    work.add_argument("--allow-remote", action="store_true",
+                      help="allow a non-loopback sink (and --metrics-host)")
     work.add_argument("--trace", type=Path, default=None,
                       help="append one JSON line per claim and per finish (for experiments)")
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
 
 
@@ -345,15 +347,18 @@ def run_work(args: argparse.Namespace) -> int:
     breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
     sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s,
                              allow_remote=args.allow_remote)
+    exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
     started = time.perf_counter()
 
     async def main() -> tuple[dict[str, int], bool]:
-        async with AsyncQueue.open(args.queue) as queue, sender as send:
-            dispatcher = Dispatcher(queue, send, owner=owner, concurrency=args.concurrency,
-                                    lease_ms=args.lease_ms, trace=tracer,
-                                    prefetch=args.prefetch, retry=retry, breaker=breaker)
+        async with AsyncQueue.open(args.queue) as queue, sender as send, exporter:
+            dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
+                                    concurrency=args.concurrency, lease_ms=args.lease_ms,
+                                    trace=tracer, prefetch=args.prefetch, retry=retry,
+                                    breaker=breaker)
+            exporter.watch(dispatcher)
             running = asyncio.ensure_future(dispatcher.run(
                 until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
             loop = asyncio.get_running_loop()
