@@ -586,10 +586,14 @@ def add_lab(commands: Commands) -> None:
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
                      help="write the results to FILE")
+    lab.add_argument("--report", type=Path, default=None, metavar="DIR",
+                     help="write DIR/report.html: plots, invariants, summary (needs "
+                     "asnackq[report])")
     lab.set_defaults(run=run_lab)
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    from asnackq import report
     from asnackq.lab import LabConfig, report_rows
     from asnackq.lab import run_lab as experiment
 
@@ -599,15 +603,20 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
         timeout_s=args.timeout_s, directory=args.dir)
+    if args.report is not None:
+        report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    written = None if args.report is None else report.write(result, args.report)
     out = Console(highlight=False)
     out.print(key_values("asnackq lab", report_rows(result)))
     for violation in result["violations"]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
     for failure in result["liveness_failures"]:
         out.print(f"[bold red]LIVENESS[/] {failure}")
+    if written is not None:
+        out.print(f"report: {written}")
     return 1 if result["violations"] or result["liveness_failures"] else 0
 
 
