@@ -29,6 +29,7 @@ from rich.table import Table
 from asnackq import metrics, ops
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
+from asnackq.dashboard import add_dashboard
 from asnackq.http_send import is_loopback
 
 Command = Callable[[argparse.Namespace], int]
@@ -644,6 +645,7 @@ def parser() -> argparse.ArgumentParser:
     add_lab(commands)
     add_sink(commands)
     add_outbox(commands)
+    add_dashboard(commands)
     return top
 
 

@@ -50,14 +50,15 @@ def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.C
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    kind = what.removesuffix(" DB")                 # "sink DB" -> "is not a sink DB"
     try:
         try:
             found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (table,)).fetchone()
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"{path} is not a {what} DB: {error}") from None
+            raise ValueError(f"{path} is not a {kind} DB: {error}") from None
         if found is None:
-            raise ValueError(f"{path} is not a {what} DB (no {table} table)")
+            raise ValueError(f"{path} is not a {kind} DB (no {table} table)")
         yield con
     finally:
         con.close()
