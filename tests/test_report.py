@@ -11,6 +11,7 @@ import pytest
 
 from asnackq.lab import report_rows
 
+from .browser import screenshot, wait_for
 from .page import Page
 from .test_cli import asnackq, fails
 
@@ -124,3 +125,20 @@ def test_a_report_target_that_cannot_be_one_is_refused_before_the_run(tmp_path):
     why = fails("lab", "--dir", tmp_path / "lab", "--report", target)
     assert "is not a directory" in why and why.count("\n") == 1
     assert not (tmp_path / "lab").exists()
+
+
+def test_the_report_draws_every_plot_from_disk_in_a_browser(lab_run, browser, tmp_path):
+    _, path = lab_run
+    browser.get(path.as_uri())
+    drawn = """return [...document.querySelectorAll("div.plot")].map((plot) => [plot.id,
+        plot.querySelectorAll(".main-svg").length,
+        plot.querySelectorAll(".bars path, .scatterlayer path.js-line").length])"""
+
+    def probe():
+        plots = browser.execute_script(drawn)
+        return len(plots) == 4 and all(svgs and marks for _, svgs, marks in plots), plots
+    wait_for(probe, what="the report's plots")
+    assert browser.execute_script(                       # nothing came from anywhere else
+        "return performance.getEntriesByType('resource').map((r) => r.name)") == []
+    png = screenshot(browser, tmp_path, "report.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
