@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,16 @@ def require() -> Any:
 
 
 def check_target(directory: Path) -> None:
-    """Refuse a report directory that cannot be one, before the run starts."""
+    """Refuse a report directory that cannot be one, before the run starts (creating none)."""
     require()
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"--report {directory} is not a directory")
+    existing = next(path for path in (directory, *directory.absolute().parents)
+                    if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--report {directory}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--report {directory}: {existing} is not writable")
     if (directory / "report.html").is_dir():
-        raise ValueError(f"{directory / 'report.html'} is a directory")
+        raise ValueError(f"--report {directory}: {directory / 'report.html'} is a directory")
 
 
 # --- the figures (plotly's JSON figure format) --------------------------------------------

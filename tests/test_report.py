@@ -120,11 +120,14 @@ def test_without_plotly_report_fails_at_once_with_what_to_install(tmp_path):
 
 
 def test_a_report_target_that_cannot_be_one_is_refused_before_the_run(tmp_path):
-    target = tmp_path / "taken"
-    target.write_text("not a directory")
-    why = fails("lab", "--dir", tmp_path / "lab", "--report", target)
-    assert "is not a directory" in why and why.count("\n") == 1
-    assert not (tmp_path / "lab").exists()
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    (tmp_path / "out" / "report.html").mkdir(parents=True)
+    for target, why in ((taken, "is not a directory"), (taken / "below", "is not a directory"),
+                        (tmp_path / "out", "report.html is a directory")):
+        said = fails("lab", "--dir", tmp_path / "lab", "--report", target)
+        assert why in said and said.count("\n") == 1, said
+    assert not (tmp_path / "lab").exists() and taken.read_text() == "not a directory"
 
 
 def test_the_report_draws_every_plot_from_disk_in_a_browser(lab_run, browser, tmp_path):
