@@ -5,10 +5,10 @@ Rules of this module:
 * Read-only.  Each sample opens the DBs through ``ops.read_only`` (``mode=ro`` URIs) and
   closes them; the dashboard never writes, creates or migrates a file.  The numbers are
   ``ops.stats`` and ``ops.audit``, the same as ``asnackq stats`` and ``asnackq audit``.
-* One sampler task reads the DBs every ``SAMPLE_S`` (in a thread) and keeps the last minute
-  of done counts for the throughput.  Requests are answered from the latest sample, so open
-  pages add no load on the queue.  The audit (a join over every job) runs at most every ten
-  times its own duration.
+* One sampler task reads the DBs every ``SAMPLE_S`` (in a thread; less often when a read
+  takes longer than a tenth of that) and keeps the last minute of done counts for the
+  throughput.  Requests are answered from the latest sample, so open pages add no load on
+  the queue.  The audit (a join over every job) runs at most every ten times its duration.
 * Only ``GET`` (and ``HEAD``) on ``/`` (the page), ``/api/state`` (the JSON the page shows,
   for scripts too) and ``/metrics`` (Prometheus): other methods get 405, other paths 404.
 * Loopback only unless ``--allow-remote``; on loopback, a request whose Host header names
@@ -127,13 +127,21 @@ class Sampler:
                 "done_per_s": round(max(0, done - first) / span_s, 1) if span_s > 0 else None}
 
     async def run(self) -> None:
-        """Sample every ``SAMPLE_S`` until cancelled; a failed read shows as ``error``."""
+        """Sample until cancelled; a failed read shows as ``error``.
+
+        A reader delays the writers' commits on a rollback journal, so the next sample waits
+        ``SAMPLE_S`` or ten times the last one's duration, whichever is longer: the dashboard
+        reads at most a tenth of the time, however large the queue.
+        """
+        took = 0.0
         while True:
-            await asyncio.sleep(SAMPLE_S)
+            await asyncio.sleep(max(SAMPLE_S, 10 * took))
+            started = time.monotonic()
             try:
                 await asyncio.to_thread(self.sample)
             except ValueError as error:
                 self.state = {**self.state, "error": str(error), "at_ms": epoch_ms()}
+            took = time.monotonic() - started
 
 
 # --- the web app ---------------------------------------------------------------------------

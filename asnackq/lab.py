@@ -175,22 +175,30 @@ def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
 
 @dataclass
 class Sampler:
-    """The queue's jobs by status and the sink's counters, read every ``SAMPLE_EVERY_S``."""
+    """The queue's jobs by status and the sink's counters, read every ``SAMPLE_EVERY_S``
+    or ten times as long as a reading takes (a reader delays the workers' commits)."""
 
     queue: Path
     url: str
     statuses: list[dict[str, Any]] = field(default_factory=list)
     sink: list[dict[str, Any]] = field(default_factory=list)
-    last: float = -math.inf
+    due: float = -math.inf
 
     def __call__(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if force or now - self.last >= SAMPLE_EVERY_S:
-            self.last = now
+        """Take a sample when one is due; ``force``: now, and a failure raises."""
+        started = time.perf_counter()
+        if not force and started < self.due:
+            return
+        try:
             with ops.read_only(self.queue, "jobs") as con:
                 by_status = ops.stats(con, epoch_ms())["by_status"]
-            self.statuses.append({"at": epoch_ms(), **by_status})
-            self.sink.append({"at": epoch_ms(), **sink_stats(self.url)})
+        except ValueError:
+            if force:
+                raise
+            return      # a SIGKILLed worker's hot journal: the next writer rolls it back
+        self.statuses.append({"at": epoch_ms(), **by_status})
+        self.sink.append({"at": epoch_ms(), **sink_stats(self.url)})
+        self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
 
     @property
     def finished(self) -> int:

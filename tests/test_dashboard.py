@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -214,6 +215,36 @@ def test_it_follows_the_queue_and_says_when_it_cannot_read(dbs, tmp_path):
         moved.rename(queue)
         until(lambda: state(url)["error"] is None)
         assert request(url, "/metrics")[0] == 200
+
+
+def kill_mid_transaction(queue):
+    """A writer SIGKILLed inside a transaction that reached the file: a hot journal."""
+    code = ("import os, signal, sqlite3, sys\n"
+            "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "con.execute('PRAGMA cache_size=1')\n"        # spill the change to the file
+            "con.execute('BEGIN IMMEDIATE')\n"
+            "con.execute('UPDATE jobs SET qty = qty + 1')\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(queue)], check=False, timeout=30)
+    assert run.returncode == -signal.SIGKILL
+
+
+def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
+    queue, _ = dbs
+    ops.enqueue_all(queue, [({"id": f"x-{i}", "qty": 1}, 60_000, 3) for i in range(3000)])
+    kill_mid_transaction(queue)
+    said = fails("dashboard", queue)
+    assert "a writer died mid-transaction" in said and said.count("\n") == 1
+    ok("init", queue)                                      # a writer rolls the journal back
+    with dashboard(queue) as url:
+        assert state(url)["stats"]["by_status"]["pending"] == 3002
+        kill_mid_transaction(queue)
+        shown = until(lambda: (seen := state(url))["error"] and seen)
+        assert "a writer died mid-transaction" in shown["error"]
+        ok("init", queue)
+        until(lambda: state(url)["error"] is None)
+    with ops.read_only(queue, "jobs") as con:              # no change survived the kills
+        assert con.execute("SELECT sum(qty) FROM jobs").fetchone()[0] == 15 + 3000
 
 
 def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
