@@ -273,6 +273,9 @@ def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
         with pytest.raises(SystemExit) as usage:
             main(["dashboard", str(queue), "--port", port])
         assert usage.value.code == 2 and "--port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as shown:
+        main(["dashboard", "--help"])
+    assert shown.value.code == 0 and "--sink-db" in capsys.readouterr().out
     assert "no queue at" in fails("dashboard", tmp_path / "missing.db")   # and as a process
     assert not (tmp_path / "missing.db").exists() and not (tmp_path / "nosink.db").exists()
 
