@@ -60,6 +60,7 @@ class Breaker:
         self._in_a_row = 0
         self._wait_ms = policy.base_ms
         self._opened_at = 0.0
+        self._stopped = False
 
     @property
     def is_open(self) -> bool:
@@ -105,8 +106,14 @@ class Breaker:
         if probe:
             self._turn.release()
 
+    def paused_ms_so_far(self) -> int:
+        """Time spent open, an outage still going on counted up to now."""
+        going_on = self.is_open and not self._stopped
+        return self.counts.paused_ms + (self._elapsed_ms() if going_on else 0)
+
     def stop(self) -> None:
         """The run is over: count an outage still going on."""
+        self._stopped = True
         if self.is_open:
             self.counts.paused_ms += self._elapsed_ms()
             self._opened_at = asyncio.get_running_loop().time()

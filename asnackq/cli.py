@@ -29,8 +29,9 @@ from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops
+from asnackq import metrics, ops
 from asnackq.core import worker as w
+from asnackq.dashboard import add_dashboard
 from asnackq.http_send import check_url, is_loopback
 
 Command = Callable[[argparse.Namespace], int]
@@ -358,10 +359,12 @@ def add_work(commands: Commands) -> None:
                       help="exit 0 even when jobs ended dead that the sink never rejected")
     work.add_argument("--max-jobs", type=within(int, 1, 10**9), default=None,
                       help="stop after N claims (N >= 1)")
-    work.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
+    work.add_argument("--allow-remote", action="store_true",
+                      help="allow a non-loopback sink (and --metrics-host)")
     work.add_argument("--trace", type=Path, default=None,
                       help="append one JSON line per claim and per finish (for experiments)")
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
 
 
@@ -402,15 +405,18 @@ def run_work(args: argparse.Namespace) -> int:
     breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
     sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s,
                              allow_remote=args.allow_remote)
+    exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
     started = time.perf_counter()
 
     async def main() -> tuple[dict[str, int], bool]:
-        async with AsyncQueue.open(args.queue) as queue, sender as send:
-            dispatcher = Dispatcher(queue, send, owner=owner, concurrency=args.concurrency,
-                                    lease_ms=args.lease_ms, trace=tracer,
-                                    prefetch=args.prefetch, retry=retry, breaker=breaker)
+        async with AsyncQueue.open(args.queue) as queue, sender as send, exporter:
+            dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
+                                    concurrency=args.concurrency, lease_ms=args.lease_ms,
+                                    trace=tracer, prefetch=args.prefetch, retry=retry,
+                                    breaker=breaker)
+            exporter.watch(dispatcher)
             running = asyncio.ensure_future(dispatcher.run(
                 until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
             loop = asyncio.get_running_loop()
@@ -639,10 +645,14 @@ def add_lab(commands: Commands) -> None:
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
                      help="write the results to FILE")
+    lab.add_argument("--report", type=Path, default=None, metavar="DIR",
+                     help="write DIR/report.html: plots, invariants, summary (needs "
+                     "asnackq[report])")
     lab.set_defaults(run=run_lab)
 
 
 def run_lab(args: argparse.Namespace) -> int:
+    from asnackq import report
     from asnackq.lab import LabConfig, report_rows
     from asnackq.lab import run_lab as experiment
 
@@ -652,15 +662,20 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
         timeout_s=args.timeout_s, directory=args.dir)
+    if args.report is not None:
+        report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    written = None if args.report is None else report.write(result, args.report)
     out = Console(highlight=False)
     out.print(key_values("asnackq lab", report_rows(result)))
     for violation in result["violations"]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
     for failure in result["liveness_failures"]:
         out.print(f"[bold red]LIVENESS[/] {failure}")
+    if written is not None:
+        out.print(f"report: {written}")
     return 1 if result["violations"] or result["liveness_failures"] else 0
 
 
@@ -688,6 +703,7 @@ def parser() -> argparse.ArgumentParser:
     add_lab(commands)
     add_sink(commands)
     add_outbox(commands)
+    add_dashboard(commands)
     return top
 
 

@@ -497,6 +497,16 @@ class Dispatcher:
         """Whether the current run is paused by its circuit breaker (the sink is away)."""
         return self._breaker is not None and self._breaker.is_open
 
+    def snapshot(self) -> dict[str, int]:
+        """The current (or last) run's counts so far; the circuit breaker's are live too
+        (``summary`` gets them when the run ends)."""
+        counts = self.summary.as_dict()
+        if self._breaker is not None:
+            live = self._breaker.counts
+            counts.update(outages=live.outages, probes=live.probes,
+                          paused_ms=self._breaker.paused_ms_so_far())
+        return counts
+
     async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
                   follow: bool = False) -> Summary:
         """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import signal
 import subprocess
@@ -31,12 +32,26 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asnackq import ops
+from asnackq import ops, timeline
 from asnackq.core import worker as w
 from asnackq.http_send import check_number
 from asnackq.procs import sink_process, sink_stats
 
-__all__ = ["LabConfig", "run_lab", "verify"]
+__all__ = ["INVARIANTS", "LabConfig", "run_lab", "verify"]
+
+# What the lab checks, by name: the audit's violations and the lab's own evidence.
+INVARIANTS = {
+    "no-job-lost": "every enqueued job ended done or dead, with its qty",
+    **ops.VIOLATIONS,
+    "effect-once": "the sink applied one effect per inbox row: none twice",
+    "token-once": "no token was claimed twice",
+    "finish-once": "no finish was accepted twice",
+    "no-stale-finish": "no finish was accepted for a lease other than the job's last",
+    "workers-exit": "every worker exited 0, or by the lab's SIGKILL",
+    "in-time": "the run ended within --timeout-s",
+}
+LIVENESS = "every job the sink did not reject ended done"
+SAMPLE_EVERY_S = 0.1       # the queue's statuses and the sink's counters, for the plots
 
 
 @dataclass
@@ -98,6 +113,7 @@ class Workers:
     root: Path
     url: str
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)    # starts and kills
     started: int = 0
     kills: int = 0
     failures: dict[str, str] = field(default_factory=dict)
@@ -106,6 +122,7 @@ class Workers:
         self.started += 1
         owner = f"lab-w{self.started}"
         c = self.config
+        self.events.append({"at": w.epoch_ms(), "e": "start", "owner": owner})
         with open(self.root / f"{owner}.out", "wb") as out, \
                 open(self.root / f"{owner}.err", "wb") as err:
             self.procs[owner] = subprocess.Popen(
@@ -122,6 +139,7 @@ class Workers:
             victim = rng.choice(live)
             self.procs[victim].send_signal(signal.SIGKILL)
             self.procs[victim].wait(timeout=30)
+            self.events.append({"at": w.epoch_ms(), "e": "kill", "owner": victim})
             self.kills += 1
             self.start()                     # keep P workers; the new one reclaims later
 
@@ -156,11 +174,36 @@ def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
     return qty
 
 
-def finished(queue: Path) -> int:
-    with ops.read_only(queue, "jobs") as con:
-        (count,) = con.execute(
-            "SELECT count(*) FROM jobs WHERE status IN ('done', 'dead')").fetchone()
-    return int(count)
+@dataclass
+class Sampler:
+    """The queue's jobs by status and the sink's counters, read every ``SAMPLE_EVERY_S``
+    or ten times as long as a reading takes (a reader delays the workers' commits)."""
+
+    queue: Path
+    url: str
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    sink: list[dict[str, Any]] = field(default_factory=list)
+    due: float = -math.inf
+
+    def __call__(self, force: bool = False) -> None:
+        """Take a sample when one is due; ``force``: now, and a failure raises."""
+        started = time.perf_counter()
+        if not force and started < self.due:
+            return
+        try:
+            with ops.read_only(self.queue, "jobs") as con:
+                by_status = ops.stats(con, w.epoch_ms())["by_status"]
+        except ValueError:
+            if force:
+                raise
+            return      # a SIGKILLed worker's hot journal: the next writer rolls it back
+        self.statuses.append({"at": w.epoch_ms(), **by_status})
+        self.sink.append({"at": w.epoch_ms(), **sink_stats(self.url)})
+        self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
+
+    @property
+    def finished(self) -> int:
+        return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
 
 
 def read_traces(root: Path) -> list[dict[str, Any]]:
@@ -173,17 +216,22 @@ def read_traces(root: Path) -> list[dict[str, Any]]:
     return records
 
 
-def percentile(values: list[int], share: float) -> int | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+@dataclass
+class Findings:
+    """Violations as messages, and counted by the invariant they break."""
+
+    messages: list[str] = field(default_factory=list)
+    broken: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
+
+    def add(self, invariant: str, message: str, count: int = 1) -> None:
+        self.messages.append(message)
+        self.broken[invariant] += count
 
 
 def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[str, Any]],
            stats: dict[str, int]) -> dict[str, Any]:
     """Check every invariant from the evidence; return violations, evidence and figures."""
-    violations: list[str] = []
+    found = Findings()
     with ops.read_only(queue, "jobs") as con:
         jobs = {row[0]: row[1:] for row in con.execute(
             "SELECT id, qty, status, reason, token FROM jobs")}
@@ -194,23 +242,24 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
     for job_id, n in qty.items():
         row = jobs.get(job_id)
         if row is None or row[1] not in ("done", "dead"):
-            violations.append(f"job lost or unfinished: {job_id} ({row and row[1]})")
+            found.add("no-job-lost", f"job lost or unfinished: {job_id} ({row and row[1]})")
         elif row[0] != n:
-            violations.append(f"job {job_id} has qty {row[0]}, enqueued {n}")
+            found.add("no-job-lost", f"job {job_id} has qty {row[0]}, enqueued {n}")
     audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
     for flag, description in ops.VIOLATIONS.items():
         if audited["flags"][flag]:
-            violations.append(f"{audited['flags'][flag]} x {flag}: {description}")
+            found.add(flag, f"{audited['flags'][flag]} x {flag}: {description}",
+                      audited["flags"][flag])
     if stats["applied"] != inbox_rows:
-        violations.append(f"effects applied {stats['applied']} times for {inbox_rows} inbox "
-                          "rows: an effect was applied twice")
+        found.add("effect-once", f"effects applied {stats['applied']} times for {inbox_rows} "
+                  "inbox rows: an effect was applied twice")
     claims: dict[tuple[str, int], dict[str, Any]] = {}
     for record in traces:
         if record["e"] == "claim":
             key = (record["id"], record["token"])
             if key in claims:
-                violations.append(f"token reused: {key} claimed by {claims[key]['owner']} "
-                                  f"and {record['owner']}")
+                found.add("token-once", f"token reused: {key} claimed by "
+                          f"{claims[key]['owner']} and {record['owner']}")
             claims[key] = record
     accepted: dict[tuple[str, int], dict[str, Any]] = {}
     latencies = []
@@ -220,11 +269,11 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
         key = (record["id"], record["token"])
         final = jobs.get(record["id"])
         if key in accepted:
-            violations.append(f"a finish of {key} was accepted twice")
+            found.add("finish-once", f"a finish of {key} was accepted twice")
         elif record["status"] in ("done", "dead") and final is not None \
                 and (final[1], final[3]) != (record["status"], record["token"]):
-            violations.append(f"stale finish accepted: {key} {record['status']}, but the job "
-                              f"ended {final[1]} at token {final[3]}")
+            found.add("no-stale-finish", f"stale finish accepted: {key} {record['status']}, "
+                      f"but the job ended {final[1]} at token {final[3]}")
         accepted[key] = record
         if key in claims:
             latencies.append(record["at"] - claims[key]["at"])
@@ -236,12 +285,12 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
         statuses[row[1]] = statuses.get(row[1], 0) + 1
     liveness = {"dead_unanswered": unanswered, "never_sent": len(unsent),
                 "dead_after_applied": evidence, "examples": unsent[:5]}
-    return {"violations": violations, "dead_after_applied": evidence, "statuses": statuses,
+    return {"violations": found.messages, "broken": found.broken,
+            "dead_after_applied": evidence, "statuses": statuses,
             "liveness": liveness,
             "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
                              for reason in ops.REASONS},
-            "latency_ms": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
-                           "samples": len(latencies)},
+            "latency_ms": timeline.latency(latencies),
             "claims_traced": len(claims)}
 
 
@@ -252,37 +301,18 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
               "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
     with sink_process(root / "sink.db", *faults) as url:
-        workers = Workers(config, root, url)
-        began = time.perf_counter()
-        next_kill = began + config.kill_every
-        timed_out = False
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True,
-                      disable=not console.is_terminal) as progress:
-            task = progress.add_task("finished (done or dead)", total=config.jobs)
-            try:
-                for _ in range(config.processes):
-                    workers.start()
-                while not workers.reap():
-                    time.sleep(0.05)
-                    now = time.perf_counter()
-                    progress.update(task, completed=finished(queue),
-                                    description=f"finished, {workers.kills} kills")
-                    if config.kill_every and now >= next_kill:
-                        workers.kill_one(rng)
-                        next_kill = now + config.kill_every
-                    if now - began > config.timeout_s:
-                        timed_out = True
-                        break
-            finally:
-                workers.stop()
+        workers, sampler = Workers(config, root, url), Sampler(queue, url)
+        t0_ms, began = w.epoch_ms(), time.perf_counter()
+        timed_out = watch(workers, sampler, rng, console)
         seconds = time.perf_counter() - began
-        stats = sink_stats(url)
-    result = verify(queue, root / "sink.db", qty, read_traces(root), stats)
-    result["violations"] += workers.failures.values()
+        sampler(force=True)                  # the final state, while the sink still answers
+        stats = sampler.sink[-1]
+    traces = read_traces(root)
+    result = verify(queue, root / "sink.db", qty, traces, stats)
+    for failure in workers.failures.values():
+        breach(result, "workers-exit", failure)
     if timed_out:
-        result["violations"].append(f"the run did not end within {config.timeout_s}s")
+        breach(result, "in-time", f"the run did not end within {config.timeout_s}s")
     done = result["statuses"].get("done", 0)
     liveness = result["liveness"]
     liveness["expected"] = config.dead_expected
@@ -297,8 +327,58 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
-        "kills": workers.kills, "workers_started": workers.started})
+        "kills": workers.kills, "workers_started": workers.started,
+        "invariants": invariants(result),
+        "series": timeline.series(t0_ms, traces, workers.events, sampler.statuses,
+                                  sampler.sink)})
     return result
+
+
+def watch(workers: Workers, sampler: Sampler, rng: random.Random, console: Console) -> bool:
+    """Start the workers, kill one every ``kill_every``, sample; True if the run timed out."""
+    config = workers.config
+    began = time.perf_counter()
+    next_kill = began + config.kill_every
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
+        task = progress.add_task("finished (done or dead)", total=config.jobs)
+        try:
+            for _ in range(config.processes):
+                workers.start()
+            while not workers.reap():
+                time.sleep(0.05)
+                now = time.perf_counter()
+                sampler()
+                progress.update(task, completed=sampler.finished,
+                                description=f"finished, {workers.kills} kills")
+                if config.kill_every and now >= next_kill:
+                    workers.kill_one(rng)
+                    next_kill = now + config.kill_every
+                if now - began > config.timeout_s:
+                    return True
+        finally:
+            workers.stop()
+    return False
+
+
+def breach(result: dict[str, Any], invariant: str, message: str) -> None:
+    result["violations"].append(message)
+    result["broken"][invariant] += 1
+
+
+def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each invariant with its verdict: holds, broken, or (liveness only) expected."""
+    rows = [{"name": name, "description": text, "violations": result["broken"][name],
+             "verdict": "broken" if result["broken"][name] else "holds"}
+            for name, text in INVARIANTS.items()]
+    liveness = result["liveness"]
+    unanswered = liveness["dead_unanswered"]
+    rows.append({"name": "liveness", "description": LIVENESS, "violations": unanswered,
+                 "verdict": "holds" if not unanswered else
+                 "expected" if liveness["expected"] else "broken"})
+    return rows
 
 
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:

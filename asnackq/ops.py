@@ -43,6 +43,14 @@ def enqueue_all(path: Path, items: list[Intake],
     return results
 
 
+def hint(error: sqlite3.Error) -> str:
+    """What a read-only reader can say about an error it cannot fix itself."""
+    if error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK":
+        return (" (a writer died mid-transaction: its journal is rolled back by the next "
+                "writer that opens the file)")
+    return ""
+
+
 @contextlib.contextmanager
 def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.Connection]:
     """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
@@ -52,14 +60,17 @@ def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.C
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    kind = what.removesuffix(" DB")                 # "sink DB" -> "is not a sink DB"
     try:
         try:
             found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (table,)).fetchone()
+        except sqlite3.OperationalError as error:
+            raise ValueError(f"cannot read {path} now: {error}{hint(error)}") from None
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"{path} is not a {what}: {error}") from None
+            raise ValueError(f"{path} is not a {kind} DB: {error}") from None
         if found is None:
-            raise ValueError(f"{path} is not a {what} (no {table} table)")
+            raise ValueError(f"{path} is not a {kind} DB (no {table} table)")
         yield con
     finally:
         con.close()

@@ -84,3 +84,15 @@ def statements(con: sqlite3.Connection) -> Iterator[list[str]]:
     con.set_trace_callback(lambda sql: seen.append(" ".join(sql.split()[:2]).upper()))
     yield seen
     con.set_trace_callback(None)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium (see tests/browser.py): skipped without one, failed in CI."""
+    from .browser import chrome
+
+    driver = chrome()
+    try:
+        yield driver
+    finally:
+        driver.quit()

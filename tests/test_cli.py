@@ -139,10 +139,10 @@ def test_commands_on_a_missing_or_foreign_file_fail_clearly(tmp_path):
     assert not missing.exists()
     other = tmp_path / "other.db"
     sqlite3.connect(other).close()
-    assert "is not a queue (no jobs table)" in fails("dead", other)
+    assert "is not a queue DB (no jobs table)" in fails("dead", other)
     text = tmp_path / "text.db"
     text.write_text("hello, this is not SQLite at all" * 10)
-    assert "is not a queue: file is not a database" in fails("stats", text)
+    assert "is not a queue DB: file is not a database" in fails("stats", text)
 
 
 # --- stats, dead, redrive, history ----------------------------------------------------------

@@ -1,0 +1,103 @@
+"""A lab run over time: the data behind the report's plots, from the run's evidence.
+
+Rules of this module:
+
+* Pure functions of what the lab collected (the workers' traces, the worker starts and
+  kills, samples of the queue and of the sink's counters): no I/O, standard library only,
+  so ``--json`` carries every series even without the plotting extra.
+* Times are seconds since the run's start (``t0_ms``, on the traces' epoch-ms clock).
+* The report draws these lists as they are: whatever it shows is here, so the report and
+  the JSON agree by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["latency", "percentile", "series"]
+
+# Bucket widths for "finished per interval": the smallest giving at most MAX_BUCKETS bars.
+INTERVALS_MS = (100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000)
+MAX_BUCKETS = 120
+HISTOGRAM_BINS = 40
+STATUSES = ("pending", "leased", "done", "dead")
+SINK_COUNTERS = ("requests", "applied", "duplicates")
+FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}   # finish status -> series
+
+
+def percentile(values: list[int], share: float) -> int | None:
+    """The nearest-rank value at ``share`` (0..1) of ``values``; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def latency(samples_ms: list[int]) -> dict[str, Any]:
+    """Claim-to-finish latency: percentiles and a histogram of equal-width bins."""
+    top = max(samples_ms, default=0)
+    width = round_up((top + 1) / HISTOGRAM_BINS)
+    counts = [0] * (top // width + 1) if samples_ms else []
+    for sample in samples_ms:
+        counts[sample // width] += 1
+    return {"p50": percentile(samples_ms, 0.5), "p90": percentile(samples_ms, 0.9),
+            "p99": percentile(samples_ms, 0.99), "max": top if samples_ms else None,
+            "samples": len(samples_ms),
+            "histogram": {"bin_ms": width, "start_ms": [i * width for i in range(len(counts))],
+                          "count": counts}}
+
+
+def round_up(value: float) -> int:
+    """The smallest 1, 2 or 5 times a power of ten that is at least ``value`` (at least 1)."""
+    if value <= 1:
+        return 1
+    power = int(10 ** math.floor(math.log10(value)))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= value)
+
+
+def seconds(at_ms: int, t0_ms: int) -> float:
+    return round((at_ms - t0_ms) / 1000, 3)
+
+
+def interval_ms(span_ms: int) -> int:
+    """The bar width for a run of ``span_ms``."""
+    for width in INTERVALS_MS:
+        if span_ms <= width * MAX_BUCKETS:
+            return width
+    return math.ceil(span_ms / MAX_BUCKETS / 60_000) * 60_000
+
+
+def finished(traces: list[dict[str, Any]], t0_ms: int, end_ms: int) -> dict[str, Any]:
+    """Committed finishes per interval, by what they did: done, dead, retried."""
+    width = interval_ms(max(1, end_ms - t0_ms))
+    count = max(1, math.ceil((end_ms - t0_ms) / width))
+    bars: dict[str, list[int]] = {name: [0] * count for name in FINISHED.values()}
+    for record in traces:
+        if record["e"] == "finish" and record["status"] in FINISHED:
+            index = min(count - 1, max(0, (record["at"] - t0_ms) // width))
+            bars[FINISHED[record["status"]]][index] += 1
+    return {"interval_s": width / 1000, "t_s": [i * width / 1000 for i in range(count)], **bars}
+
+
+def columns(samples: list[dict[str, Any]], keys: tuple[str, ...], t0_ms: int) -> dict[str, Any]:
+    """Samples (each with ``at`` in epoch ms) as one list per key, with ``t_s``."""
+    table: dict[str, Any] = {"t_s": [seconds(s["at"], t0_ms) for s in samples]}
+    table.update({key: [s[key] for s in samples] for key in keys})
+    return table
+
+
+def series(t0_ms: int, traces: list[dict[str, Any]], events: list[dict[str, Any]],
+           statuses: list[dict[str, Any]], sink: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every time series of a run: finishes per interval, worker starts and kills, jobs by
+    status and the sink's counters over time."""
+    stamps = [r["at"] for r in traces] + [s["at"] for s in (*statuses, *sink, *events)]
+    end_ms = max(stamps, default=t0_ms)
+    return {
+        "t0_ms": t0_ms, "seconds": seconds(end_ms, t0_ms),
+        "finished": finished(traces, t0_ms, end_ms),
+        "events": [{"t_s": seconds(e["at"], t0_ms), "e": e["e"], "owner": e["owner"]}
+                   for e in sorted(events, key=lambda e: e["at"])],
+        "statuses": columns(statuses, STATUSES, t0_ms),
+        "sink": columns(sink, SINK_COUNTERS, t0_ms),
+    }
