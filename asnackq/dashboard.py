@@ -41,7 +41,7 @@ from asnackq import metrics, ops
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
 
-__all__ = ["Sampler", "add_dashboard", "make_app", "run_dashboard"]
+__all__ = ["Sampler", "make_app", "run_dashboard"]
 
 SAMPLE_S = 1.0
 WINDOW_MS = 60_000                     # throughput over the last minute
@@ -238,27 +238,6 @@ def make_app(sampler: Sampler, token: str | None = None,
 
 
 # --- the command ---------------------------------------------------------------------------
-
-def add_dashboard(commands: argparse._SubParsersAction[Any]) -> None:
-    dashboard = commands.add_parser(
-        "dashboard", help="a live web page of a queue (read-only), with /api/state and /metrics",
-        description="Serve a page that shows the queue, refreshed every second: jobs by "
-        "status, dead by reason, throughput over the last minute, the oldest pending wait, "
-        "expired leases, the latest redrives; with --sink-db the inbox counters and the "
-        "audit's attention items. /api/state is the same data as JSON, /metrics in the "
-        "Prometheus format. The DBs are opened read-only.")
-    dashboard.add_argument("queue", type=Path)
-    dashboard.add_argument("--sink-db", type=Path, default=None,
-                           help="the sink's DB: inbox counters and the audit")
-    dashboard.add_argument("--host", default="127.0.0.1")
-    dashboard.add_argument("--port", type=metrics.port, default=0, help="0 picks a free port")
-    dashboard.add_argument("--allow-remote", action="store_true",
-                           help="allow binding a non-loopback --host")
-    dashboard.add_argument("--auth-token", default=None,
-                           help="require 'Authorization: Bearer TOKEN' (or Basic, any user, "
-                           "TOKEN as password)")
-    dashboard.set_defaults(run=run_dashboard)
-
 
 def run_dashboard(args: argparse.Namespace) -> int:
     metrics.check_host(args.host, args.allow_remote)

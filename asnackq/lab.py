@@ -16,8 +16,6 @@ a ttl that outlasts the run's own time bound, so no job dies of the lab's length
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import random
 import signal
@@ -36,6 +34,7 @@ from asnackq import ops, timeline
 from asnackq.core import worker as w
 from asnackq.http_send import check_number
 from asnackq.procs import sink_process, sink_stats
+from asnackq.traces import read_traces
 
 __all__ = ["INVARIANTS", "LabConfig", "run_lab", "verify"]
 
@@ -204,16 +203,6 @@ class Sampler:
     @property
     def finished(self) -> int:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
-
-
-def read_traces(root: Path) -> list[dict[str, Any]]:
-    """Every trace line of every worker (a line cut by a SIGKILL is skipped)."""
-    records = []
-    for path in sorted(root.glob("*.trace")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(ValueError):
-                records.append(json.loads(line))
-    return records
 
 
 @dataclass

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from asnackq.http_send import is_loopback
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from asnackq.aio import AsyncSend
     from asnackq.dispatch import Dispatcher
 
@@ -217,6 +217,8 @@ def check_host(host: str, allow_remote: bool) -> None:
 
 
 def exposition(text: str) -> web.Response:
+    from aiohttp import web  # imported when served: the command line stays light
+
     return web.Response(body=text.encode(CHARSET), headers={
         "Content-Type": f"{CONTENT_TYPE}; version={FORMAT}; charset={CHARSET}",
         "Cache-Control": "no-store"})
@@ -225,6 +227,8 @@ def exposition(text: str) -> web.Response:
 @contextlib.asynccontextmanager
 async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
     """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``)."""
+    from aiohttp import web
+
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     try:
@@ -268,6 +272,8 @@ class WorkerMetrics:
 
     async def __aenter__(self) -> WorkerMetrics:
         if self.port is not None:
+            from aiohttp import web
+
             app = web.Application()
             app.router.add_get("/metrics", self.get_metrics)
             url = await self._stack.enter_async_context(serving(app, self.host, self.port))

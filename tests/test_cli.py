@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from asnackq.core import worker as w
-from asnackq.lab import LabConfig, read_traces, run_lab, verify
+from asnackq.lab import LabConfig, run_lab, verify
+from asnackq.traces import read_traces
 
 from .conftest import rows
 

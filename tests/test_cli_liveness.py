@@ -12,7 +12,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from asnackq.lab import LabConfig, read_traces, run_lab, verify
+from asnackq.lab import LabConfig, run_lab, verify
+from asnackq.traces import read_traces
 
 from .conftest import rows
 from .sinks import dead_port

@@ -1,0 +1,56 @@
+"""The ``asnackq`` command: one entry point, one subcommand per job.
+
+Exit codes: 0 ok, 1 failure or violation, 2 usage (an unknown, missing, malformed or
+out-of-range option, or options that do not go together).  A bad input is one clear
+line on stderr (never a traceback) and changes nothing: options are checked before any
+file is opened or created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from collections.abc import Sequence
+
+from asnackq.cli.common import Command, Failure, Parser, Usage
+from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
+from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink, add_work
+from asnackq.core import worker as w
+
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    top = Parser(
+        prog="asnackq", description="At-least-once delivery with once-only effects.")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo(commands)
+    add_init(commands)
+    add_enqueue(commands)
+    add_work(commands)
+    add_inspect(commands)
+    add_audit(commands)
+    add_lab(commands)
+    add_sink(commands)
+    add_outbox(commands)
+    add_dashboard(commands)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``asnackq`` command; return its exit code."""
+    args = parser().parse_args(argv)
+    run: Command = args.run
+    try:
+        return run(args)
+    except Failure as error:
+        print(f"asnackq {args.command}: {error}", file=sys.stderr)
+        return 2 if isinstance(error, Usage) else 1
+    except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:
+        print(f"asnackq {args.command}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

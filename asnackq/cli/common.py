@@ -1,0 +1,72 @@
+"""What every command shares: failures and exit codes, argparse types, the queue-file rule."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeAlias
+
+from asnackq.http_send import check_url
+
+Command = Callable[[argparse.Namespace], int]
+
+
+class Failure(Exception):
+    """A user-facing failure: printed as one line on stderr, exit code 1."""
+
+
+class Usage(Failure):
+    """Options that do not go together: printed as one line on stderr, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``asnackq COMMAND: why``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
+
+
+def existing_queue(path: Path) -> Path:
+    """A queue file that must already exist (``init`` creates one; typos create nothing)."""
+    if not path.is_file():
+        raise Failure(f"no queue at {path} (create one with: asnackq init {path})")
+    return path
+
+
+def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan                # fails the range check below
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, "
+                f"not {text!r}")
+        return value
+    return parse
+
+
+RATE = within(float, 0, 1)
+
+
+TIMEOUT = within(float, 0.001, 600)      # a sender's timeout_s
+
+
+def sink_url(text: str) -> str:
+    """An argparse type: an http(s) URL with a host and a valid port (the loopback rule
+    is applied later, with ``--allow-remote``)."""
+    try:
+        check_url(text, allow_remote=True)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text

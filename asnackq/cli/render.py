@@ -1,0 +1,44 @@
+"""Rendering: JSON with ``--json``, rich tables and the live progress line otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:
+    """Print ``data`` as JSON with ``--json``, else the human rendering."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=None, sort_keys=True))
+    else:
+        human(Console(highlight=False))
+
+
+def key_values(title: str, pairs: list[tuple[str, object]]) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for key, value in pairs:
+        table.add_row(key, "-" if value is None else str(value))
+    return table
+
+
+def rows_table(title: str, rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
+    table = Table(title=title)
+    for key in keys:
+        table.add_column(key)
+    for row in rows:
+        table.add_row(*("-" if row[key] is None else str(row[key]) for key in keys))
+    return table
+
+
+def progress_line(summary: dict[str, int], seconds: float, paused: bool) -> str:
+    return (f"done {summary['done']}  retried {summary['retried']}  dead {summary['dead']}  "
+            f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
+            f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
+            + ("  PAUSED: the sink is not there, probing" if paused else ""))

@@ -1,0 +1,43 @@
+"""The trace format: one JSON line per claim and per committed finish, for experiments.
+
+``Tracer`` writes it (``asnackq work --trace FILE``, each line reaching the OS before the
+worker's next step, so a SIGKILL loses at most the line being written); ``read_traces``
+reads every worker's file of a lab run back, skipping a line such a kill cut short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Tracer", "read_traces"]
+
+
+class Tracer:
+    """Appends claim/finish lines to a file; each line reaches the OS before the next step."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+
+    def __call__(self, kind: str, ticket: dict[str, Any], at_ms: int,
+                 status: str | bool | None) -> None:
+        record = {"e": kind, "id": ticket["id"], "token": ticket["token"],
+                  "owner": ticket["owner"], "at": at_ms}
+        if kind == "finish":
+            record["status"] = status
+        self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def read_traces(root: Path) -> list[dict[str, Any]]:
+    """Every trace line of every worker (a line cut by a SIGKILL is skipped)."""
+    records = []
+    for path in sorted(root.glob("*.trace")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+    return records
