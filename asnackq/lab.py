@@ -222,12 +222,11 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
     """Check every invariant from the evidence; return violations, evidence and figures."""
     found = Findings()
     with ops.read_only(queue, "jobs") as con:
-        jobs = {row[0]: row[1:] for row in con.execute(
-            "SELECT id, qty, status, reason, token FROM jobs")}
+        jobs = {row[0]: row[1:] for row in con.execute(ops.SQL_JOB_STATES)}
     unsent = sorted(i for i, (_, status, reason, token) in jobs.items()
                     if status == "dead" and reason != "permanent" and token == 0)
     with ops.read_only(sink_db, "inbox", "sink DB") as con:
-        inbox_rows = con.execute("SELECT count(*) FROM inbox").fetchone()[0]
+        inbox_rows = con.execute(ops.SQL_INBOX_ROWS).fetchone()[0]
     for job_id, n in qty.items():
         row = jobs.get(job_id)
         if row is None or row[1] not in ("done", "dead"):

@@ -150,6 +150,10 @@ def redrive_by_reason(path: Path, reason: str, now_ms: int, ttl_ms: int,
 
 # --- the audit: how far the evidence reaches for each job --------------------------------
 
+# Each job's final state, and the sink's inbox size: the lab's evidence next to the audit.
+SQL_JOB_STATES = "SELECT id, qty, status, reason, token FROM jobs"
+SQL_INBOX_ROWS = "SELECT count(*) FROM inbox"
+
 # One row per job and per orphan inbox row: the job's state joined with the sink's record.
 AUDIT_SQL = """
 SELECT j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
