@@ -26,10 +26,11 @@ from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops
+from asnackq import ops, stores
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
+from asnackq.targets import Target, one_line, shown, target
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -41,6 +42,7 @@ class Failure(Exception):
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
+QUEUE_HELP = "a queue file, or a postgresql:// URL"
 
 
 def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:
@@ -60,10 +62,12 @@ def key_values(title: str, pairs: list[tuple[str, object]]) -> Table:
     return table
 
 
-def existing_queue(path: Path) -> Path:
-    """A queue file that must already exist (``init`` creates one; typos create nothing)."""
-    if not path.is_file():
-        raise Failure(f"no queue at {path} (create one with: asnackq init {path})")
+def existing_queue(path: Target) -> Target:
+    """A queue that must already exist (``init`` creates one; typos create nothing)."""
+    try:
+        stores.require(path)
+    except ValueError as error:
+        raise Failure(str(error)) from None
     return path
 
 
@@ -76,7 +80,9 @@ def rate(text: str) -> float:
 
 def add_sink(commands: Commands) -> None:
     sink = commands.add_parser("sink", help="run the HTTP sink (inbox + stock) until SIGINT/TERM")
-    sink.add_argument("--db", required=True, type=Path, help="sink DB file (created if needed)")
+    sink.add_argument("--db", required=True, type=target,
+                      help="sink DB file or postgresql:// URL (created if needed; replicas "
+                      "may share one database)")
     sink.add_argument("--host", default="127.0.0.1")
     sink.add_argument("--port", type=int, default=0, help="0 picks a free port")
     sink.add_argument("--allow-remote", action="store_true",
@@ -165,21 +171,17 @@ def run_outbox(args: argparse.Namespace) -> int:
 
 def add_init(commands: Commands) -> None:
     init = commands.add_parser("init", help="create a queue file (idempotent)")
-    init.add_argument("queue", type=Path)
+    init.add_argument("queue", type=target, help=QUEUE_HELP)
     init.add_argument("--json", action="store_true", help="print the result as JSON")
     init.set_defaults(run=run_init)
 
 
 def run_init(args: argparse.Namespace) -> int:
-    created = not args.queue.exists()
-    con = w.open_queue(args.queue)
-    try:
-        (jobs,) = con.execute("SELECT count(*) FROM jobs").fetchone()
-    finally:
-        con.close()
-    result = {"queue": str(args.queue), "created": created, "jobs": jobs}
+    created, jobs = stores.init(args.queue)
+    result = {"queue": shown(args.queue), "created": created, "jobs": jobs}
     emit(args, result, lambda out: out.print(
-        f"{'created' if created else 'opened existing'} queue {args.queue} ({jobs} jobs)"))
+        f"{'created' if created else 'opened existing'} queue {shown(args.queue)} "
+        f"({jobs} jobs)"))
     return 0
 
 
@@ -190,7 +192,7 @@ def add_enqueue(commands: Commands) -> None:
         'line: {"id": "a-1", "qty": 3} with optional "ttl_ms" and "max_attempts". Every line '
         "is validated before anything is written; conflicting ids (known with another qty) "
         "change nothing, are reported, and make the exit code 1.")
-    enqueue.add_argument("queue", type=Path)
+    enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=int)
@@ -257,7 +259,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
     return 1 if conflicts else 0
 
 
-def intake(queue: Path, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
+def intake(queue: Target, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
     """``ops.enqueue_all`` with a progress bar on a terminal."""
     console = Console(stderr=True)
     with Progress(console=console, transient=True,
@@ -279,7 +281,7 @@ def add_work(commands: Commands) -> None:
         description="Claim, send and finish jobs until stopped (Ctrl-C or SIGTERM: stop "
         "claiming, let in-flight sends end, finish them, print the summary). With "
         "--until-empty, stop once no job is pending or leased.")
-    work.add_argument("queue", type=Path)
+    work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, help="the sink's /events URL")
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
@@ -403,12 +405,12 @@ def run_work(args: argparse.Namespace) -> int:
 
 def add_inspect(commands: Commands) -> None:
     stats = commands.add_parser("stats", help="jobs by status and reason, lag, attempts, leases")
-    stats.add_argument("queue", type=Path)
+    stats.add_argument("queue", type=target, help=QUEUE_HELP)
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=run_stats)
 
     dead = commands.add_parser("dead", help="the dead jobs with reason, attempts and token")
-    dead.add_argument("queue", type=Path)
+    dead.add_argument("queue", type=target, help=QUEUE_HELP)
     dead.add_argument("--reason", choices=ops.REASONS)
     dead.add_argument("--json", action="store_true")
     dead.set_defaults(run=run_dead)
@@ -417,7 +419,7 @@ def add_inspect(commands: Commands) -> None:
         "redrive", help="return dead jobs to pending, each audited",
         description="Redrive one dead job by ID, or every dead job with --reason; each "
         "redrive is its own audited transaction (see 'history').")
-    redrive.add_argument("queue", type=Path)
+    redrive.add_argument("queue", type=target, help=QUEUE_HELP)
     redrive.add_argument("id", nargs="?")
     redrive.add_argument("--reason", choices=ops.REASONS)
     redrive.add_argument("--ttl-ms", type=int, required=True,
@@ -427,7 +429,7 @@ def add_inspect(commands: Commands) -> None:
     redrive.set_defaults(run=run_redrive)
 
     history = commands.add_parser("history", help="a job's state and its redrive records")
-    history.add_argument("queue", type=Path)
+    history.add_argument("queue", type=target, help=QUEUE_HELP)
     history.add_argument("id")
     history.add_argument("--json", action="store_true")
     history.set_defaults(run=run_history)
@@ -444,7 +446,7 @@ def run_stats(args: argparse.Namespace) -> int:
         pairs += [("oldest pending wait (ms)", result["oldest_pending_ms"]),
                   ("expired leases awaiting reclaim", result["expired_leases"])]
         pairs += [(f"attempts = {n}", count) for n, count in result["attempts"].items()]
-        out.print(key_values(f"asnackq stats {args.queue}", pairs))
+        out.print(key_values(f"asnackq stats {shown(args.queue)}", pairs))
     emit(args, result, human)
     return 0
 
@@ -473,11 +475,8 @@ def run_redrive(args: argparse.Namespace) -> int:
         raise Failure("give either one job ID or --reason (exhausted, deadline, permanent)")
     now = epoch_ms()
     if args.id is not None:
-        con = w.open_queue(args.queue)
-        try:
-            ops.redrive(con, args.id, now, args.ttl_ms, args.note)
-        finally:
-            con.close()
+        with stores.open_queue(args.queue) as store:
+            ops.redrive(store, args.id, now, args.ttl_ms, args.note)
         results = [{"id": args.id, "redriven": True}]
     else:
         results = ops.redrive_by_reason(args.queue, args.reason, now, args.ttl_ms, args.note)
@@ -512,8 +511,9 @@ def add_audit(commands: Commands) -> None:
         "expired leases. Violations (exit code 1): a done job without an inbox row, an "
         "inbox qty that differs from the job's, an inbox row without a job, a token the "
         "queue never issued, a stock that differs from the inbox total.")
-    audit.add_argument("queue", type=Path)
-    audit.add_argument("--sink-db", required=True, type=Path)
+    audit.add_argument("queue", type=target, help=QUEUE_HELP)
+    audit.add_argument("--sink-db", required=True, type=target,
+                       help="the sink's DB file or postgresql:// URL")
     audit.add_argument("--id", help="show one job's whole evidence chain")
     audit.add_argument("--limit", type=int, default=20, help="jobs listed per kind")
     audit.add_argument("--json", action="store_true")
@@ -644,6 +644,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        if not stores.database_error(error):
+            raise
+        print(f"asnackq {args.command}: database error: {one_line(error)}", file=sys.stderr)
         return 1
 
 

@@ -40,7 +40,7 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.targets import shown
+from asnackq.targets import one_line, shown
 
 __all__ = ["STATEMENTS", "AsyncStore", "Schema", "Unreachable", "aconnect", "apump",
            "connect", "drive", "placeholders", "register"]
@@ -218,12 +218,6 @@ def plan_open(schema: Schema, create: bool) -> Generator[w.Step, Any, tuple[None
 
 # --- errors and URLs ----------------------------------------------------------------
 
-def one_line(error: BaseException) -> str:
-    """An error's first meaningful line (libpq's messages span several)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
 def _conflict(error: BaseException) -> bool:
     """Whether a transaction failed only because another one ran at the same time."""
     if isinstance(error, errors.DeadlockDetected | errors.SerializationFailure):
@@ -307,6 +301,11 @@ def _run(con: psycopg.Connection[Any], plan: w.Plan, fault: w.Fault) -> tuple[An
             reply = None
             if fault is not None:
                 fault(step.name)
+
+
+def client_cursor(con: psycopg.Connection[Any]) -> psycopg.ClientCursor[Any]:
+    """A cursor binding parameters client-side (as SQLite does: ``? IS NULL`` works)."""
+    return psycopg.ClientCursor(con)
 
 
 def _rollback(con: psycopg.Connection[Any]) -> None:

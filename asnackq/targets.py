@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Target", "is_url", "shown", "target"]
+__all__ = ["Target", "is_url", "one_line", "shown", "target"]
 
 SCHEMES = ("postgresql://", "postgres://")
 Target = Path | str        # a Path is a file; a str here is always a URL
@@ -40,3 +40,9 @@ def shown(value: Target | os.PathLike[str]) -> str:
     text = os.fspath(value)
     text = re.sub(r"^([a-z]+://[^:/@?#]*):[^@/?#]*@", r"\1:***@", text)
     return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", text)
+
+
+def one_line(error: BaseException) -> str:
+    """An error's first non-empty line (libpq's messages span several)."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()),
+                type(error).__name__)

@@ -14,8 +14,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from asnackq.pg_server import FAST, LocalServer, create, find_binaries
+from asnackq.pg_server import FAST, SUPERUSER, LocalServer, create, find_binaries
 
 REQUIRED = os.environ.get("ASNACKQ_REQUIRE_PG") == "1"
 _names = itertools.count(1)
@@ -65,9 +66,10 @@ class Pool:
     def give_back(self, name: str) -> None:
         self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                            " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        self.admin.execute(f"ALTER DATABASE {name} OWNER TO {SUPERUSER}")
         with psycopg.connect(self.server.url(name), autocommit=True) as con:
             con.execute("DROP SCHEMA public CASCADE")
-            con.execute("CREATE SCHEMA public")
+            con.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
         self.free.append(name)
 
     def close(self) -> None:
@@ -87,6 +89,16 @@ def databases(pool: Pool) -> Iterator[Callable[[], str]]:
     finally:
         for name in taken:
             pool.give_back(name)
+
+
+def login(pool: Pool, name: str, password: str, url: str) -> str:
+    """A TCP URL with a password for a role that owns ``url``'s database."""
+    admin, database = pool.admin, conninfo_to_dict(url)["dbname"]
+    if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchall():
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+    admin.execute(f"ALTER ROLE {name} PASSWORD '{password}'")
+    admin.execute(f"ALTER DATABASE {database} OWNER TO {name}")
+    return pool.server.tcp_url(name, password, database)
 
 
 def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
