@@ -73,6 +73,19 @@ def job(path: Path | str, job_id: str) -> dict[str, Any] | None:
         con.close()
 
 
+def execute(path: Path | str, sql: str) -> list[tuple[Any, ...]]:
+    """One statement (committed) through a separate connection to a file or a database."""
+    if is_url(path):
+        return pgdb.query(path, sql)
+    con = sqlite3.connect(path)
+    try:
+        found = con.execute(sql).fetchall()
+        con.commit()
+        return found
+    finally:
+        con.close()
+
+
 @pytest.fixture(scope="session")
 def pg_pool() -> Iterator[pgdb.Pool]:
     """One throwaway PostgreSQL server for the session (skips without the binaries)."""

@@ -104,7 +104,8 @@ def login(pool: Pool, name: str, password: str, url: str) -> str:
 def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows of one query through a separate session."""
     with psycopg.connect(url, autocommit=True) as con:
-        return [tuple(row) for row in con.execute(sql, params)]
+        cursor = con.execute(sql, params)
+        return [tuple(row) for row in cursor] if cursor.description is not None else []
 
 
 def dict_row(url: str, sql: str, params: tuple[Any, ...]) -> dict[str, Any] | None:

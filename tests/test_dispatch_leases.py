@@ -6,7 +6,6 @@ import asyncio
 import collections
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 
-from .conftest import rows
+from .conftest import execute, rows
 from .sinks import sink, sink_state
 
 
@@ -114,10 +113,7 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
     await asyncio.wait_for(all_claimed.wait(), 10)
     # Another worker takes every job (forced: the leases are made to end now), so every
     # extension the Dispatcher tries comes back stale.
-    con = sqlite3.connect(db)
-    con.execute("UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
-    con.commit()
-    con.close()
+    execute(db, "UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
     assert len(await queue.claim_many("thief", epoch_ms(), 60_000, 3)) == 3
     summary = await asyncio.wait_for(run, 10)
     assert summary.lost == 3 and summary.requests == 1      # the two waiting were never sent
@@ -174,12 +170,8 @@ asyncio.run(main(*sys.argv[1:3]))
 
 def leases(db):
     """{(id, token): lease_until} of the leased rows, read through a separate connection."""
-    con = sqlite3.connect(db)
-    try:
-        return {(i, t): until for i, t, until in con.execute(
-            "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
-    finally:
-        con.close()
+    return {(i, t): until for i, t, until in execute(
+        db, "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
 
 
 def wait_for_an_extension(db, seconds):
