@@ -121,16 +121,22 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
     assert {(r[3], r[9], r[6]) for r in rows(db) if len(r) > 3} == {("leased", "thief", 2)}
 
 
+@pytest.fixture
+def places(tmp_path_factory):
+    """Fresh queue locations, one per example (files; databases in ``test_pg_dispatch``)."""
+    return lambda: tmp_path_factory.mktemp("leases") / "queue.db"
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]),
        data=st.data())
 def test_random_send_durations_up_to_three_leases_every_job_done_once(
-        tmp_path_factory, concurrency, prefetch, data):
+        places, concurrency, prefetch, data):
     lease_ms = 200
     jobs = data.draw(st.integers(1, 3 * concurrency))
     durations = data.draw(st.lists(st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]),
                                    min_size=jobs, max_size=jobs))
-    db = tmp_path_factory.mktemp("leases") / "queue.db"
+    db = places()
     send = SlowSend(durations)
 
     async def main():

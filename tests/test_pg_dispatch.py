@@ -1,26 +1,17 @@
 """The Dispatcher on PostgreSQL: the lease-keeping and outage scenarios of the SQLite suite,
-run unchanged with the queue in a PostgreSQL database (this module's ``db``), and the
-property test of random send durations over many cycles."""
+run unchanged with the queue in a PostgreSQL database (this module's ``db`` and ``places``),
+the property test of random send durations over many cycles included."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from asnackq.aio import AsyncQueue
-from asnackq.dispatch import Dispatcher
 
 from .test_dispatch_leases import (  # noqa: F401  (collected again, here on PostgreSQL)
-    SlowSend,
-    assert_each_done_once,
-    fill,
     queue,
     test_a_lease_capped_at_its_deadline_is_not_extended_again,
     test_a_real_sink_slower_than_half_the_lease_gets_each_job_once,
     test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished,
+    test_random_send_durations_up_to_three_leases_every_job_done_once,
     test_sends_slower_than_the_lease_end_done_at_token_1,
     test_the_summary_is_new_for_each_run,
 )
@@ -39,26 +30,6 @@ def db(pg_db):
     return pg_db()
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-@given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]),
-       data=st.data())
-def test_random_send_durations_up_to_three_leases_every_job_done_once(
-        pg_pool, concurrency, prefetch, data):
-    lease_ms = 200
-    jobs = data.draw(st.integers(1, 3 * concurrency))
-    durations = data.draw(st.lists(st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]),
-                                   min_size=jobs, max_size=jobs))
-    send = SlowSend(durations)
-    name = pg_pool.take()
-    url = pg_pool.server.url(name)
-
-    async def main():
-        async with AsyncQueue.open(url) as opened:
-            await fill(opened, jobs)
-            return await Dispatcher(opened, send, owner="d1", concurrency=concurrency,
-                                    lease_ms=lease_ms, prefetch=prefetch).run()
-
-    try:
-        assert_each_done_once(url, jobs, send, asyncio.run(main()))
-    finally:
-        pg_pool.give_back(name)
+@pytest.fixture
+def places(pg_db):
+    return pg_db
