@@ -577,6 +577,15 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--send-timeout-s", type=float, default=1.0)
     lab.add_argument("--max-attempts", type=int, default=5)
     lab.add_argument("--timeout-s", type=float, default=300.0, help="bound on the whole run")
+    lab.add_argument("--db", type=target, default=None, metavar="URL",
+                     help="a postgresql:// URL holding no jobs yet: the queue and the inbox "
+                     "there (default: files in --dir)")
+    lab.add_argument("--pg-local", action="store_true",
+                     help="--db on a throwaway local PostgreSQL server (initdb, stopped after)")
+    lab.add_argument("--sinks", type=int, default=1,
+                     help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
+    lab.add_argument("--kill-sinks", action="store_true",
+                     help="SIGKILLs hit sinks too, each restarted on its port")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -593,7 +602,8 @@ def run_lab(args: argparse.Namespace) -> int:
         fail_rate=args.fail_rate, drop_rate=args.drop_rate, delay_ms=args.delay_ms,
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
-        timeout_s=args.timeout_s, directory=args.dir)
+        timeout_s=args.timeout_s, directory=args.dir, db=args.db, sinks=args.sinks,
+        kill_sinks=args.kill_sinks, pg_local=args.pg_local)
     result = experiment(config, Console(stderr=True))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -3,7 +3,11 @@
 One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
 with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
 worker under a new owner name), then a verification from the evidence alone: the queue
-file, the sink DB, the sink's counters and the workers' traces.
+file, the sink DB, the sink's counters and the workers' traces.  With ``db`` (a
+``postgresql://`` URL: the queue and the inbox in one database) ``K`` sink replicas share
+the inbox, workers spread over them, and SIGKILLs may hit sinks too (each restarted on its
+port); the counters of a killed sink die with it, so the applied-counter check is then
+left to the inbox itself (one row per id, the stock equal to their sum).
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
@@ -17,6 +21,7 @@ a ttl that outlasts the run's own time bound, so no job dies of the lab's length
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import signal
@@ -34,7 +39,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from asnackq import ops
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.procs import sink_process, sink_stats
+from asnackq.pg_server import DURABLE, local_server
+from asnackq.procs import Replicas
+from asnackq.targets import Target, is_url, shown
 
 __all__ = ["LabConfig", "run_lab", "verify"]
 
@@ -54,6 +61,10 @@ class LabConfig:
     max_attempts: int = 5
     timeout_s: float = 300.0
     directory: Path | None = None
+    db: str | None = None            # a postgresql:// URL: the queue and the sinks' inbox
+    sinks: int = 1
+    kill_sinks: bool = False         # SIGKILLs hit sinks too (every other one, at random)
+    pg_local: bool = False           # db: a throwaway local server, stopped at the end
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -68,6 +79,13 @@ class LabConfig:
             raise ValueError("kill_every must be >= 0 and timeout_s in (0, 86400]")
         if self.send_timeout_s * 1000 >= self.lease_ms:
             raise ValueError("the send timeout must be below the lease")
+        w.check_int(self.sinks, "sinks", 1, 16)
+        if self.db is not None and not is_url(self.db):
+            raise ValueError("--db must be a postgresql:// URL (files live in --dir)")
+        if self.sinks > 1 and self.db is None and not self.pg_local:
+            raise ValueError("sink replicas share a PostgreSQL inbox: give --db or --pg-local")
+        if self.kill_sinks and not self.kill_every:
+            raise ValueError("--kill-sinks needs --kill-every")
         if self.directory is not None and self.directory.exists() and \
                 any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
@@ -95,7 +113,8 @@ class Workers:
 
     config: LabConfig
     root: Path
-    url: str
+    queue: Target
+    urls: list[str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     started: int = 0
     kills: int = 0
@@ -108,8 +127,9 @@ class Workers:
         with open(self.root / f"{owner}.out", "wb") as out, \
                 open(self.root / f"{owner}.err", "wb") as err:
             self.procs[owner] = subprocess.Popen(
-                [sys.executable, "-m", "asnackq", "work", str(self.root / "queue.db"),
-                 "--sink", self.url, "--concurrency", str(c.concurrency), "--owner", owner,
+                [sys.executable, "-m", "asnackq", "work", str(self.queue),
+                 "--sink", self.urls[self.started % len(self.urls)],
+                 "--concurrency", str(c.concurrency), "--owner", owner,
                  "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
                  "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json",
                  "--accept-dead"],            # the lab judges dead jobs itself
@@ -148,14 +168,14 @@ class Workers:
                 proc.wait(timeout=30)
 
 
-def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
+def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
     ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
                             for job_id, n in qty.items()])
     return qty
 
 
-def finished(queue: Path) -> int:
+def finished(queue: Target) -> int:
     with ops.read_only(queue, "jobs") as con:
         (count,) = con.execute(
             "SELECT count(*) FROM jobs WHERE status IN ('done', 'dead')").fetchone()
@@ -179,7 +199,7 @@ def percentile(values: list[int], share: float) -> int | None:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[str, Any]],
+def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[dict[str, Any]],
            stats: dict[str, int]) -> dict[str, Any]:
     """Check every invariant from the evidence; return violations, evidence and figures."""
     violations: list[str] = []
@@ -200,7 +220,7 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
     for flag, description in ops.VIOLATIONS.items():
         if audited["flags"][flag]:
             violations.append(f"{audited['flags'][flag]} x {flag}: {description}")
-    if stats["applied"] != inbox_rows:
+    if stats.get("applied") is not None and stats["applied"] != inbox_rows:
         violations.append(f"effects applied {stats['applied']} times for {inbox_rows} inbox "
                           "rows: an effect was applied twice")
     claims: dict[tuple[str, int], dict[str, Any]] = {}
@@ -244,14 +264,30 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
             "claims_traced": len(claims)}
 
 
+def require_empty(db: str) -> None:
+    """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
+    for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
+        try:
+            with ops.read_only(db, table, what) as con:
+                (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        except ValueError:
+            continue
+        if count:
+            raise ValueError(f"--db must hold no jobs and no inbox rows yet ({table}: "
+                             f"{count} rows): give a fresh database")
+
+
 def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
     rng = random.Random(config.seed)
-    queue = root / "queue.db"
+    queue: Target = config.db or root / "queue.db"
+    sink_db: Target = config.db or root / "sink.db"
+    if config.db is not None:
+        require_empty(config.db)
     qty = fill(queue, config, rng)
     faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
               "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
-    with sink_process(root / "sink.db", *faults) as url:
-        workers = Workers(config, root, url)
+    with Replicas(sink_db, config.sinks, *faults) as sinks:
+        workers = Workers(config, root, queue, sinks.urls)
         began = time.perf_counter()
         next_kill = began + config.kill_every
         timed_out = False
@@ -269,7 +305,10 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
                     progress.update(task, completed=finished(queue),
                                     description=f"finished, {workers.kills} kills")
                     if config.kill_every and now >= next_kill:
-                        workers.kill_one(rng)
+                        if config.kill_sinks and rng.random() < 0.5:
+                            sinks.kill_one(rng)
+                        else:
+                            workers.kill_one(rng)
                         next_kill = now + config.kill_every
                     if now - began > config.timeout_s:
                         timed_out = True
@@ -277,8 +316,10 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
             finally:
                 workers.stop()
         seconds = time.perf_counter() - began
-        stats = sink_stats(url)
-    result = verify(queue, root / "sink.db", qty, read_traces(root), stats)
+        stats: dict[str, Any] = sinks.counters()
+        if sinks.kills:
+            stats["applied"] = None          # a killed sink's counters are gone
+    result = verify(queue, sink_db, qty, read_traces(root), stats)
     result["violations"] += workers.failures.values()
     if timed_out:
         result["violations"].append(f"the run did not end within {config.timeout_s}s")
@@ -291,18 +332,22 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
         f"effect applied)"]
     result.update({
-        "config": {k: (str(v) if isinstance(v, Path) else v)
+        "config": {k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
                    for k, v in config.__dict__.items()},
         "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
-        "kills": workers.kills, "workers_started": workers.started})
+        "kills": workers.kills, "workers_started": workers.started,
+        "sinks": config.sinks, "sink_kills": sinks.kills})
     return result
 
 
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
     """Run one experiment; files go to ``config.directory`` or a temporary directory."""
     config.check()
+    if config.pg_local and config.db is None:
+        with local_server(DURABLE) as server:
+            return run_lab(dataclasses.replace(config, db=server.url()), console)
     if config.directory is not None:
         config.directory.mkdir(parents=True, exist_ok=True)
         return experiment(config, config.directory, console)
@@ -320,10 +365,13 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
         ("seconds", result["seconds"]),
         ("throughput (done jobs/s)", f"{result['done_per_s']:,}"),
         ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
-        ("HTTP requests", result["requests"]),
+        ("HTTP requests" + (" (live sinks' counters)" if result["sink_kills"] else ""),
+         result["requests"]),
         ("duplicates absorbed", result["duplicates"]),
         ("sink 503s / dropped ACKs", f"{result['sink_failed']} / {result['sink_dropped']}"),
         ("workers killed (SIGKILL) / started", f"{result['kills']} / {result['workers_started']}"),
+        ("sinks / sinks killed (SIGKILL, restarted)", f"{result['sinks']} / "
+                                                      f"{result['sink_kills']}"),
         ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
         ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
         ("dead with effect applied (evidence)", result["dead_after_applied"]),

@@ -10,6 +10,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -27,11 +28,16 @@ def is_url(value: Any) -> bool:
 
 
 def target(text: str) -> Target:
-    """A command-line argument as a target: a URL stays a str, anything else is a Path."""
+    """A command-line argument as a target: a URL stays a str, anything else is a Path.
+
+    A mistyped URL is refused (never taken for a file name), and not echoed: it may hold
+    a password.
+    """
     if is_url(text):
         return text
     if text.lower().startswith(("postgres:", "postgresql:")):
-        raise ValueError(f"not a PostgreSQL URL (postgresql://...): {shown(text)}")
+        raise argparse.ArgumentTypeError("not a PostgreSQL URL (expected "
+                                         "postgresql://USER:PASSWORD@HOST:PORT/DATABASE)")
     return Path(text)
 
 
