@@ -91,6 +91,24 @@ def databases(pool: Pool) -> Iterator[Callable[[], str]]:
             pool.give_back(name)
 
 
+def one_at_a_time(pool: Pool) -> Iterator[Callable[[], str]]:
+    """A factory of empty databases where each call gives the previous one back first (for
+    hypothesis examples, which run one after the other)."""
+    taken: list[str] = []
+
+    def fresh() -> str:
+        if taken:
+            pool.give_back(taken.pop())
+        taken.append(pool.take())
+        return pool.server.url(taken[-1])
+
+    try:
+        yield fresh
+    finally:
+        for name in taken:
+            pool.give_back(name)
+
+
 def login(pool: Pool, name: str, password: str, url: str) -> str:
     """A TCP URL with a password for a role that owns ``url``'s database."""
     admin, database = pool.admin, conninfo_to_dict(url)["dbname"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -9,6 +10,7 @@ from asnackq.core import worker as w
 
 from .conftest import T0, rows
 from .drivers import PgCon, q
+from .pgdb import one_at_a_time
 from .test_aio import apply
 
 # test_aio's operations on a denser timeline (most claims find work), and the batches:
@@ -57,21 +59,21 @@ def batch(con, op, tickets):
     return got
 
 
+@pytest.fixture
+def places(pg_pool):
+    yield from one_at_a_time(pg_pool)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(operations=BATCHES)
-def test_sqlite_and_postgresql_agree_on_random_operation_sequences(tmp_path_factory, pg_pool,
+def test_sqlite_and_postgresql_agree_on_random_operation_sequences(tmp_path_factory, places,
                                                                    operations):
-    path = tmp_path_factory.mktemp("agree") / "queue.db"
-    name = pg_pool.take()
-    url = pg_pool.server.url(name)
+    path, url = tmp_path_factory.mktemp("agree") / "queue.db", places()
+    sqlite, postgres = w.open_queue(path), PgCon(url)
     try:
-        sqlite, postgres = w.open_queue(path), PgCon(url)
-        try:
-            assert apply(sqlite, operations, call, batch) == apply(postgres, operations, call,
-                                                                   batch)
-        finally:
-            sqlite.close()
-            postgres.close()
-        assert rows(path) == rows(url)
+        assert apply(sqlite, operations, call, batch) == apply(postgres, operations, call, batch)
     finally:
-        pg_pool.give_back(name)
+        sqlite.close()
+        postgres.close()
+    assert rows(path) == rows(url)
+

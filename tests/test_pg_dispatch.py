@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from .pgdb import one_at_a_time
 from .test_dispatch_leases import (  # noqa: F401  (collected again, here on PostgreSQL)
     queue,
     test_a_lease_capped_at_its_deadline_is_not_extended_again,
@@ -31,5 +32,5 @@ def db(pg_db):
 
 
 @pytest.fixture
-def places(pg_db):
-    return pg_db
+def places(pg_pool):
+    yield from one_at_a_time(pg_pool)
