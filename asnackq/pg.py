@@ -234,6 +234,20 @@ def _backoff(attempt: int) -> float:
     return random.uniform(0, 0.005 * 2**attempt)
 
 
+# A session whose client vanished mid-transaction (a host lost, a network cut) would hold
+# its row locks until TCP gives up: the server ends it after 10 s idle in a transaction
+# (no transaction of ours waits on the client: sends happen between transactions).
+SQL_SESSION = "SET idle_in_transaction_session_timeout = 10000"
+
+
+def _refused(url: str, error: psycopg.Error) -> Exception:
+    """A failed connection as one line, without the password (libpq may echo the URL)."""
+    why = one_line(error).replace(url, shown(url))
+    if isinstance(error, psycopg.OperationalError):
+        return Unreachable(f"cannot connect to {shown(url)}: {why}")
+    return ValueError(f"not a usable PostgreSQL URL {shown(url)}: {why}")
+
+
 # --- the sync driver ----------------------------------------------------------------
 
 def connect(url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True,
@@ -241,9 +255,10 @@ def connect(url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True
     """A session on ``url`` with ``schema`` (the core's tuple) checked or created."""
     try:
         con = psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as error:
-        raise Unreachable(f"cannot connect to {shown(url)}: {one_line(error)}") from None
+    except psycopg.Error as error:
+        raise _refused(url, error) from None
     try:
+        con.execute(SQL_SESSION)
         drive(con, lambda: plan_open(SCHEMAS[schema], create and not read_only))
         if read_only:
             con.execute("SET default_transaction_read_only = on")
@@ -321,9 +336,10 @@ async def aconnect(url: str, schema: tuple[str, ...] = w.SCHEMA, *,
     """The async twin of ``connect``."""
     try:
         con = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as error:
-        raise Unreachable(f"cannot connect to {shown(url)}: {one_line(error)}") from None
+    except psycopg.Error as error:
+        raise _refused(url, error) from None
     try:
+        await con.execute(SQL_SESSION)
         await apump(con, lambda: plan_open(SCHEMAS[schema], create))
     except BaseException:
         await con.close()

@@ -127,6 +127,19 @@ def test_a_refused_login_is_one_line_without_the_password(pg_server):
     assert "password authentication failed" in message
 
 
+def test_a_malformed_url_is_one_line_without_the_password():
+    url = "postgresql://someone:hunter2@[::1/db"
+    with pytest.raises(ValueError, match="not a usable PostgreSQL URL") as raised:
+        pg.connect(url)
+    assert "hunter2" not in str(raised.value) and "someone:***@" in str(raised.value)
+
+
+def test_a_session_that_vanishes_mid_transaction_is_ended_by_the_server(url):
+    con = pg.connect(url)
+    assert con.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("10s",)
+    con.close()
+
+
 def test_a_statement_without_a_postgresql_text_is_a_bug_not_a_guess():
     with pytest.raises(KeyError, match="no PostgreSQL text"):
         pg.translate("DELETE FROM jobs", ())
