@@ -11,6 +11,8 @@ Rules of this module:
 * No transaction is ever open across a network await: sends happen between plans.
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with
   a bounded, jittered backoff (``asyncio.sleep``), then surfaces as ``QueueBusy``.
+* A queue is a *store*: a file through aiosqlite (``SqliteStore``) or a ``postgresql://``
+  URL through psycopg (``asnackq.pg.AsyncStore``); the same face, the same plans.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import inspect
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import aiosqlite
 
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
+from asnackq.targets import is_url
 
 __all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]   # and, lazily, Dispatcher and Summary
 
@@ -124,11 +128,56 @@ async def _begin(db: aiosqlite.Connection, attempts: int) -> None:
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
 
 
-class AsyncQueue:
-    """A queue file driven through aiosqlite: the same validation, results and hooks as the core."""
+class Store(Protocol):
+    """Where plans run: one session, driven by one task at a time."""
 
-    def __init__(self, db: aiosqlite.Connection, attempts: int = 8,
-                 limits: w.Limits = w.PRODUCT) -> None:
+    @property
+    def in_transaction(self) -> bool: ...
+
+    async def transact(self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]],
+                       fault: w.Fault = None) -> Any:
+        """Run ``plan`` in one transaction; ``make()`` builds it again if it must be retried."""
+
+    async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
+
+    async def close(self) -> None: ...
+
+
+class SqliteStore:
+    """One aiosqlite connection as a ``Store``: each plan through ``pump``."""
+
+    def __init__(self, db: aiosqlite.Connection, attempts: int = 8) -> None:
+        self.db, self.attempts = db, attempts
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.db.in_transaction)
+
+    async def transact(self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]],
+                       fault: w.Fault = None) -> Any:
+        return await pump(self.db, plan, fault, self.attempts)
+
+    async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+async def open_store(target: Any, schema: tuple[str, ...], busy_s: float = 1.0,
+                     attempts: int = 8) -> Store:
+    """A DB file or a ``postgresql://`` URL, with ``schema`` (the core's tuple) in place."""
+    if is_url(target):
+        from asnackq import pg
+
+        return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
+    return SqliteStore(await open_db(target, schema, busy_s, attempts), attempts)
+
+
+class AsyncQueue:
+    """A queue driven through a ``Store``: the same validation, results and hooks as the core."""
+
+    def __init__(self, db: Store, attempts: int = 8, limits: w.Limits = w.PRODUCT) -> None:
         self._db = db
         self._attempts = attempts
         self._lock = asyncio.Lock()
@@ -137,7 +186,8 @@ class AsyncQueue:
     @classmethod
     async def connect(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8,
                       limits: w.Limits = w.PRODUCT) -> AsyncQueue:
-        """Open a queue file (``open_queue``'s format and settings); close it with ``close()``.
+        """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
+        (``asnackq.pg``: the same tables in that database); close it with ``close()``.
 
         ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
         delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
@@ -145,11 +195,11 @@ class AsyncQueue:
         A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
         is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
         """
-        filename = w.check_queue_path(path)
+        target = path if is_url(path) else w.check_queue_path(path)
         if not 0 < busy_s <= 60:
             raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
         w.check_int(attempts, "attempts", 1, 100)
-        return cls(await open_db(filename, w.SCHEMA, busy_s, attempts), attempts, limits)
+        return cls(await open_store(target, w.SCHEMA, busy_s, attempts), attempts, limits)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -170,11 +220,18 @@ class AsyncQueue:
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
 
-    async def _run(self, plan: w.Plan[T], fault: w.Fault = None) -> T:
-        """Run one plan under the lock, shielded: cancellation never splits the transaction."""
+    async def _run(self, make: Callable[[], w.Plan[T]], fault: w.Fault = None) -> T:
+        """Run one plan under the lock, shielded: cancellation never splits the transaction.
+
+        ``make`` builds the plan, validating it before any I/O (a store may build it again
+        to retry a transaction that met a concurrent one).
+        """
+        plan = make()
+
         async def locked() -> T:
             async with self._lock:
-                return await pump(self._db, plan, fault, self._attempts)
+                result: T = await self._db.transact(plan, make, fault)
+                return result
 
         task = asyncio.ensure_future(locked())
         try:
@@ -183,71 +240,77 @@ class AsyncQueue:
             await asyncio.wait([task])     # let COMMIT or ROLLBACK land, then re-raise
             raise
 
-    async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
-        """Pass every statement the connection runs to ``callback`` (None: stop)."""
-        async with self._lock:
-            # aiosqlite types the handler as a callable, but None is sqlite3's "stop".
-            await self._db.set_trace_callback(cast(Callable[..., Any], callback))
-
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
         async with self._lock:
-            return [tuple(row) for row in await self._db.execute_fetchall(sql, params)]
+            return await self._db.read(sql, params)
 
     async def enqueue(self, event: dict[str, Any], now_ms: int, ttl_ms: int,
                       max_attempts: int = 3) -> bool:
-        plan = w.plan_enqueue(event, now_ms, ttl_ms, max_attempts, limits=self.limits)
-        return bool(await self._run(plan))
+        make = partial(w.plan_enqueue, event, now_ms, ttl_ms, max_attempts, limits=self.limits)
+        return bool(await self._run(make))
 
     async def enqueue_many(self, items: list[tuple[dict[str, Any], int, int]],
                            now_ms: int) -> list[bool | w.Conflict]:
-        plan = w.plan_enqueue_many(items, now_ms, limits=self.limits)
-        return await self._run(plan)
+        make = partial(w.plan_enqueue_many, items, now_ms, limits=self.limits)
+        results: list[bool | w.Conflict] = await self._run(make)
+        return results
 
     async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
                     fault: w.Fault = None) -> w.Ticket | None:
-        plan = w.plan_claim(owner, now_ms, lease_ms, limits=self.limits)
-        return await self._run(plan, check_async_fault(fault))
+        make = partial(w.plan_claim, owner, now_ms, lease_ms, limits=self.limits)
+        result: w.Ticket | None = await self._run(make, check_async_fault(fault))
+        return result
 
     async def claim_many(self, owner: str, now_ms: int, lease_ms: int,
                          count: int) -> list[w.Ticket]:
-        plan = w.plan_claim_many(owner, now_ms, lease_ms, count, limits=self.limits)
-        return await self._run(plan)
+        make = partial(w.plan_claim_many, owner, now_ms, lease_ms, count, limits=self.limits)
+        result: list[w.Ticket] = await self._run(make)
+        return result
 
     async def finish(self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0,
                      fault: w.Fault = None) -> str | bool:
-        plan = w.plan_finish(ticket, outcome, now_ms, delay_ms, limits=self.limits)
-        return await self._run(plan, check_async_fault(fault))
+        make = partial(w.plan_finish, ticket, outcome, now_ms, delay_ms, limits=self.limits)
+        result: str | bool = await self._run(make, check_async_fault(fault))
+        return result
 
     async def finish_many(self, results: list[tuple[w.Ticket, str, int, int]]) -> list[str | bool]:
-        plan = w.plan_finish_many(results, limits=self.limits)
-        return await self._run(plan)
+        make = partial(w.plan_finish_many, results, limits=self.limits)
+        statuses: list[str | bool] = await self._run(make)
+        return statuses
 
     async def finish_and_claim(self, results: list[tuple[w.Ticket, str, int, int]], owner: str,
                                now_ms: int, lease_ms: int,
                                count: int) -> tuple[list[str | bool], list[w.Ticket]]:
-        plan = w.plan_finish_and_claim(results, owner, now_ms, lease_ms, count, limits=self.limits)
-        return await self._run(plan)
+        make = partial(w.plan_finish_and_claim, results, owner, now_ms, lease_ms, count,
+                       limits=self.limits)
+        outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(make)
+        return outcome
 
     async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
                      fault: w.Fault = None) -> w.Ticket | bool:
-        plan = w.plan_extend(ticket, now_ms, lease_ms, limits=self.limits)
-        return await self._run(plan, check_async_fault(fault))
+        make = partial(w.plan_extend, ticket, now_ms, lease_ms, limits=self.limits)
+        result: w.Ticket | bool = await self._run(make, check_async_fault(fault))
+        return result
 
     async def extend_many(self, tickets: list[w.Ticket], now_ms: int,
                           lease_ms: int) -> list[w.Ticket | bool]:
-        return await self._run(w.plan_extend_many(tickets, now_ms, lease_ms, limits=self.limits))
+        extended: list[w.Ticket | bool] = await self._run(
+            partial(w.plan_extend_many, tickets, now_ms, lease_ms, limits=self.limits))
+        return extended
 
     async def cycle(self, results: Sequence[tuple[w.Ticket, str, int, int]],
                     held: Sequence[w.Ticket],
                     owner: str, now_ms: int, lease_ms: int, count: int) -> w.Cycle:
-        plan = w.plan_cycle(results, held, owner, now_ms, lease_ms, count, limits=self.limits)
-        return await self._run(plan)
+        make = partial(w.plan_cycle, results, held, owner, now_ms, lease_ms, count,
+                       limits=self.limits)
+        outcome: w.Cycle = await self._run(make)
+        return outcome
 
     async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
                       fault: w.Fault = None) -> bool:
-        plan = w.plan_redrive(job_id, now_ms, ttl_ms, note, limits=self.limits)
-        return bool(await self._run(plan, check_async_fault(fault)))
+        make = partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=self.limits)
+        return bool(await self._run(make, check_async_fault(fault)))
 
     async def run_once(self, owner: str, clock: Callable[[], int],
                        send: Callable[[dict[str, Any]], Awaitable[object]], jitter: float,

@@ -9,7 +9,8 @@ Rules of this module:
 * Group commit: one writer task takes every request waiting at that moment and decides
   them in arrival order inside one transaction - exactly as if they had come one by one.
   A failed batch answers 503 to each of its requests and changes nothing.
-* One aiosqlite connection and one lock: a read never sees the writer's open transaction.
+* One connection and one lock: a read never sees the writer's open transaction.  The DB
+  is a file (aiosqlite) or a ``postgresql://`` URL shared by replicas (``pg_sink``).
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
 * A body must arrive within ``body_timeout_s``; the connection limit and the idle
@@ -28,13 +29,13 @@ import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 from aiohttp import web
 
-from asnackq.aio import open_db, pump
+from asnackq.aio import Store, open_store
 from asnackq.core.worker import (
     Plan,
     Sql,
@@ -45,6 +46,7 @@ from asnackq.core.worker import (
     epoch_ms,
 )
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
+from asnackq.targets import is_url
 
 __all__ = ["SinkConfig", "make_app", "open_sink_db"]
 
@@ -78,7 +80,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class SinkConfig:
     """How a sink runs: its DB, its batching, and the faults it injects (all off by default)."""
 
-    db: Path
+    db: Path | str                       # a file, or a postgresql:// URL
     auth_token: str | None = None
     fail_rate: float = 0.0
     drop_rate: float = 0.0
@@ -140,15 +142,17 @@ class Delivery:
     done: asyncio.Future[str]
 
 
-async def open_sink_db(path: Path) -> aiosqlite.Connection:
+async def open_sink_db(path: Path | str) -> Store:
     """Open (creating if needed) a sink DB with the core's durability settings."""
-    return await open_db(path, SINK_SCHEMA, busy_s=5)
+    if is_url(path):
+        import asnackq.pg_sink  # noqa: F401  (the inbox's PostgreSQL statements)
+    return await open_store(path, SINK_SCHEMA, busy_s=5)
 
 
 class Inbox:
     """The single writer: batches waiting deliveries into one transaction each."""
 
-    def __init__(self, db: aiosqlite.Connection, batch_max: int) -> None:
+    def __init__(self, db: Store, batch_max: int) -> None:
         self.db = db
         self.lock = asyncio.Lock()       # one transaction at a time on this connection
         self.batch_max = batch_max
@@ -188,15 +192,16 @@ class Inbox:
                 item.done.set_result(status)
 
     async def _commit(self, batch: list[Delivery]) -> list[str]:
-        plan = plan_inbox([(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
-        statuses: list[str] = await pump(self.db, plan, None)
+        make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch],
+                       epoch_ms())
+        statuses: list[str] = await self.db.transact(make(), make)
         self.commits += 1
         return statuses
 
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """A read outside any writer transaction."""
         async with self.lock:
-            return list(await self.db.execute_fetchall(sql, params))
+            return await self.db.read(sql, params)
 
 
 class SinkUnavailable(Exception):

@@ -3,7 +3,11 @@
 One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
 with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
 worker under a new owner name), then a verification from the evidence alone: the queue
-file, the sink DB, the sink's counters and the workers' traces.
+file, the sink DB, the sink's counters and the workers' traces.  With ``db`` (a
+``postgresql://`` URL: the queue and the inbox in one database) ``K`` sink replicas share
+the inbox, workers spread over them, and SIGKILLs may hit sinks too (each restarted on its
+port); the counters of a killed sink die with it, so the applied-counter check is then
+left to the inbox itself (one row per id, the stock equal to their sum).
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
@@ -16,6 +20,7 @@ a ttl that outlasts the run's own time bound, so no job dies of the lab's length
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import signal
@@ -33,7 +38,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from asnackq import ops, timeline
 from asnackq.core import worker as w
 from asnackq.http_send import check_number
-from asnackq.procs import sink_process, sink_stats
+from asnackq.pg_server import DURABLE, local_server
+from asnackq.procs import Replicas
+from asnackq.targets import Target, is_url, shown
 from asnackq.traces import read_traces
 
 __all__ = ["INVARIANTS", "LabConfig", "run_lab", "verify"]
@@ -68,6 +75,10 @@ class LabConfig:
     max_attempts: int = 5
     timeout_s: float = 300.0
     directory: Path | None = None
+    db: str | None = None            # a postgresql:// URL: the queue and the sinks' inbox
+    sinks: int = 1
+    kill_sinks: bool = False         # SIGKILLs hit sinks too (every other one, at random)
+    pg_local: bool = False           # db: a throwaway local server, stopped at the end
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -83,6 +94,13 @@ class LabConfig:
         check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)
         if self.send_timeout_s * 1000 >= self.lease_ms:
             raise ValueError("the send timeout must be below the lease")
+        w.check_int(self.sinks, "sinks", 1, 16)
+        if self.db is not None and not is_url(self.db):
+            raise ValueError("--db must be a postgresql:// URL (files live in --dir)")
+        if self.sinks > 1 and self.db is None and not self.pg_local:
+            raise ValueError("sink replicas share a PostgreSQL inbox: give --db or --pg-local")
+        if self.kill_sinks and not self.kill_every:
+            raise ValueError("--kill-sinks needs --kill-every")
         if self.directory is not None and self.directory.exists() and \
                 any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
@@ -110,7 +128,8 @@ class Workers:
 
     config: LabConfig
     root: Path
-    url: str
+    queue: Target
+    urls: list[str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)    # starts and kills
     started: int = 0
@@ -125,8 +144,9 @@ class Workers:
         with open(self.root / f"{owner}.out", "wb") as out, \
                 open(self.root / f"{owner}.err", "wb") as err:
             self.procs[owner] = subprocess.Popen(
-                [sys.executable, "-m", "asnackq", "work", str(self.root / "queue.db"),
-                 "--sink", self.url, "--concurrency", str(c.concurrency), "--owner", owner,
+                [sys.executable, "-m", "asnackq", "work", str(self.queue),
+                 "--sink", self.urls[self.started % len(self.urls)],
+                 "--concurrency", str(c.concurrency), "--owner", owner,
                  "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
                  "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json",
                  "--accept-dead"],            # the lab judges dead jobs itself
@@ -166,7 +186,7 @@ class Workers:
                 proc.wait(timeout=30)
 
 
-def fill(queue: Path, config: LabConfig, rng: random.Random) -> dict[str, int]:
+def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
     ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
                             for job_id, n in qty.items()])
@@ -178,8 +198,8 @@ class Sampler:
     """The queue's jobs by status and the sink's counters, read every ``SAMPLE_EVERY_S``
     or ten times as long as a reading takes (a reader delays the workers' commits)."""
 
-    queue: Path
-    url: str
+    queue: Target
+    sinks: Replicas
     statuses: list[dict[str, Any]] = field(default_factory=list)
     sink: list[dict[str, Any]] = field(default_factory=list)
     due: float = -math.inf
@@ -197,7 +217,7 @@ class Sampler:
                 raise
             return      # a SIGKILLed worker's hot journal: the next writer rolls it back
         self.statuses.append({"at": w.epoch_ms(), **by_status})
-        self.sink.append({"at": w.epoch_ms(), **sink_stats(self.url)})
+        self.sink.append({"at": w.epoch_ms(), **self.sinks.counters()})
         self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
 
     @property
@@ -217,7 +237,7 @@ class Findings:
         self.broken[invariant] += count
 
 
-def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[str, Any]],
+def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[dict[str, Any]],
            stats: dict[str, int]) -> dict[str, Any]:
     """Check every invariant from the evidence; return violations, evidence and figures."""
     found = Findings()
@@ -238,7 +258,7 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
         if audited["flags"][flag]:
             found.add(flag, f"{audited['flags'][flag]} x {flag}: {description}",
                       audited["flags"][flag])
-    if stats["applied"] != inbox_rows:
+    if stats.get("applied") is not None and stats["applied"] != inbox_rows:
         found.add("effect-once", f"effects applied {stats['applied']} times for {inbox_rows} "
                   "inbox rows: an effect was applied twice")
     claims: dict[tuple[str, int], dict[str, Any]] = {}
@@ -282,21 +302,40 @@ def verify(queue: Path, sink_db: Path, qty: dict[str, int], traces: list[dict[st
             "claims_traced": len(claims)}
 
 
+def require_empty(db: str) -> None:
+    """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
+    for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
+        try:
+            with ops.read_only(db, table, what) as con:
+                (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        except ValueError:
+            continue
+        if count:
+            raise ValueError(f"--db must hold no jobs and no inbox rows yet ({table}: "
+                             f"{count} rows): give a fresh database")
+
+
 def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
     rng = random.Random(config.seed)
-    queue = root / "queue.db"
+    queue: Target = config.db or root / "queue.db"
+    sink_db: Target = config.db or root / "sink.db"
+    if config.db is not None:
+        require_empty(config.db)
     qty = fill(queue, config, rng)
     faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
               "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
-    with sink_process(root / "sink.db", *faults) as url:
-        workers, sampler = Workers(config, root, url), Sampler(queue, url)
+    with Replicas(sink_db, config.sinks, *faults) as sinks:
+        workers = Workers(config, root, queue, sinks.urls)
+        sampler = Sampler(queue, sinks)
         t0_ms, began = w.epoch_ms(), time.perf_counter()
-        timed_out = watch(workers, sampler, rng, console)
+        timed_out = watch(workers, sinks, sampler, rng, console)
         seconds = time.perf_counter() - began
-        sampler(force=True)                  # the final state, while the sink still answers
-        stats = sampler.sink[-1]
+        sampler(force=True)                  # the final state, while the sinks still answer
+        stats: dict[str, Any] = sampler.sink[-1]
+        if sinks.kills:
+            stats["applied"] = None          # a killed sink's counters are gone
     traces = read_traces(root)
-    result = verify(queue, root / "sink.db", qty, traces, stats)
+    result = verify(queue, sink_db, qty, traces, stats)
     for failure in workers.failures.values():
         breach(result, "workers-exit", failure)
     if timed_out:
@@ -310,20 +349,23 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
         f"effect applied)"]
     result.update({
-        "config": {k: (str(v) if isinstance(v, Path) else v)
+        "config": {k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
                    for k, v in config.__dict__.items()},
         "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
         "kills": workers.kills, "workers_started": workers.started,
+        "sinks": config.sinks, "sink_kills": sinks.kills,
         "invariants": invariants(result),
         "series": timeline.series(t0_ms, traces, workers.events, sampler.statuses,
                                   sampler.sink)})
     return result
 
 
-def watch(workers: Workers, sampler: Sampler, rng: random.Random, console: Console) -> bool:
-    """Start the workers, kill one every ``kill_every``, sample; True if the run timed out."""
+def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Random,
+          console: Console) -> bool:
+    """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
+    ``kill_every``, sample; True if the run timed out."""
     config = workers.config
     began = time.perf_counter()
     next_kill = began + config.kill_every
@@ -342,7 +384,10 @@ def watch(workers: Workers, sampler: Sampler, rng: random.Random, console: Conso
                 progress.update(task, completed=sampler.finished,
                                 description=f"finished, {workers.kills} kills")
                 if config.kill_every and now >= next_kill:
-                    workers.kill_one(rng)
+                    if config.kill_sinks and rng.random() < 0.5:
+                        sinks.kill_one(rng)
+                    else:
+                        workers.kill_one(rng)
                     next_kill = now + config.kill_every
                 if now - began > config.timeout_s:
                     return True
@@ -372,6 +417,9 @@ def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
     """Run one experiment; files go to ``config.directory`` or a temporary directory."""
     config.check()
+    if config.pg_local and config.db is None:
+        with local_server(DURABLE) as server:
+            return run_lab(dataclasses.replace(config, db=server.url()), console)
     if config.directory is not None:
         config.directory.mkdir(parents=True, exist_ok=True)
         return experiment(config, config.directory, console)
@@ -389,10 +437,13 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
         ("seconds", result["seconds"]),
         ("throughput (done jobs/s)", f"{result['done_per_s']:,}"),
         ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
-        ("HTTP requests", result["requests"]),
+        ("HTTP requests" + (" (live sinks' counters)" if result["sink_kills"] else ""),
+         result["requests"]),
         ("duplicates absorbed", result["duplicates"]),
         ("sink 503s / dropped ACKs", f"{result['sink_failed']} / {result['sink_dropped']}"),
         ("workers killed (SIGKILL) / started", f"{result['kills']} / {result['workers_started']}"),
+        ("sinks / sinks killed (SIGKILL, restarted)", f"{result['sinks']} / "
+                                                      f"{result['sink_kills']}"),
         ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
         ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
         ("dead with effect applied (evidence)", result["dead_after_applied"]),

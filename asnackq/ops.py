@@ -2,7 +2,8 @@
 
 Everything here only reads (the one write, ``redrive_by_reason``, goes through the core's
 audited ``redrive``, one job per transaction).  Files are opened read-only through SQLite
-URIs, so inspecting never creates a file, takes a write lock or changes a byte.
+URIs, so inspecting never creates a file, takes a write lock or changes a byte; a
+``postgresql://`` URL is read in read-only transactions (``asnackq.stores``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from asnackq import stores
 from asnackq.core import worker as w
+from asnackq.stores import Reader, Store
+from asnackq.targets import Target, is_url
 
 __all__ = ["AUDIT_SQL", "audit", "dead", "enqueue_all", "history", "read_only",
            "redrive_by_reason", "stats"]
@@ -23,7 +28,7 @@ CHUNK = 1000             # intakes per transaction in a bulk enqueue
 Intake = tuple[dict[str, Any], int, int]
 
 
-def enqueue_all(path: Path, items: list[Intake],
+def enqueue_all(path: Target, items: list[Intake],
                 advance: Callable[[int], object] | None = None) -> list[bool | w.Conflict]:
     """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
 
@@ -31,15 +36,13 @@ def enqueue_all(path: Path, items: list[Intake],
     is called with each committed chunk's size (a progress bar).
     """
     results: list[bool | w.Conflict] = []
-    con = w.open_queue(path)
-    try:
+    with stores.open_queue(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
             chunk = items[start:start + CHUNK]
-            results += w.enqueue_many(con, chunk, w.epoch_ms(), limits=w.PRODUCT)
+            results += store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(),
+                                         limits=w.PRODUCT))
             if advance is not None:
                 advance(len(chunk))
-    finally:
-        con.close()
     return results
 
 
@@ -52,11 +55,16 @@ def hint(error: sqlite3.Error) -> str:
 
 
 @contextlib.contextmanager
-def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.Connection]:
+def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]:
     """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
 
     ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``.
     """
+    if is_url(path):
+        with stores.pg_read_only(str(path), table, what) as reader:
+            yield reader
+        return
+    path = Path(path)
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
@@ -76,7 +84,7 @@ def read_only(path: Path, table: str, what: str = "queue") -> Iterator[sqlite3.C
         con.close()
 
 
-def stats(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
+def stats(con: Reader, now_ms: int) -> dict[str, Any]:
     """Jobs by status and dead reason, queue lag, attempts, and expired leases at ``now_ms``."""
     by_status = {status: 0 for status in ("pending", "leased", "done", "dead")}
     by_status.update(con.execute("SELECT status, count(*) FROM jobs GROUP BY status"))
@@ -98,7 +106,7 @@ def stats(con: sqlite3.Connection, now_ms: int) -> dict[str, Any]:
     }
 
 
-def dead(con: sqlite3.Connection, reason: str | None = None) -> list[dict[str, Any]]:
+def dead(con: Reader, reason: str | None = None) -> list[dict[str, Any]]:
     """The dead jobs in seq order (optionally only one reason)."""
     sql = ("SELECT id, qty, reason, attempts, max_attempts, token FROM jobs"
            " WHERE status = 'dead' AND (:reason IS NULL OR reason = :reason) ORDER BY seq")
@@ -107,7 +115,7 @@ def dead(con: sqlite3.Connection, reason: str | None = None) -> list[dict[str, A
             for row in con.execute(sql, {"reason": reason})]
 
 
-def history(con: sqlite3.Connection, job_id: str) -> dict[str, Any]:
+def history(con: Reader, job_id: str) -> dict[str, Any]:
     """A job's current row and its redrive records, oldest first."""
     w.check_identifier(job_id, "job_id")
     row = con.execute("SELECT status, reason, attempts, token FROM jobs WHERE id = ?",
@@ -122,30 +130,27 @@ def history(con: sqlite3.Connection, job_id: str) -> dict[str, Any]:
             "token": token, "redrives": redrives}
 
 
-def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
+def redrive(store: Store, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
     """The core's audited redrive, with the product's ranges (a ttl of up to 30 days)."""
-    w.drive(con, w.plan_redrive(job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
+    store.run(partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
 
 
-def redrive_by_reason(path: Path, reason: str, now_ms: int, ttl_ms: int,
+def redrive_by_reason(path: Target, reason: str, now_ms: int, ttl_ms: int,
                       note: str) -> list[dict[str, Any]]:
     """Redrive every dead job with ``reason``, each in its own audited transaction."""
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
     w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)        # validate before any change
-    con = w.open_queue(path)
-    try:
+    with stores.open_queue(path) as store:
         done = []
-        for job in dead(con, reason):
+        for job in dead(store, reason):
             try:
-                redrive(con, job["id"], now_ms, ttl_ms, note)
+                redrive(store, job["id"], now_ms, ttl_ms, note)
             except ValueError as error:     # redriven or changed by someone else meanwhile
                 done.append({"id": job["id"], "redriven": False, "why": str(error)})
             else:
                 done.append({"id": job["id"], "redriven": True})
         return done
-    finally:
-        con.close()
 
 
 # --- the audit: how far the evidence reaches for each job --------------------------------
@@ -230,9 +235,13 @@ def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[
     return entry
 
 
-def audit(queue: Path, sink_db: Path, now_ms: int, *, job_id: str | None = None,
+def audit(queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = None,
           limit: int = 50) -> dict[str, Any]:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
+    if is_url(queue) or is_url(sink_db):        # the same audit, on local copies
+        with stores.local_copies(queue, sink_db) as (queue_copy, sink_copy):
+            return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
+    queue, sink_db = Path(queue), Path(sink_db)
     with read_only(sink_db, "inbox", "sink DB"), read_only(queue, "jobs") as con:
         con.execute("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
         stages: dict[str, int] = {}

@@ -1,15 +1,19 @@
-"""Shared fixtures: real queue files, fake clocks, recorded fault hooks."""
+"""Shared fixtures: real queue files (or PostgreSQL databases), fake clocks, fault hooks."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asnackq.core import worker as w
+from asnackq.pg_server import LocalServer
+from asnackq.targets import is_url
+
+from . import pgdb
 
 T0 = 1_700_000_000_000
 
@@ -44,6 +48,9 @@ class Hooks:
 
 def rows(path: Path | str) -> list[tuple[Any, ...]]:
     """Every job and audit row, read through a separate connection."""
+    if is_url(path):
+        return [*pgdb.query(path, "SELECT * FROM jobs ORDER BY seq"), ("--",),
+                *pgdb.query(path, "SELECT * FROM redrives ORDER BY seq")]
     con = sqlite3.connect(path)
     try:
         jobs = con.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
@@ -55,6 +62,8 @@ def rows(path: Path | str) -> list[tuple[Any, ...]]:
 
 def job(path: Path | str, job_id: str) -> dict[str, Any] | None:
     """One job row as a dict, read through a separate connection."""
+    if is_url(path):
+        return pgdb.dict_row(path, "SELECT * FROM jobs WHERE id = %s", (job_id,))
     con = sqlite3.connect(path)
     con.row_factory = sqlite3.Row
     try:
@@ -62,6 +71,36 @@ def job(path: Path | str, job_id: str) -> dict[str, Any] | None:
         return dict(row) if row else None
     finally:
         con.close()
+
+
+def execute(path: Path | str, sql: str) -> list[tuple[Any, ...]]:
+    """One statement (committed) through a separate connection to a file or a database."""
+    if is_url(path):
+        return pgdb.query(path, sql)
+    con = sqlite3.connect(path)
+    try:
+        found = con.execute(sql).fetchall()
+        con.commit()
+        return found
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="session")
+def pg_pool() -> Iterator[pgdb.Pool]:
+    """One throwaway PostgreSQL server for the session (skips without the binaries)."""
+    yield from pgdb.start_server()
+
+
+@pytest.fixture
+def pg_server(pg_pool: pgdb.Pool) -> LocalServer:
+    return pg_pool.server
+
+
+@pytest.fixture
+def pg_db(pg_pool: pgdb.Pool) -> Iterator[Callable[[], str]]:
+    """A factory of empty PostgreSQL databases (URLs), emptied again after the test."""
+    yield from pgdb.databases(pg_pool)
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from asnackq.http_sink import SinkConfig, make_app
+from asnackq.targets import is_url
+
+from .pgdb import query
 
 
 class Running:
@@ -37,7 +40,7 @@ async def serving(app: web.Application) -> AsyncIterator[Running]:
 
 
 @contextlib.asynccontextmanager
-async def sink(db: Path, **options: Any) -> AsyncIterator[Running]:
+async def sink(db: Path | str, **options: Any) -> AsyncIterator[Running]:
     async with serving(make_app(SinkConfig(db, **options))) as running:
         yield running
 
@@ -50,8 +53,11 @@ def peer(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web
     return app
 
 
-def sink_state(db: Path) -> tuple[int, list[tuple[Any, ...]]]:
+def sink_state(db: Path | str) -> tuple[int, list[tuple[Any, ...]]]:
     """(stock, [(id, qty, deliveries)]) read through a separate connection."""
+    if is_url(db):
+        return (query(db, "SELECT total FROM stock")[0][0],
+                query(db, "SELECT id, qty, deliveries FROM inbox ORDER BY id COLLATE \"C\""))
     con = sqlite3.connect(db)
     try:
         total = con.execute("SELECT total FROM stock").fetchone()[0]

@@ -234,8 +234,11 @@ OPS = st.lists(st.one_of(
 ), max_size=25)
 
 
-def apply(con, operations, call):
-    """Apply operations through ``call``; record each result or exception type."""
+def apply(con, operations, call, more=None):
+    """Apply operations through ``call``; record each result or exception type.
+
+    ``more(con, op, tickets)`` runs the operations not named here (and keeps their tickets).
+    """
     tickets, results = [], []
     for op in operations:
         try:
@@ -252,6 +255,8 @@ def apply(con, operations, call):
                 result = call(con, op[0], ticket, *args)
             elif op[0] == "redrive":
                 result = call(con, "redrive", op[1], T0 + op[2], op[3], "ops")
+            elif more is not None:
+                result = more(con, op, tickets)
             else:
                 result = "skipped"
         except (ValueError, w.Conflict) as error:

@@ -1,8 +1,8 @@
-"""Steps 2-6 and the additions (batches, extend): behaviour on real queue files."""
+"""Steps 2-6 and the additions (batches, extend): behaviour on real queue files and
+PostgreSQL databases, through every driver."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -10,12 +10,41 @@ import pytest
 from asnackq.core import worker as w
 
 from .conftest import T0, Hooks, job, rows
-from .drivers import AioBridge, connect, q
+from .drivers import BEGIN, DRIVERS, connect, on_pg, open_con, q
 
 
-@pytest.fixture(params=["sync", "aio"])
-def con(request, db):
-    yield from connect(request.param, db)
+@pytest.fixture(params=DRIVERS)
+def driver(request):
+    return request.param
+
+
+@pytest.fixture
+def place(driver, tmp_path, request):
+    """Fresh queue locations for the driver: files, or PostgreSQL databases."""
+    if on_pg(driver):
+        fresh = request.getfixturevalue("pg_db")
+        return lambda name: fresh()
+    return lambda name: tmp_path / f"{name}.db"
+
+
+@pytest.fixture
+def db(place):
+    return place("queue")
+
+
+@pytest.fixture
+def file_db(tmp_path):
+    return tmp_path / "queue.db"
+
+
+@pytest.fixture
+def con(driver, db):
+    yield from connect(driver, db)
+
+
+@pytest.fixture
+def begin(driver):
+    return BEGIN[driver]
 
 
 def put(con, job_id, qty=1, now=T0, ttl=10_000, max_attempts=3):
@@ -29,8 +58,8 @@ def visible_status(db, job_id):
 
 # --- open_queue ----------------------------------------------------------------
 
-def test_open_queue_settings_schema_and_indexes(db):
-    con = w.open_queue(db)
+def test_open_queue_settings_schema_and_indexes(file_db):
+    con = w.open_queue(file_db)
     try:
         assert con.isolation_level is None and not con.in_transaction
         assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
@@ -44,20 +73,20 @@ def test_open_queue_settings_schema_and_indexes(db):
         con.close()
 
 
-def test_open_queue_keeps_rows_across_reopen(db):
-    con = w.open_queue(Path(db))
+def test_open_queue_keeps_rows_across_reopen(driver, db):
+    con = open_con(driver, Path(db) if driver == "sync" else db)
     put(con, "a", qty=4)
     put(con, "b", ttl=1)
     q.claim(con, "w1", T0 + 5)  # b dead by deadline, a leased
     q.redrive(con, "b", T0 + 10, 1000, "ops")
     before = rows(db)
     con.close()
-    w.open_queue(str(db)).close()
+    open_con(driver, str(db)).close()
     assert rows(db) == before
 
 
-def test_claim_plan_does_not_scan_finished_rows(db):
-    con = w.open_queue(db)
+def test_claim_plan_does_not_scan_finished_rows(file_db):
+    con = w.open_queue(file_db)
     plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
              for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED,
                         w.SQL_NEXT_CLAIMABLE)]
@@ -84,17 +113,17 @@ def test_duplicate_intake_keeps_whole_row(con, db):
     assert rows(db) == before
 
 
-def test_conflicting_intake_raises_and_rolls_back(con, db, statements):
+def test_conflicting_intake_raises_and_rolls_back(con, db, statements, begin):
     put(con, "a", qty=3)
     before = rows(db)
     statements.clear()
     with pytest.raises(w.Conflict):
         q.enqueue(con, {"id": "a", "qty": 4}, T0, 1000)
     assert rows(db) == before
-    assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "ROLLBACK"
+    assert statements[0] == begin and statements[-1] == "ROLLBACK"
 
 
-def test_every_operation_is_one_immediate_transaction(con, statements):
+def test_every_operation_is_one_immediate_transaction(con, statements, begin):
     put(con, "a")
     calls = [
         lambda: q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000),
@@ -107,9 +136,9 @@ def test_every_operation_is_one_immediate_transaction(con, statements):
     for call in calls:
         statements.clear()
         call()
-        control = [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")]
-        assert control == ["BEGIN IMMEDIATE", "COMMIT"], statements
-        assert statements[0] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
+        control = [s for s in statements if s in (begin, "COMMIT", "ROLLBACK")]
+        assert control == [begin, "COMMIT"], statements
+        assert statements[0] == begin and statements[-1] == "COMMIT"
 
 
 # --- claim -------------------------------------------------------------------------
@@ -376,11 +405,7 @@ def test_redrive_hook_positions_and_after_commit_fault(con, db):
     q.claim(con, "w1", T0 + 1)
 
     def audit_rows():
-        other = sqlite3.connect(db)
-        try:
-            return other.execute("SELECT count(*) FROM redrives").fetchone()[0]
-        finally:
-            other.close()
+        return len(rows(db)) - rows(db).index(("--",)) - 1
 
     seen = []
     hooks = Hooks(fail_at="after-commit",
@@ -411,18 +436,20 @@ def test_extend_never_shortens_and_refuses_expired(con):
     assert q.extend(con, issued, T0 + 1000, 1000) is False
 
 
-def test_claim_many_is_identical_to_sequential_claims(tmp_path):
+def test_claim_many_is_identical_to_sequential_claims(driver, place):
+    where = {"one": place("one"), "many": place("many")}
+
     def fill(path):
-        con = w.open_queue(path)
+        con = open_con(driver, path)
         for i, ttl in enumerate([5, 10_000, 10_000, 10_000, 10_000]):
             put(con, f"j{i}", qty=i + 1, ttl=ttl)
         return con
 
-    one, many = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    one, many = fill(where["one"]), fill(where["many"])
     sequential = [q.claim(one, "w1", T0 + 5, 700) for _ in range(3)]
     batch = q.claim_many(many, "w1", T0 + 5, 700, 3)
     assert batch == sequential
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert rows(where["one"]) == rows(where["many"])
     assert len(q.claim_many(many, "w1", T0 + 5, 700, 10)) == 1
     assert q.claim_many(many, "w1", T0 + 5, 700, 10) == []
     one.close()
@@ -463,14 +490,16 @@ def test_enqueue_many_validates_every_item_before_any_change(con, db):
     assert rows(db) == before
 
 
-def test_finish_and_claim_is_finish_many_then_claim_many(tmp_path):
+def test_finish_and_claim_is_finish_many_then_claim_many(driver, place):
+    where = {"one": place("one"), "both": place("both")}
+
     def fill(path):
-        con = w.open_queue(path)
+        con = open_con(driver, path)
         for i in range(6):
             put(con, f"j{i}", qty=i + 1, max_attempts=2)
         return con
 
-    one, both = fill(tmp_path / "one.db"), fill(tmp_path / "both.db")
+    one, both = fill(where["one"]), fill(where["both"])
     tickets = q.claim_many(one, "w1", T0, 500, 3)
     assert q.claim_many(both, "w1", T0, 500, 3) == tickets
     results = [(tickets[0], "ok", T0 + 1, 0), ({**tickets[1], "token": 7}, "ok", T0 + 1, 0),
@@ -479,7 +508,7 @@ def test_finish_and_claim_is_finish_many_then_claim_many(tmp_path):
     got = q.finish_and_claim(both, results, "w2", T0 + 2, 500, 3)
     assert got == expected and expected[0] == ["done", False, "pending"]
     assert [t["id"] for t in got[1]] == ["j2", "j3", "j4"]      # the retried job comes first
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "both.db")
+    assert rows(where["one"]) == rows(where["both"])
     only_claims = q.finish_and_claim(both, [], "w2", T0 + 3, 500, 2)
     assert only_claims == ([], q.claim_many(one, "w2", T0 + 3, 500, 2))
     assert [t["id"] for t in only_claims[1]] == ["j5"]
@@ -487,26 +516,26 @@ def test_finish_and_claim_is_finish_many_then_claim_many(tmp_path):
     both.close()
 
 
-@pytest.mark.parametrize("driver", ["sync", "aio"])
-def test_batches_over_one_chunk_equal_sequential_calls(tmp_path, driver):
+def test_batches_over_one_chunk_equal_sequential_calls(driver, place):
+    where = {"one": place("one"), "many": place("many")}
     count = w.CHUNK + 37                         # two set-based lease statements
 
     def fill(path):
-        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        con = open_con(driver, path)
         assert all(q.enqueue_many(con, [         # some deadlines fall inside the lease
             ({"id": f"j{i}", "qty": i % 9 + 1}, 300 if i % 11 == 0 else 10_000,
              1 if i % 13 == 0 else 3) for i in range(count)], T0))
         assert len(q.claim_many(con, "w0", T0, 100, 50)) == 50       # expire, then reclaimed
         return con
 
-    one, many = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    one, many = fill(where["one"]), fill(where["many"])
     sequential = [q.claim(one, "w1", T0 + 100, 700) for _ in range(count)]
     sequential = sequential[:sequential.index(None)]   # the jobs whose budget is spent are dead
     assert len(sequential) > w.CHUNK
     assert q.claim_many(many, "w1", T0 + 100, 700, count) == sequential
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert rows(where["one"]) == rows(where["many"])
     for ticket in sequential:                    # each row is exactly the lease its ticket names
-        row = job(tmp_path / "many.db", ticket["id"])
+        row = job(where["many"], ticket["id"])
         assert (row["status"], row["owner"], row["token"], row["attempts"], row["lease_until"]) \
             == ("leased", "w1", ticket["token"], ticket["attempt"], ticket["lease_until"])
     assert {t["lease_until"] for t in sequential} == {T0 + 300, T0 + 800}   # capped: deadline
@@ -519,7 +548,7 @@ def test_batches_over_one_chunk_equal_sequential_calls(tmp_path, driver):
     assert q.finish_many(many, results) == expected
     assert expected.count(False) > 2 * len(results) // 17 and {"done", "pending", "dead"} <= {
         *expected}
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert rows(where["one"]) == rows(where["many"])
     one.close()
     many.close()
 
@@ -535,15 +564,15 @@ def test_finish_and_claim_validates_everything_before_any_change(con, db):
     assert rows(db) == before
 
 
-@pytest.mark.parametrize("driver", ["sync", "aio"])
-def test_extend_many_is_identical_to_sequential_extends(tmp_path, driver):
+def test_extend_many_is_identical_to_sequential_extends(driver, place):
+    where = {"one": place("one"), "many": place("many")}
     def fill(path):
-        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        con = open_con(driver, path)
         q.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 450 if i == 3 else 10_000, 3)
                              for i in range(6)], T0)
         return con, q.claim_many(con, "w1", T0, 500, 6)
 
-    (one, tickets), (many, same) = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    (one, tickets), (many, same) = fill(where["one"]), fill(where["many"])
     assert tickets == same
     forged = {**tickets[1], "token": 5}
     # A replay of an extended ticket, a forged token, a lease capped at its deadline twice
@@ -554,7 +583,7 @@ def test_extend_many_is_identical_to_sequential_extends(tmp_path, driver):
     assert q.extend_many(many, batch, T0 + 400, 500) == expected
     assert [x if x is False else x["lease_until"] for x in expected] == [
         T0 + 900, False, False, T0 + 450, T0 + 450, T0 + 900, False]
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert rows(where["one"]) == rows(where["many"])
     assert q.extend_many(many, [tickets[2]], T0 + 500, 500) == [False]   # lease end: stale
     with pytest.raises(ValueError):
         q.extend_many(many, [], T0, 500)
@@ -562,14 +591,14 @@ def test_extend_many_is_identical_to_sequential_extends(tmp_path, driver):
     many.close()
 
 
-@pytest.mark.parametrize("driver", ["sync", "aio"])
-def test_cycle_is_finish_many_then_extend_many_then_claim_many(tmp_path, driver):
+def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
+    where = {"one": place("one"), "many": place("many")}
     def fill(path):
-        con = w.open_queue(path) if driver == "sync" else AioBridge(path)
+        con = open_con(driver, path)
         q.enqueue_many(con, [({"id": f"j{i}", "qty": i + 1}, 10_000, 2) for i in range(8)], T0)
         return con, q.claim_many(con, "w1", T0, 500, 5)
 
-    (one, tickets), (many, _) = fill(tmp_path / "one.db"), fill(tmp_path / "many.db")
+    (one, tickets), (many, _) = fill(where["one"]), fill(where["many"])
     results = [(tickets[0], "ok", T0 + 1, 0), (tickets[1], "retry", T0 + 1, 0),
                ({**tickets[2], "owner": "w9"}, "ok", T0 + 1, 0)]
     held = [tickets[2], tickets[3], tickets[0]]          # j0 was just finished: stale
@@ -579,13 +608,13 @@ def test_cycle_is_finish_many_then_extend_many_then_claim_many(tmp_path, driver)
     assert got == expected and expected[0] == ["done", "pending", False]
     assert [x if x is False else x["lease_until"] for x in got[1]] == [T0 + 800, T0 + 800, False]
     assert [t["id"] for t in got[2]] == ["j1", "j5", "j6"]
-    assert rows(tmp_path / "one.db") == rows(tmp_path / "many.db")
+    assert rows(where["one"]) == rows(where["many"])
     assert q.cycle(many, [], [], "w2", T0 + 301, 500, 0) == ([], [], [], {})
-    before = rows(tmp_path / "many.db")
+    before = rows(where["many"])
     for bad in ([(tickets[4], "ok", T0, 0)], [], "w2", T0, 500, -1), \
                ([], [{**tickets[4], "qty": 0}], "w2", T0, 500, 1):
         with pytest.raises(ValueError):
             q.cycle(many, *bad)
-    assert rows(tmp_path / "many.db") == before
+    assert rows(where["many"]) == before
     one.close()
     many.close()

@@ -6,7 +6,6 @@ import asyncio
 import collections
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 
-from .conftest import rows
+from .conftest import execute, rows
 from .sinks import sink, sink_state
 
 
@@ -114,10 +113,7 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
     await asyncio.wait_for(all_claimed.wait(), 10)
     # Another worker takes every job (forced: the leases are made to end now), so every
     # extension the Dispatcher tries comes back stale.
-    con = sqlite3.connect(db)
-    con.execute("UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
-    con.commit()
-    con.close()
+    execute(db, "UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
     assert len(await queue.claim_many("thief", epoch_ms(), 60_000, 3)) == 3
     summary = await asyncio.wait_for(run, 10)
     assert summary.lost == 3 and summary.requests == 1      # the two waiting were never sent
@@ -125,16 +121,22 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
     assert {(r[3], r[9], r[6]) for r in rows(db) if len(r) > 3} == {("leased", "thief", 2)}
 
 
+@pytest.fixture
+def places(tmp_path_factory):
+    """Fresh queue locations, one per example (files; databases in ``test_pg_dispatch``)."""
+    return lambda: tmp_path_factory.mktemp("leases") / "queue.db"
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]),
        data=st.data())
 def test_random_send_durations_up_to_three_leases_every_job_done_once(
-        tmp_path_factory, concurrency, prefetch, data):
+        places, concurrency, prefetch, data):
     lease_ms = 200
     jobs = data.draw(st.integers(1, 3 * concurrency))
     durations = data.draw(st.lists(st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]),
                                    min_size=jobs, max_size=jobs))
-    db = tmp_path_factory.mktemp("leases") / "queue.db"
+    db = places()
     send = SlowSend(durations)
 
     async def main():
@@ -174,12 +176,8 @@ asyncio.run(main(*sys.argv[1:3]))
 
 def leases(db):
     """{(id, token): lease_until} of the leased rows, read through a separate connection."""
-    con = sqlite3.connect(db)
-    try:
-        return {(i, t): until for i, t, until in con.execute(
-            "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
-    finally:
-        con.close()
+    return {(i, t): until for i, t, until in execute(
+        db, "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
 
 
 def wait_for_an_extension(db, seconds):

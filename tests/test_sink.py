@@ -195,7 +195,7 @@ async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
 
 async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(sink_db):
     db = await open_sink_db(sink_db)
-    await db.execute("CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
+    await db.db.execute("CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
                      "BEGIN SELECT RAISE(ABORT, 'boom'); END")
     await db.close()
     async with sink(sink_db) as s:

@@ -13,10 +13,12 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
+from asnackq import stores
 from asnackq.cli.common import Command, Failure, Parser, Usage
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink, add_work
 from asnackq.core import worker as w
+from asnackq.targets import one_line
 
 __all__ = ["main", "parser"]
 
@@ -49,6 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(error, Usage) else 1
     except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        if not stores.database_error(error):
+            raise
+        print(f"asnackq {args.command}: database error: {one_line(error)}", file=sys.stderr)
         return 1
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 
+from asnackq import stores
 from asnackq.http_send import check_url
+from asnackq.targets import Target
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -32,12 +33,15 @@ Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
+QUEUE_HELP = "a queue file, or a postgresql:// URL"
 
 
-def existing_queue(path: Path) -> Path:
-    """A queue file that must already exist (``init`` creates one; typos create nothing)."""
-    if not path.is_file():
-        raise Failure(f"no queue at {path} (create one with: asnackq init {path})")
+def existing_queue(path: Target) -> Target:
+    """A queue that must already exist (``init`` creates one; typos create nothing)."""
+    try:
+        stores.require(path)
+    except ValueError as error:
+        raise Failure(str(error)) from None
     return path
 
 

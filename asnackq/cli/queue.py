@@ -5,36 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import IO
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops
-from asnackq.cli.common import TTL_MS, Commands, Failure, Usage, existing_queue
+from asnackq import ops, stores
+from asnackq.cli.common import QUEUE_HELP, TTL_MS, Commands, Failure, Usage, existing_queue
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
+from asnackq.targets import Target, shown, target
 
 
 def add_init(commands: Commands) -> None:
     init = commands.add_parser("init", help="create a queue file (idempotent)")
-    init.add_argument("queue", type=Path)
+    init.add_argument("queue", type=target, help=QUEUE_HELP)
     init.add_argument("--json", action="store_true", help="print the result as JSON")
     init.set_defaults(run=run_init)
 
 
 def run_init(args: argparse.Namespace) -> int:
-    created = not args.queue.exists()
-    con = w.open_queue(args.queue)
-    try:
-        (jobs,) = con.execute("SELECT count(*) FROM jobs").fetchone()
-    finally:
-        con.close()
-    result = {"queue": str(args.queue), "created": created, "jobs": jobs}
+    created, jobs = stores.init(args.queue)
+    result = {"queue": shown(args.queue), "created": created, "jobs": jobs}
     emit(args, result, lambda out: out.print(
-        f"{'created' if created else 'opened existing'} queue {args.queue} ({jobs} jobs)"))
+        f"{'created' if created else 'opened existing'} queue {shown(args.queue)} "
+        f"({jobs} jobs)"))
     return 0
 
 
@@ -45,7 +41,7 @@ def add_enqueue(commands: Commands) -> None:
         'line: {"id": "a-1", "qty": 3} with optional "ttl_ms" and "max_attempts". Every line '
         "is validated before anything is written; conflicting ids (known with another qty) "
         "change nothing, are reported, and make the exit code 1.")
-    enqueue.add_argument("queue", type=Path)
+    enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=int)
@@ -116,7 +112,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
     return 1 if conflicts else 0
 
 
-def intake(queue: Path, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
+def intake(queue: Target, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
     """``ops.enqueue_all`` with a progress bar on a terminal."""
     console = Console(stderr=True)
     with Progress(console=console, transient=True,
@@ -127,12 +123,12 @@ def intake(queue: Path, items: list[Intake], show_progress: bool) -> list[bool |
 
 def add_inspect(commands: Commands) -> None:
     stats = commands.add_parser("stats", help="jobs by status and reason, lag, attempts, leases")
-    stats.add_argument("queue", type=Path)
+    stats.add_argument("queue", type=target, help=QUEUE_HELP)
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=run_stats)
 
     dead = commands.add_parser("dead", help="the dead jobs with reason, attempts and token")
-    dead.add_argument("queue", type=Path)
+    dead.add_argument("queue", type=target, help=QUEUE_HELP)
     dead.add_argument("--reason", choices=ops.REASONS)
     dead.add_argument("--json", action="store_true")
     dead.set_defaults(run=run_dead)
@@ -141,7 +137,7 @@ def add_inspect(commands: Commands) -> None:
         "redrive", help="return dead jobs to pending, each audited",
         description="Redrive one dead job by ID, or every dead job with --reason; each "
         "redrive is its own audited transaction (see 'history').")
-    redrive.add_argument("queue", type=Path)
+    redrive.add_argument("queue", type=target, help=QUEUE_HELP)
     redrive.add_argument("id", nargs="?")
     redrive.add_argument("--reason", choices=ops.REASONS)
     redrive.add_argument("--ttl-ms", type=int, required=True,
@@ -151,7 +147,7 @@ def add_inspect(commands: Commands) -> None:
     redrive.set_defaults(run=run_redrive)
 
     history = commands.add_parser("history", help="a job's state and its redrive records")
-    history.add_argument("queue", type=Path)
+    history.add_argument("queue", type=target, help=QUEUE_HELP)
     history.add_argument("id")
     history.add_argument("--json", action="store_true")
     history.set_defaults(run=run_history)
@@ -168,7 +164,7 @@ def run_stats(args: argparse.Namespace) -> int:
         pairs += [("oldest pending wait (ms)", result["oldest_pending_ms"]),
                   ("expired leases awaiting reclaim", result["expired_leases"])]
         pairs += [(f"attempts = {n}", count) for n, count in result["attempts"].items()]
-        out.print(key_values(f"asnackq stats {args.queue}", pairs))
+        out.print(key_values(f"asnackq stats {shown(args.queue)}", pairs))
     emit(args, result, human)
     return 0
 
@@ -188,11 +184,8 @@ def run_redrive(args: argparse.Namespace) -> int:
     existing_queue(args.queue)
     now = w.epoch_ms()
     if args.id is not None:
-        con = w.open_queue(args.queue)
-        try:
-            ops.redrive(con, args.id, now, args.ttl_ms, args.note)
-        finally:
-            con.close()
+        with stores.open_queue(args.queue) as store:
+            ops.redrive(store, args.id, now, args.ttl_ms, args.note)
         results = [{"id": args.id, "redriven": True}]
     else:
         results = ops.redrive_by_reason(args.queue, args.reason, now, args.ttl_ms, args.note)
@@ -225,8 +218,9 @@ def add_audit(commands: Commands) -> None:
         "expired leases. Violations (exit code 1): a done job without an inbox row, an "
         "inbox qty that differs from the job's, an inbox row without a job, a token the "
         "queue never issued, a stock that differs from the inbox total.")
-    audit.add_argument("queue", type=Path)
-    audit.add_argument("--sink-db", required=True, type=Path)
+    audit.add_argument("queue", type=target, help=QUEUE_HELP)
+    audit.add_argument("--sink-db", required=True, type=target,
+                       help="the sink's DB file or postgresql:// URL")
     audit.add_argument("--id", help="show one job's whole evidence chain")
     audit.add_argument("--limit", type=int, default=20, help="jobs listed per kind")
     audit.add_argument("--json", action="store_true")

@@ -11,15 +11,18 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from rich.console import Console
 from rich.live import Live
 
 from asnackq import metrics, ops
 from asnackq.cli.common import (
+    QUEUE_HELP,
     RATE,
     TIMEOUT,
     Commands,
@@ -32,6 +35,7 @@ from asnackq.cli.common import (
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
+from asnackq.targets import target
 from asnackq.traces import Tracer
 
 
@@ -46,7 +50,7 @@ def add_work(commands: Commands) -> None:
         description="Claim, send and finish jobs until stopped (Ctrl-C or SIGTERM: stop "
         "claiming, let in-flight sends end, finish them, print the summary). With "
         "--until-empty, stop once no job is pending or leased.")
-    work.add_argument("queue", type=Path)
+    work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
@@ -169,6 +173,15 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--max-attempts", type=int, default=5)
     lab.add_argument("--timeout-s", type=within(float, 0.01, 86_400), default=300.0,
                      help="bound on the whole run")
+    lab.add_argument("--db", type=target, default=None, metavar="URL",
+                     help="a postgresql:// URL holding no jobs yet: the queue and the inbox "
+                     "there (default: files in --dir)")
+    lab.add_argument("--pg-local", action="store_true",
+                     help="--db on a throwaway local PostgreSQL server (initdb, stopped after)")
+    lab.add_argument("--sinks", type=within(int, 1, 16), default=1,
+                     help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
+    lab.add_argument("--kill-sinks", action="store_true",
+                     help="SIGKILLs hit sinks too, each restarted on its port")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -189,7 +202,8 @@ def run_lab(args: argparse.Namespace) -> int:
         fail_rate=args.fail_rate, drop_rate=args.drop_rate, delay_ms=args.delay_ms,
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
-        timeout_s=args.timeout_s, directory=args.dir)
+        timeout_s=args.timeout_s, directory=args.dir, db=args.db, sinks=args.sinks,
+        kill_sinks=args.kill_sinks, pg_local=args.pg_local)
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
@@ -220,7 +234,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def add_sink(commands: Commands) -> None:
     sink = commands.add_parser("sink", help="run the HTTP sink (inbox + stock) until SIGINT/TERM")
-    sink.add_argument("--db", required=True, type=Path, help="sink DB file (created if needed)")
+    sink.add_argument("--db", required=True, type=target,
+                      help="sink DB file or postgresql:// URL (created if needed; replicas "
+                      "may share one database)")
     sink.add_argument("--host", default="127.0.0.1")
     sink.add_argument("--port", type=within(int, 0, 65535), default=0,
                       help="0 picks a free port")
@@ -298,7 +314,7 @@ def run_outbox(args: argparse.Namespace) -> int:
 
     if args.action == "pending":           # read-only: a file is never created or migrated
         with ops.read_only(args.source, "outbox", "source DB") as con:
-            print(json.dumps(outbox.pending(con, args.limit)))
+            print(json.dumps(outbox.pending(cast(sqlite3.Connection, con), args.limit)))
         return 0
     if args.action == "accept":
         check_event({"id": args.id, "qty": args.qty})       # before the file is created

@@ -1,0 +1,160 @@
+"""A throwaway PostgreSQL server from the binaries on this machine (tests, lab, benchmarks).
+
+Rules of this module:
+
+* ``initdb`` + ``pg_ctl`` into a fresh temporary directory; a Unix socket in that directory
+  and a free loopback TCP port; trust authentication for the bootstrap superuser on the
+  socket only (``host`` lines, the TCP port, ask for a password).
+* PostgreSQL refuses to run as root: as root, every binary runs as the ``postgres`` system
+  user (``runuser``), and the directory belongs to it.
+* ``stop()`` always ends the server (``pg_ctl stop -m immediate``) and removes the directory;
+  the ``with`` form guarantees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["Binaries", "LocalServer", "find_binaries", "local_server"]
+
+SUPERUSER = "asnackq"
+# Durable settings (the benchmark's); tests pass FAST to trade durability for speed.
+DURABLE: dict[str, str] = {"fsync": "on", "synchronous_commit": "on"}
+FAST: dict[str, str] = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+HBA = """local all all trust
+host all all 127.0.0.1/32 scram-sha-256
+"""
+
+
+class Binaries:
+    """Where ``initdb`` and ``pg_ctl`` are, and how to run them (as ``postgres`` when root)."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.as_root = os.geteuid() == 0
+
+    def command(self, name: str, *args: str) -> list[str]:
+        line = [str(self.bindir / name), *args]
+        return ["runuser", "-u", "postgres", "--", *line] if self.as_root else line
+
+    def run(self, name: str, *args: str) -> None:
+        done = subprocess.run(self.command(name, *args), capture_output=True, text=True,
+                              timeout=120, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+
+
+def find_binaries() -> Binaries | None:
+    """The PostgreSQL binaries on PATH (or Debian's layout), or None when absent or unusable."""
+    found = shutil.which("initdb")
+    candidates = [Path(found).resolve().parent] if found else []
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    for bindir in candidates:
+        if (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file():
+            binaries = Binaries(bindir)
+            if binaries.as_root and not _postgres_user():
+                return None
+            return binaries
+    return None
+
+
+def _postgres_user() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        return None
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalServer:
+    """One running throwaway server: its directory, port, socket and superuser URL."""
+
+    def __init__(self, binaries: Binaries, root: Path, port: int) -> None:
+        self.binaries, self.root, self.port = binaries, root, port
+        self.data = root / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.root
+
+    def url(self, dbname: str = "postgres") -> str:
+        """A superuser URL over the Unix socket (trust: no password)."""
+        return f"postgresql://{SUPERUSER}@/{dbname}?host={self.root}&port={self.port}"
+
+    def tcp_url(self, user: str, password: str, dbname: str = "postgres") -> str:
+        """A URL over loopback TCP, where a password is required."""
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{dbname}"
+
+    def start(self, settings: dict[str, str]) -> None:
+        options = {"listen_addresses": "127.0.0.1", "port": str(self.port),
+                   "unix_socket_directories": str(self.root), "max_connections": "300",
+                   **settings}
+        line = " ".join(f"-c {key}={value}" for key, value in options.items())
+        self.binaries.run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
+                          "-w", "-t", "60", "-o", line, "start")
+
+    def stop(self) -> None:
+        """Stop the server at once and remove its directory (idempotent)."""
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            if (self.data / "postmaster.pid").exists():
+                self.binaries.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w",
+                                  "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "server.log").read_text(errors="replace")[-chars:]
+        return ""
+
+
+def create(binaries: Binaries, settings: dict[str, str]) -> LocalServer:
+    """initdb and start a server in a fresh directory; on any failure nothing is left."""
+    root = Path(tempfile.mkdtemp(prefix="asnackq-pg-"))
+    server = LocalServer(binaries, root, free_port())
+    try:
+        if binaries.as_root:
+            user = _postgres_user()
+            assert user is not None
+            os.chown(root, user.pw_uid, user.pw_gid)
+        binaries.run("initdb", "-D", str(server.data), "-U", SUPERUSER, "--auth-local=trust",
+                     "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
+        (server.data / "pg_hba.conf").write_text(HBA, encoding="utf-8")
+        for attempt in range(3):
+            try:
+                server.start(settings)
+                break
+            except RuntimeError:             # the port was taken meanwhile: another one
+                if attempt == 2:
+                    raise
+                server.port = free_port()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def local_server(settings: dict[str, str] | None = None) -> Iterator[LocalServer]:
+    """``with local_server() as server:`` a running throwaway server, stopped on exit."""
+    binaries = find_binaries()
+    if binaries is None:
+        raise RuntimeError("no PostgreSQL binaries (initdb, pg_ctl) on this machine")
+    server = create(binaries, dict(DURABLE if settings is None else settings))
+    try:
+        yield server
+    finally:
+        server.stop()

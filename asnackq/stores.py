@@ -1,0 +1,189 @@
+"""Synchronous sessions on a queue or sink for the command line, ``ops`` and the lab.
+
+Rules of this module:
+
+* A target is a file (sqlite3, the core's own driver) or a ``postgresql://`` URL
+  (``asnackq.pg.drive``); both give the same small face: ``run(make)`` runs a plan in one
+  transaction, ``execute(sql, params)`` reads with SQLite's placeholders.
+* Nothing creates a queue but ``open_queue(..., create=True)`` (``init``, the lab, the
+  demo); every other opening insists the queue (or the sink DB) is already there, and
+  inspecting opens read-only.
+* psycopg is imported only when a URL is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from asnackq.core import worker as w
+from asnackq.targets import Target, is_url, shown
+
+__all__ = ["Reader", "Store", "database_error", "init", "local_copies", "open_queue",
+           "pg_read_only", "require"]
+
+Make = Callable[[], w.Plan[Any]]
+
+
+class Reader(Protocol):
+    """What the inspecting commands read through: ``execute`` with SQLite's placeholders."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
+
+class Store(Reader, Protocol):
+    """A read-write session: plans, reads, and ``close``."""
+
+    def run(self, make: Make) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteFile:
+    """A queue file through the core's own sqlite3 driver."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    def run(self, make: Make) -> Any:
+        return w.drive(self.con, make())
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        return self.con.execute(sql, parameters)
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class PgDatabase:
+    """A PostgreSQL database through ``asnackq.pg`` (reads bound client-side, like SQLite)."""
+
+    def __init__(self, con: Any) -> None:
+        self.con = con
+
+    def run(self, make: Make) -> Any:
+        from asnackq import pg
+
+        return pg.drive(self.con, make)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        from asnackq import pg
+
+        return pg.client_cursor(self.con).execute(pg.placeholders(sql), parameters)
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _pg(where: str, schema: tuple[str, ...], *, create: bool, read_only: bool = False) -> Any:
+    from asnackq import pg
+
+    if schema is not w.SCHEMA:
+        import asnackq.pg_sink  # noqa: F401  (the sink's schema and statements)
+    return pg.connect(where, schema, create=create, read_only=read_only)
+
+
+@contextlib.contextmanager
+def open_queue(where: Target, *, create: bool = False) -> Iterator[Store]:
+    """A read-write session on a queue (created only with ``create``), closed on exit."""
+    if is_url(where):
+        store: Store = PgDatabase(_pg(str(where), w.SCHEMA, create=create))
+    else:
+        if not create:
+            require(where)
+        store = SqliteFile(w.open_queue(where))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def require(where: Target, what: str = "queue") -> None:
+    """Insist the queue exists (``ValueError`` naming ``asnackq init`` otherwise)."""
+    if is_url(where):
+        try:
+            _pg(str(where), w.SCHEMA, create=False).close()
+        except ValueError:
+            raise ValueError(f"no {what} at {shown(where)} (create one with: asnackq init "
+                             f"{shown(where)})") from None
+    elif not Path(where).is_file():
+        raise ValueError(f"no {what} at {where} (create one with: asnackq init {where})")
+
+
+def init(where: Target) -> tuple[bool, int]:
+    """Create a queue if absent: ``(created, jobs)``."""
+    try:
+        require(where)
+        created = False
+    except ValueError:
+        created = True
+    with open_queue(where, create=True) as store:
+        (jobs,) = store.execute("SELECT count(*) FROM jobs").fetchone()
+    return created, int(jobs)
+
+
+@contextlib.contextmanager
+def pg_read_only(where: str, table: str, what: str) -> Iterator[Reader]:
+    """A read-only session on a database that holds ``table`` (``ValueError`` otherwise)."""
+    schema = w.SCHEMA if table in ("jobs", "redrives") else _sink_schema()
+    try:
+        con = _pg(where, schema, create=False, read_only=True)
+    except ValueError:
+        raise ValueError(f"no {what} at {shown(where)} (no {table} table)") from None
+    try:
+        yield PgDatabase(con)
+    finally:
+        con.close()
+
+
+def _sink_schema() -> tuple[str, ...]:
+    from asnackq.http_sink import SINK_SCHEMA
+
+    return SINK_SCHEMA
+
+
+@contextlib.contextmanager
+def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
+    """Temporary SQLite copies of a queue's jobs and a sink's inbox and stock.
+
+    The audit joins the two with SQLite's ATTACH; when either lives in PostgreSQL (or both,
+    in different databases) it runs, unchanged, on these copies.
+    """
+    from asnackq import ops
+
+    with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
+        copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
+        for (source, table, what), target, schema in zip(
+                [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")], copies,
+                [w.SCHEMA, _sink_schema()], strict=True):
+            copy = w.open_db(target, schema)
+            try:
+                with ops.read_only(source, table, what) as con:
+                    for name in ((table, "stock") if table == "inbox" else (table,)):
+                        _copy(con, copy, name)
+            finally:
+                copy.close()
+        yield copies
+
+
+def _copy(source: Reader, copy: sqlite3.Connection, table: str) -> None:
+    rows = [tuple(row) for row in source.execute(f"SELECT * FROM {table}")]
+    if rows:
+        marks = ",".join("?" * len(rows[0]))
+        copy.execute("BEGIN IMMEDIATE")
+        copy.execute(f"DELETE FROM {table}")
+        copy.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        copy.execute("COMMIT")
+
+
+def database_error(error: BaseException) -> bool:
+    """Whether ``error`` is a database error (SQLite's or, when in use, psycopg's)."""
+    if isinstance(error, sqlite3.Error):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.Error)

@@ -1,0 +1,160 @@
+"""A throwaway PostgreSQL server for the tests, fresh databases, and reads of their rows.
+
+The server starts once per session (``asnackq.pg_server``, durability off for speed); each
+test that asks gets its own database, dropped afterwards.  Without PostgreSQL binaries the
+tests that need it skip with one line; with ``ASNACKQ_REQUIRE_PG=1`` (CI) that is an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from asnackq.pg_server import FAST, SUPERUSER, LocalServer, create, find_binaries
+
+REQUIRED = os.environ.get("ASNACKQ_REQUIRE_PG") == "1"
+_names = itertools.count(1)
+
+
+def start_server() -> Iterator[Pool]:
+    """The session's server and its databases, or a skip (an error with ASNACKQ_REQUIRE_PG=1)."""
+    binaries = find_binaries()
+    if binaries is None:
+        why = "PostgreSQL binaries (initdb, pg_ctl) not found"
+        if REQUIRED:
+            pytest.fail(f"ASNACKQ_REQUIRE_PG=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    try:
+        server = create(binaries, FAST)
+    except RuntimeError as error:
+        if REQUIRED:
+            raise
+        pytest.skip(f"PostgreSQL did not start: {error}")
+    pool = Pool(server)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        server.stop()
+
+
+class Pool:
+    """Databases of the session's server, each handed to one test at a time.
+
+    A returned database is emptied (its other sessions ended, its public schema dropped
+    and made again): much faster than CREATE DATABASE, which checkpoints.
+    """
+
+    def __init__(self, server: LocalServer) -> None:
+        self.server = server
+        self.free: list[str] = []
+        self.admin = psycopg.connect(server.url(), autocommit=True)
+
+    def take(self) -> str:
+        if self.free:
+            return self.free.pop()
+        name = f"t{os.getpid()}_{next(_names)}"
+        self.admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+        return name
+
+    def give_back(self, name: str) -> None:
+        self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        self.admin.execute(f"ALTER DATABASE {name} OWNER TO {SUPERUSER}")
+        with psycopg.connect(self.server.url(name), autocommit=True) as con:
+            con.execute("DROP SCHEMA public CASCADE")
+            con.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")
+        self.free.append(name)
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+def databases(pool: Pool) -> Iterator[Callable[[], str]]:
+    """A factory of empty databases (their URLs) for one test; all given back after it."""
+    taken: list[str] = []
+
+    def new() -> str:
+        taken.append(pool.take())
+        return pool.server.url(taken[-1])
+
+    try:
+        yield new
+    finally:
+        for name in taken:
+            pool.give_back(name)
+
+
+def one_at_a_time(pool: Pool) -> Iterator[Callable[[], str]]:
+    """A factory of empty databases where each call gives the previous one back first (for
+    hypothesis examples, which run one after the other)."""
+    taken: list[str] = []
+
+    def fresh() -> str:
+        if taken:
+            pool.give_back(taken.pop())
+        taken.append(pool.take())
+        return pool.server.url(taken[-1])
+
+    try:
+        yield fresh
+    finally:
+        for name in taken:
+            pool.give_back(name)
+
+
+def login(pool: Pool, name: str, password: str, url: str) -> str:
+    """A TCP URL with a password for a role that owns ``url``'s database."""
+    admin, database = pool.admin, conninfo_to_dict(url)["dbname"]
+    if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchall():
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+    admin.execute(f"ALTER ROLE {name} PASSWORD '{password}'")
+    admin.execute(f"ALTER DATABASE {database} OWNER TO {name}")
+    return pool.server.tcp_url(name, password, database)
+
+
+def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Rows of one query through a separate session."""
+    with psycopg.connect(url, autocommit=True) as con:
+        cursor = con.execute(sql, params)
+        return [tuple(row) for row in cursor] if cursor.description is not None else []
+
+
+def dict_row(url: str, sql: str, params: tuple[Any, ...]) -> dict[str, Any] | None:
+    with psycopg.connect(url, autocommit=True) as con:
+        cursor = con.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        assert cursor.description is not None
+        return {column.name: value for column, value in zip(cursor.description, row,
+                                                              strict=True)}
+
+
+def tracing(callback: Callable[[str], object]) -> tuple[type, type]:
+    """Cursor classes (sync, async) that show each statement to ``callback`` first."""
+    class Traced(psycopg.Cursor[Any]):
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            callback(str(query))
+            return super().execute(query, *args, **kwargs)
+
+        def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            callback(str(query))
+            return super().executemany(query, *args, **kwargs)
+
+    class AsyncTraced(psycopg.AsyncCursor[Any]):
+        async def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            callback(str(query))
+            return await super().execute(query, *args, **kwargs)
+
+        async def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            callback(str(query))
+            return await super().executemany(query, *args, **kwargs)
+
+    return Traced, AsyncTraced

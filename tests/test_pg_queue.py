@@ -1,0 +1,145 @@
+"""PostgreSQL specifics: the schema and its version, claims that skip locked rows, errors.
+
+The queue's behaviour itself is the conformance suite's (``test_core_queue`` runs every
+scenario on PostgreSQL through the sync and the async driver).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from asnackq import pg
+from asnackq.aio import AsyncQueue
+from asnackq.core import worker as w
+from asnackq.pg_server import free_port
+
+from .conftest import T0
+from .pgdb import query
+
+
+@pytest.fixture
+def url(pg_db):
+    return pg_db()
+
+
+def test_the_schema_is_created_once_with_its_version(url):
+    pg.connect(url).close()
+    assert query(url, "SELECT part, version FROM asnackq_schema") == [("queue", 1)]
+    tables = {name for (name,) in query(
+        url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert tables == {"jobs", "redrives", "asnackq_schema"}
+    created = query(url, "SELECT created_at FROM asnackq_schema")
+    pg.connect(url).close()
+    assert query(url, "SELECT created_at FROM asnackq_schema") == created   # nothing redone
+
+
+def test_many_sessions_opening_an_empty_database_at_once_all_succeed(url):
+    failures = []
+
+    def open_one():
+        try:
+            pg.connect(url).close()
+        except Exception as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=open_one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert failures == []
+    assert query(url, "SELECT part, version FROM asnackq_schema") == [("queue", 1)]
+
+
+def test_a_newer_schema_is_refused_and_an_absent_one_not_created(url):
+    with pytest.raises(ValueError, match="no queue here"):
+        pg.connect(url, create=False)
+    assert query(url, "SELECT to_regclass('jobs')") == [(None,)]
+    pg.connect(url).close()
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute("UPDATE asnackq_schema SET version = 2")
+    with pytest.raises(ValueError, match="version 2, newer than this asnackq knows"):
+        pg.connect(url)
+
+
+async def test_async_queue_opens_a_url_with_the_product_limits(url):
+    async with AsyncQueue.open(url) as queue:
+        assert queue.limits == w.PRODUCT
+        day = 24 * 3_600_000
+        assert await queue.enqueue({"id": "a", "qty": 1}, T0, 30 * day) is True
+        ticket = await queue.claim("w1", T0, 3_600_000)
+        assert ticket["lease_until"] == T0 + 3_600_000
+        assert await queue.finish(ticket, "retry", T0 + 1, 3_600_000) == "pending"
+
+
+def test_claims_do_not_visit_finished_rows(url):
+    con = pg.connect(url)
+    with con.cursor() as cursor:
+        cursor.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                       " available_at, deadline) SELECT 'd' || i, 1, 'done', 1, 3, 1, 0, 1"
+                       " FROM generate_series(1, 20000) AS i")
+        cursor.execute("ANALYZE jobs")
+        for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED,
+                    w.SQL_NEXT_CLAIMABLE):
+            text, params = pg.translate(sql, {"now": T0, "n": 8})
+            plan = " ".join(row[0] for row in cursor.execute("EXPLAIN " + text, params))
+            assert "Seq Scan on jobs" not in plan, plan
+    con.close()
+
+
+def test_a_claim_skips_rows_another_claim_holds(url):
+    """Two claims at once never wait for each other and never take the same job."""
+    one, two = pg.connect(url), pg.connect(url)
+    pg.drive(one, lambda: w.plan_enqueue_many(
+        [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(4)], T0))
+    held = []
+
+    def second_claim(point):          # runs inside the first claim's open transaction
+        if point == "after-claim":
+            held.append(pg.drive(two, lambda: w.plan_claim_many("w2", T0, 1000, 2)))
+
+    first = pg.drive(one, lambda: w.plan_claim_many("w1", T0, 1000, 2))
+    ticket = pg.drive(one, lambda: w.plan_claim("w1", T0, 1000), second_claim)
+    assert [t["id"] for t in first] == ["j0", "j1"] and ticket["id"] == "j2"
+    assert [t["id"] for t in held[0]] == ["j3"]
+    one.close()
+    two.close()
+
+
+def test_an_unreachable_server_is_one_line_without_the_password():
+    url = f"postgresql://someone:hunter2@127.0.0.1:{free_port()}/nothing"
+    with pytest.raises(pg.Unreachable) as raised:
+        pg.connect(url)
+    message = str(raised.value)
+    assert "hunter2" not in message and "\n" not in message
+    assert message.startswith("cannot connect to postgresql://someone:***@127.0.0.1:")
+    assert "refused" in message
+
+
+def test_a_refused_login_is_one_line_without_the_password(pg_server):
+    with pytest.raises(pg.Unreachable) as raised:
+        pg.connect(pg_server.tcp_url("intruder", "hunter2"))
+    message = str(raised.value)
+    assert "hunter2" not in message and "\n" not in message
+    assert "password authentication failed" in message
+
+
+def test_a_malformed_url_is_one_line_without_the_password():
+    url = "postgresql://someone:hunter2@[::1/db"
+    with pytest.raises(ValueError, match="not a usable PostgreSQL URL") as raised:
+        pg.connect(url)
+    assert "hunter2" not in str(raised.value) and "someone:***@" in str(raised.value)
+
+
+def test_a_session_that_vanishes_mid_transaction_is_ended_by_the_server(url):
+    con = pg.connect(url)
+    assert con.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("10s",)
+    con.close()
+
+
+def test_a_statement_without_a_postgresql_text_is_a_bug_not_a_guess():
+    with pytest.raises(KeyError, match="no PostgreSQL text"):
+        pg.translate("DELETE FROM jobs", ())
