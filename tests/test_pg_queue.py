@@ -7,6 +7,9 @@ scenario on PostgreSQL through the sync and the async driver).
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -178,3 +181,18 @@ async def test_concurrent_async_intakes_of_the_same_ids_insert_each_once(url):
                                      for start in range(0, 300, 30) for queue in (one, two)))
     assert sum(r is True for batch in got for r in batch) == 300
     assert query(url, "SELECT count(*) FROM jobs") == [(300,)]
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_without_binaries_the_pg_tests_skip_or_fail_when_required(required, tmp_path):
+    env = {**os.environ, "ASNACKQ_PG_BINDIR": str(tmp_path),
+           "ASNACKQ_REQUIRE_PG": str(int(required))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_pg_queue.py",
+                          "-k", "schema_is_created"],
+                         capture_output=True, text=True, timeout=120, env=env, check=False)
+    if required:
+        assert run.returncode == 1, run.stdout
+        assert "ASNACKQ_REQUIRE_PG=1 but PostgreSQL binaries" in run.stdout
+    else:
+        assert run.returncode == 0 and "1 skipped" in run.stdout, run.stdout
+        assert "PostgreSQL binaries (initdb, pg_ctl) not found" in run.stdout
