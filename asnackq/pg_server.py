@@ -53,10 +53,15 @@ class Binaries:
 
 
 def find_binaries() -> Binaries | None:
-    """The PostgreSQL binaries on PATH (or Debian's layout), or None when absent or unusable."""
+    """The PostgreSQL binaries in ``$ASNACKQ_PG_BINDIR`` if set, else on PATH (or in Debian's
+    layout); None when absent or unusable."""
+    chosen = os.environ.get("ASNACKQ_PG_BINDIR")
     found = shutil.which("initdb")
-    candidates = [Path(found).resolve().parent] if found else []
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    if chosen is not None:
+        candidates = [Path(chosen)]
+    else:
+        candidates = [Path(found).resolve().parent] if found else []
+        candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
     for bindir in candidates:
         if (bindir / "initdb").is_file() and (bindir / "pg_ctl").is_file():
             binaries = Binaries(bindir)

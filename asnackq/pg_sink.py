@@ -1,5 +1,5 @@
 """The sink's inbox on PostgreSQL: its statements keyed to ``http_sink``'s, registered with
-``asnackq.pg`` when a sink opens a ``postgresql://`` URL.
+``asnackq.pg_sql`` when a sink opens a ``postgresql://`` URL.
 
 Rules of this module:
 
@@ -15,7 +15,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from asnackq import pg
+from asnackq import pg_sql
 from asnackq.http_sink import (
     SINK_SCHEMA,
     SQL_ADD_STOCK,
@@ -37,7 +37,7 @@ BEGIN
   RETURN QUERY SELECT inbox.id, inbox.qty FROM inbox WHERE inbox.id = ANY(ids);
 END $$"""
 
-SINK = pg.Schema("sink", 1, ("inbox", "stock"), (
+SINK = pg_sql.Schema("sink", 1, ("inbox", "stock"), (
     """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
   first_token BIGINT, last_token BIGINT, deliveries INTEGER NOT NULL,
   applied_at_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
@@ -47,10 +47,10 @@ SINK = pg.Schema("sink", 1, ("inbox", "stock"), (
     SQL_KNOWN_FUNCTION,
 ))
 
-pg.SCHEMAS[SINK_SCHEMA] = SINK
-pg.register({
+pg_sql.SCHEMAS[SINK_SCHEMA] = SINK
+pg_sql.register({
     SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known(%s)",
-    **{sql: pg.placeholders(sql) for sql in (SQL_APPLY, SQL_SEEN_AGAIN, SQL_ADD_STOCK,
+    **{sql: pg_sql.placeholders(sql) for sql in (SQL_APPLY, SQL_SEEN_AGAIN, SQL_ADD_STOCK,
                                              SQL_STOCK, SQL_RECORD)},
     **{sql: sql for sql in SINK.ddl},
 })

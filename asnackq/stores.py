@@ -72,9 +72,9 @@ class PgDatabase:
         return pg.drive(self.con, make)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
-        from asnackq import pg
+        from asnackq import pg, pg_sql
 
-        return pg.client_cursor(self.con).execute(pg.placeholders(sql), parameters)
+        return pg.client_cursor(self.con).execute(pg_sql.placeholders(sql), parameters)
 
     def close(self) -> None:
         self.con.close()

@@ -6,6 +6,10 @@ scenario on PostgreSQL through the sync and the async driver).
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -143,3 +147,52 @@ def test_a_session_that_vanishes_mid_transaction_is_ended_by_the_server(url):
 def test_a_statement_without_a_postgresql_text_is_a_bug_not_a_guess():
     with pytest.raises(KeyError, match="no PostgreSQL text"):
         pg.translate("DELETE FROM jobs", ())
+
+
+def test_concurrent_intakes_of_the_same_ids_insert_each_once(url):
+    """Two sessions enqueue the same new ids at once: one inserts each, the other sees it
+    there (a transaction that hit the other's key first is retried, not failed)."""
+    sessions = [pg.connect(url), pg.connect(url)]
+    results: list[list] = [[], []]
+    go = threading.Barrier(2)
+
+    def intake(n):
+        go.wait()
+        for start in range(0, 400, 40):
+            items = [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(start, start + 40)]
+            results[n] += pg.drive(sessions[n], lambda items=items: w.plan_enqueue_many(
+                items, T0))
+
+    threads = [threading.Thread(target=intake, args=(n,)) for n in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for session in sessions:
+        session.close()
+    assert [a + b for a, b in zip(*results, strict=True)] == [1] * 400
+    assert query(url, "SELECT count(*) FROM jobs") == [(400,)]
+
+
+async def test_concurrent_async_intakes_of_the_same_ids_insert_each_once(url):
+    async with AsyncQueue.open(url) as one, AsyncQueue.open(url) as two:
+        items = [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(300)]
+        got = await asyncio.gather(*(queue.enqueue_many(items[start:start + 30], T0)
+                                     for start in range(0, 300, 30) for queue in (one, two)))
+    assert sum(r is True for batch in got for r in batch) == 300
+    assert query(url, "SELECT count(*) FROM jobs") == [(300,)]
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_without_binaries_the_pg_tests_skip_or_fail_when_required(required, tmp_path):
+    env = {**os.environ, "ASNACKQ_PG_BINDIR": str(tmp_path),
+           "ASNACKQ_REQUIRE_PG": str(int(required))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_pg_queue.py",
+                          "-k", "schema_is_created"],
+                         capture_output=True, text=True, timeout=120, env=env, check=False)
+    if required:
+        assert run.returncode == 1, run.stdout
+        assert "ASNACKQ_REQUIRE_PG=1 but PostgreSQL binaries" in run.stdout
+    else:
+        assert run.returncode == 0 and "1 skipped" in run.stdout, run.stdout
+        assert "PostgreSQL binaries (initdb, pg_ctl) not found" in run.stdout

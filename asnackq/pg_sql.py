@@ -1,0 +1,193 @@
+"""PostgreSQL texts of the core's statements (and the sink's), and the schemas.
+
+Rules of this module:
+
+* Each PostgreSQL text is keyed to the core's own statement text (``STATEMENTS``), so a
+  plan runs unchanged and no rule exists twice; ``{marks}`` templates are keyed as
+  written, their IN-list becoming one array parameter.  A statement without a text is a
+  bug (``KeyError``), never a guess.
+* The texts differ from SQLite's only where concurrent transactions demand it (SQLite
+  serialises writers; here many claimers run at once, READ COMMITTED):
+  - claims and the quarantine lock their rows ``FOR UPDATE SKIP LOCKED``: claimers never
+    wait for each other, and a claim re-checks, on the row it locked, that the job is not
+    spent (a job another transaction released a moment ago is never leased past its budget);
+  - reading jobs by id (finish, extend, intake, redrive) locks them ``FOR UPDATE`` in id
+    order: a plan decides on rows nobody else can change before its COMMIT, so every
+    guarded write still changes exactly the rows the plan expects.
+* Schemas are created idempotently under an advisory lock, with their version recorded
+  in ``asnackq_schema``; a newer version than this code knows is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+from asnackq.core import worker as w
+
+__all__ = ["QUEUE", "SCHEMAS", "STATEMENTS", "Schema", "placeholders", "plan_open",
+           "register", "text", "translate"]
+
+Params = tuple[Any, ...] | dict[str, Any]
+
+
+def placeholders(sql: str) -> str:
+    """SQLite's ``?`` and ``:name`` placeholders as psycopg's ``%s`` and ``%(name)s``."""
+    return re.sub(r"(?<!:):([A-Za-z_]\w*)", r"%(\1)s", sql.replace("?", "%s"))
+
+
+# The quarantine: lock the spent jobs nobody else holds, then end them (one reason each).
+_QUARANTINE = """
+WITH spent AS (
+  SELECT seq FROM jobs WHERE status IN ('pending', 'leased') AND {spent}
+    AND (status = 'pending' OR lease_until <= %(now)s)
+  FOR UPDATE SKIP LOCKED)
+UPDATE jobs SET status = 'dead', reason = '{reason}', owner = NULL, lease_until = NULL
+FROM spent WHERE jobs.seq = spent.seq"""
+
+# The :n lowest-seq claimable jobs nobody else is claiming, locked until COMMIT.  The
+# lock re-reads each row: the values returned are the row's latest, and a job that is
+# spent by now (released by another transaction since the quarantine) is not claimable.
+_CLAIMABLE = """
+  SELECT seq, id, qty, attempts, token, deadline FROM jobs
+  WHERE status = '{status}' AND {ready} <= %(now)s
+    AND deadline > %(now)s AND attempts < max_attempts
+  ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
+PG_NEXT_CLAIMABLE = f"""
+WITH pending AS ({_CLAIMABLE.format(status="pending", ready="available_at")}),
+expired AS ({_CLAIMABLE.format(status="leased", ready="lease_until")})
+SELECT * FROM pending UNION ALL SELECT * FROM expired ORDER BY seq LIMIT %(n)s"""
+
+# Rows read to decide on are locked, in one order for every transaction.
+PG_JOBS = """
+SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until, id
+FROM jobs WHERE id = ANY(%s) ORDER BY id FOR UPDATE"""
+
+PG_JOB = """
+SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until
+FROM jobs WHERE id = %s FOR UPDATE"""
+
+PG_LEASE = """
+UPDATE jobs SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = %s,
+  lease_until = least(%s, deadline), reason = NULL
+WHERE seq = ANY(%s) AND status IN ('pending', 'leased')"""
+
+# Each core statement (or ``{marks}`` template) -> its PostgreSQL text.  In a template's
+# text the IN-list becomes one array parameter.
+STATEMENTS: dict[str, str] = {
+    w.SQL_QUARANTINE_DEADLINE: _QUARANTINE.format(spent="deadline <= %(now)s",
+                                                  reason="deadline"),
+    w.SQL_QUARANTINE_EXHAUSTED: _QUARANTINE.format(spent="attempts >= max_attempts",
+                                                   reason="exhausted"),
+    w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
+    w.SQL_JOBS: PG_JOBS,
+    w.SQL_JOB: PG_JOB,
+    w.SQL_LEASE: PG_LEASE,
+    **{sql: placeholders(sql) for sql in (w.SQL_INSERT_JOB, w.SQL_FINISH, w.SQL_EXTEND,
+                                          w.SQL_AUDIT, w.SQL_REDRIVE, w.SQL_ACTIVE)},
+}
+
+_IN_LIST = re.compile(r"IN \(\?(?:,\?)*\)")
+
+
+def register(statements: dict[str, str]) -> None:
+    """Add PostgreSQL texts for another module's statements (the sink's)."""
+    for sql, text in statements.items():
+        if STATEMENTS.setdefault(sql, text) != text:
+            raise ValueError(f"two PostgreSQL texts for {sql!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def text(sql: str) -> tuple[str, int | None]:
+    """The PostgreSQL text for ``sql`` and, for a template, how many parameters precede
+    its IN-list (those after it become one array)."""
+    found = STATEMENTS.get(sql)
+    if found is not None:
+        return found, None
+    marks = _IN_LIST.search(sql)
+    if marks is not None:
+        found = STATEMENTS.get(f"{sql[:marks.start()]}IN ({{marks}}){sql[marks.end():]}")
+        if found is not None:
+            return found, sql.count("?", 0, marks.start())
+    raise KeyError(f"no PostgreSQL text for the statement {' '.join(sql.split())[:90]!r}")
+
+
+def translate(sql: str, params: Params) -> tuple[str, Params]:
+    """A plan's statement and parameters, as PostgreSQL takes them."""
+    found, head = text(sql)
+    if head is None:
+        return found, params
+    assert isinstance(params, tuple)
+    return found, (*params[:head], list(params[head:]))
+
+
+# --- schemas ------------------------------------------------------------------------
+
+class Schema(NamedTuple):
+    """A part of the database (``queue``, ``sink``): its version and its DDL."""
+
+    part: str
+    version: int
+    tables: tuple[str, ...]     # every table it creates; the first one marks its presence
+    ddl: tuple[str, ...]
+
+
+QUEUE = Schema("queue", 1, ("jobs", "redrives"), (
+    """CREATE TABLE IF NOT EXISTS jobs (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token BIGINT NOT NULL,
+  available_at BIGINT NOT NULL, deadline BIGINT NOT NULL,
+  owner TEXT, lease_until BIGINT, reason TEXT)""",
+    """CREATE TABLE IF NOT EXISTS redrives (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id TEXT NOT NULL, token BIGINT NOT NULL, at_ms BIGINT NOT NULL, note TEXT NOT NULL)""",
+    # As on SQLite, claims never visit done/dead rows: pending jobs in seq order, leases
+    # by their end, deadlines by status, spent budgets in a partial index.
+    "CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq)",
+    "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (status, deadline)",
+    "CREATE INDEX IF NOT EXISTS jobs_by_lease ON jobs (lease_until) WHERE status = 'leased'",
+    "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs (status) WHERE attempts >= max_attempts",
+))
+
+# The core's schema (and, registered, the sink's) -> its PostgreSQL schema.
+SCHEMAS: dict[tuple[str, ...], Schema] = {w.SCHEMA: QUEUE}
+
+SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"   # every opener, in turn
+SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"
+SQL_VERSIONS = """CREATE TABLE IF NOT EXISTS asnackq_schema (part TEXT PRIMARY KEY,
+  version INTEGER NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
+SQL_VERSION = "SELECT version FROM asnackq_schema WHERE part = %s"
+SQL_RECORD_VERSION = """INSERT INTO asnackq_schema (part, version) VALUES (%s, %s)
+ON CONFLICT (part) DO NOTHING"""
+for _native in (SQL_LOCK_SCHEMA, SQL_PRESENT, SQL_VERSIONS, SQL_VERSION, SQL_RECORD_VERSION,
+                *QUEUE.ddl):
+    STATEMENTS[_native] = _native
+
+
+def plan_open(schema: Schema, create: bool) -> Generator[w.Step, Any, tuple[None, bool]]:
+    """Check (and with ``create``, complete) a schema, in one transaction.
+
+    Nothing is written when the recorded version is current; without ``create`` an
+    absent schema is a ``ValueError``; a newer version than this code knows, too.
+    """
+    yield w.Sql(SQL_LOCK_SCHEMA)
+    [(present,)] = yield w.Sql(SQL_PRESENT, (schema.tables[0],))
+    version = None
+    if present and (yield w.Sql(SQL_PRESENT, ("asnackq_schema",)))[0][0]:
+        rows = yield w.Sql(SQL_VERSION, (schema.part,))
+        version = rows[0][0] if rows else None
+    if version is not None and version > schema.version:
+        raise ValueError(f"the {schema.part} schema is at version {version}, newer than this "
+                         f"asnackq knows ({schema.version}): upgrade asnackq")
+    if version == schema.version:
+        return None, False
+    if not create:
+        if not present:
+            raise ValueError(f"no {schema.part} here (no {schema.tables[0]} table)")
+        return None, False
+    for statement in (SQL_VERSIONS, *schema.ddl):
+        yield w.Sql(statement)
+    yield w.Sql(SQL_RECORD_VERSION, (schema.part, schema.version))
+    return None, True
