@@ -5,8 +5,8 @@ with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replac
 worker under a new owner name), then a verification from the evidence alone: the queue
 file, the sink DB, the sink's counters and the workers' traces.  With ``db`` (a
 ``postgresql://`` URL: the queue and the inbox in one database) ``K`` sink replicas share
-the inbox, workers spread over them, and SIGKILLs may hit sinks too (each restarted on its
-port); the counters of a killed sink die with it, so the applied-counter check is then
+the inbox, workers spread over them, and every other SIGKILL may hit a sink (restarted on
+its port); the counters of a killed sink die with it, so the applied-counter check is then
 left to the inbox itself (one row per id, the stock equal to their sum).
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
@@ -77,7 +77,7 @@ class LabConfig:
     directory: Path | None = None
     db: str | None = None            # a postgresql:// URL: the queue and the sinks' inbox
     sinks: int = 1
-    kill_sinks: bool = False         # SIGKILLs hit sinks too (every other one, at random)
+    kill_sinks: bool = False         # every other SIGKILL hits a sink (a random one)
     pg_local: bool = False           # db: a throwaway local server, stopped at the end
 
     def check(self) -> None:
@@ -384,7 +384,7 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
                 progress.update(task, completed=sampler.finished,
                                 description=f"finished, {workers.kills} kills")
                 if config.kill_every and now >= next_kill:
-                    if config.kill_sinks and rng.random() < 0.5:
+                    if config.kill_sinks and (workers.kills + sinks.kills) % 2:
                         sinks.kill_one(rng)
                     else:
                         workers.kill_one(rng)

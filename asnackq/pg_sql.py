@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from asnackq.core import worker as w
 
-__all__ = ["QUEUE", "SCHEMAS", "STATEMENTS", "Schema", "placeholders", "plan_open",
+__all__ = ["QUEUE", "SCHEMAS", "STATEMENTS", "Missing", "Schema", "placeholders", "plan_open",
            "register", "text", "translate"]
 
 Params = tuple[Any, ...] | dict[str, Any]
@@ -125,6 +125,10 @@ def translate(sql: str, params: Params) -> tuple[str, Params]:
 
 # --- schemas ------------------------------------------------------------------------
 
+class Missing(ValueError):
+    """Raised when a database holds no such part (no ``jobs`` table, say) and none is made."""
+
+
 class Schema(NamedTuple):
     """A part of the database (``queue``, ``sink``): its version and its DDL."""
 
@@ -185,7 +189,7 @@ def plan_open(schema: Schema, create: bool) -> Generator[w.Step, Any, tuple[None
         return None, False
     if not create:
         if not present:
-            raise ValueError(f"no {schema.part} here (no {schema.tables[0]} table)")
+            raise Missing(f"no {schema.part} here (no {schema.tables[0]} table)")
         return None, False
     for statement in (SQL_VERSIONS, *schema.ddl):
         yield w.Sql(statement)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asnackq.core import worker as w
+from asnackq.pg_sql import Missing
 from asnackq.targets import Target, is_url, shown
 
 __all__ = ["Reader", "Store", "database_error", "init", "local_copies", "open_queue",
@@ -108,7 +109,7 @@ def require(where: Target, what: str = "queue") -> None:
     if is_url(where):
         try:
             _pg(str(where), w.SCHEMA, create=False).close()
-        except ValueError:
+        except Missing:
             raise ValueError(f"no {what} at {shown(where)} (create one with: asnackq init "
                              f"{shown(where)})") from None
     elif not Path(where).is_file():
@@ -133,7 +134,7 @@ def pg_read_only(where: str, table: str, what: str) -> Iterator[Reader]:
     schema = w.SCHEMA if table in ("jobs", "redrives") else _sink_schema()
     try:
         con = _pg(where, schema, create=False, read_only=True)
-    except ValueError:
+    except Missing:
         raise ValueError(f"no {what} at {shown(where)} (no {table} table)") from None
     try:
         yield PgDatabase(con)

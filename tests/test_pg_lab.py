@@ -12,7 +12,7 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
     url, out = pg_db(), tmp_path / "lab.json"
     run = asnackq("lab", "--db", url, "--sinks", "2", "--jobs", "600", "--processes", "2",
                   "--concurrency", "16", "--fail-rate", "0.05", "--drop-rate", "0.05",
-                  "--kill-every", "0.5", "--kill-sinks", "--seed", "11", "--lease-ms", "1500",
+                  "--kill-every", "0.3", "--kill-sinks", "--seed", "11", "--lease-ms", "1500",
                   "--send-timeout-s", "0.5", "--dir", tmp_path / "lab", "--json", out,
                   timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr

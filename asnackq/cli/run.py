@@ -181,7 +181,7 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--sinks", type=within(int, 1, 16), default=1,
                      help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
     lab.add_argument("--kill-sinks", action="store_true",
-                     help="SIGKILLs hit sinks too, each restarted on its port")
+                     help="every other SIGKILL hits a sink, restarted on its port")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
