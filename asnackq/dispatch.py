@@ -3,6 +3,8 @@
 * ``Committer`` owns every transaction and every ticket the run holds.  Each cycle is one
   ``cycle`` plan of the core: the finishes that came back, an extension of every held lease
   that ends within half a lease, and claims for idle coroutines plus some ahead of demand.
+  While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
+  that settles them: fewer, larger transactions cost less CPU per job.
 * ``deliver`` is one delivery coroutine: take a ticket, send it (again, while the sink is
   not there: see ``breaker``), hand the result back.
 * ``Dispatcher.run`` is the lifecycle: start, drain, close, cancel (``Phase``).
@@ -18,6 +20,9 @@ Rules of this module:
   after the lease.
 * The clock's reading at a claim is the delivery's first reading; the coroutine takes the
   second when the send returns, exactly as ``run_once`` does.
+* Gathering never keeps anyone waiting: a coroutine without a ticket, a lease to keep, a
+  result whose lease ends within half a lease, or a draining run starts the cycle at once.
+  Its pause is timed by the event loop's clock, never by the run's (injectable) one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -84,6 +90,7 @@ class Summary:
     """What a dispatcher run did."""
 
     claimed: int = 0
+    commits: int = 0           # transactions (cycles) run
     done: int = 0
     retried: int = 0
     dead: int = 0              # every job that ended dead in this run's transactions:
@@ -143,10 +150,16 @@ class Settings:
     clock: Callable[[], int]
     jitter: Callable[[], float]
     idle_ms: int
+    gather_ms: int
     prefetch: int | None
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
+
+    @property
+    def gather_s(self) -> float:
+        """How long results may gather: ``gather_ms``, at most a tenth of the lease."""
+        return min(self.gather_ms, self.lease_ms // 10) / 1000
 
     def now(self, name: str = "clock reading") -> int:
         """A checked reading of the run's clock."""
@@ -169,9 +182,14 @@ class Committer:
         self.waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
         self.inbox: list[Sent] = []
         self.kick = asyncio.Event()
-        self.taken = self.demand = 0             # tickets taken by coroutines: now, last cycle
+        self.taken = 0                           # tickets taken since the last cycle began
+        self.rate = 0.0                          # tickets taken per second, over the last cycle
+        self.period = self.txn_s = 0.0           # the last cycle: from start to start; its commit
         self.dry = False                         # the last claim came up short
         self.cycling = False                     # a transaction is in flight
+        self.gathering = False                   # results are let gather (no kick per result)
+        self.started = -math.inf                 # the event loop's time at the last cycle
+        self.clock = asyncio.get_running_loop().time
 
     # --- the coroutines' side ----------------------------------------------------------
 
@@ -190,7 +208,8 @@ class Committer:
 
     def hand_back(self, sent: Sent) -> None:
         self.inbox.append(sent)
-        self.kick.set()
+        if not self.gathering:
+            self.kick.set()
 
     def kick_now(self) -> None:
         self.kick.set()
@@ -249,6 +268,10 @@ class Committer:
         want = self._want()
         due, wake_ms = self._due(now)
         if self.inbox or due or (want and not self.dry):
+            pause = self._pause(now, due)
+            if pause > 0:
+                await self._gather(pause)
+                return
             await self._cycle(now, due, want)
         elif self.phase is Phase.CLOSING:
             self.phase = Phase.CLOSED
@@ -275,6 +298,27 @@ class Committer:
         if not self.kick.is_set():
             self.dry = False                      # time to look for claimable jobs again
 
+    def _pause(self, now: int, due: list[w.Ticket]) -> float:
+        """Seconds to let more results gather before the next cycle (0 or less: cycle now)."""
+        settings = self.settings
+        if due or self.waiters or self.phase is not Phase.CLAIMING:
+            return 0.0
+        half = settings.lease_ms // 2
+        for sent in self.inbox:
+            current = self.held.get(sent.claimed.ticket["id"])
+            if current is not None and current["lease_until"] - now <= half:
+                return 0.0                        # its finish must not wait
+        return self.started + settings.gather_s - self.clock()
+
+    async def _gather(self, pause: float) -> None:
+        """Wait ``pause`` seconds, or until a coroutine needs a ticket."""
+        self.gathering = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), pause)
+        finally:
+            self.gathering = False
+
     def _due(self, now: int) -> tuple[list[w.Ticket], int | None]:
         """Held leases ending within half a lease, and the ms until the next one will be."""
         if self.phase is Phase.CLOSING:
@@ -295,14 +339,16 @@ class Committer:
     def _ahead(self) -> int:
         """How many ready tickets to keep ahead of demand.
 
-        ``prefetch`` if given; otherwise twice what the coroutines took during the last
-        cycle (so ready tickets outlast the next transaction, however long commits take on
-        this disk), at least a quarter of the concurrency, at most eight per coroutine.
+        ``prefetch`` if given; otherwise twice what the coroutines take, at the rate of the
+        last cycle, during that cycle or one gathering and one transaction if longer (so
+        ready tickets outlast both, however long commits take on this disk), at least a
+        quarter of the concurrency, at most eight per coroutine.
         """
-        if self.settings.prefetch is not None:
-            return self.settings.prefetch
-        concurrency = self.settings.concurrency
-        return max(concurrency // 4, min(2 * self.demand, 8 * concurrency, 1024))
+        settings = self.settings
+        if settings.prefetch is not None:
+            return settings.prefetch
+        need = math.ceil(2 * self.rate * max(self.period, settings.gather_s + self.txn_s))
+        return max(settings.concurrency // 4, min(need, 8 * settings.concurrency, 1024))
 
     def _want(self) -> int:
         """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
@@ -319,13 +365,19 @@ class Committer:
         """One transaction: settle what came back, keep what is held, claim ``want``."""
         sent, self.inbox = self.inbox, []
         finishes = self._finishes(sent)
-        self.demand, self.taken = self.taken, 0
+        started = self.clock()
+        if self.started > -math.inf:
+            self.period = started - self.started
+            self.rate = self.taken / max(self.period, 0.001)
+        self.started, self.taken = started, 0
         self.cycling = True
         try:
             statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, want)
         finally:
             self.cycling = False
+            self.txn_s = self.clock() - started
+        self.summary.commits += 1
         self.summary.ended(ended)
         if want:
             self.dry = len(tickets) < want
@@ -461,21 +513,26 @@ class Dispatcher:
 
     One committer task runs every transaction (see ``Committer``); ``concurrency``
     coroutines only send.  ``prefetch`` fixes how many tickets are kept claimed ahead of
-    demand (default: adaptive).  ``retry`` is the delay before a job's next attempt (and
-    between re-sends while the sink is away); ``breaker`` when to pause for an outage.
+    demand (default: adaptive).  ``gather_ms`` (at most a tenth of the lease is used) is
+    how long results may wait for more while every coroutine is busy; 0 settles each
+    batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
+    attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
+    outage.
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
     def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
                  lease_ms: int = 5000, clock: Callable[[], int] = w.epoch_ms,
                  jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
-                 idle_ms: int = 20, trace: Trace | None = None, prefetch: int | None = None,
+                 idle_ms: int = 20, gather_ms: int = 10, trace: Trace | None = None,
+                 prefetch: int | None = None,
                  retry: w.Retry = w.RUN_ONCE_RETRY,
                  breaker: BreakerPolicy = DEFAULT_BREAKER) -> None:
         limits = queue.limits
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         w.check_int(concurrency, "concurrency", 1, 1024)
         w.check_int(idle_ms, "idle_ms", 1, 60_000)
+        w.check_int(gather_ms, "gather_ms", 0, 1000)
         if type(grace_s) not in (int, float) or not 0 <= grace_s <= 3600:
             raise ValueError(f"grace_s must be a number of seconds in 0..3600: {grace_s!r}")
         retry.check(limits)
@@ -487,8 +544,8 @@ class Dispatcher:
             raise ValueError(f"the sender's timeout ({timeout_s}s) must be below the lease "
                              f"({lease_ms}ms): a late ACK would arrive after the lease ended")
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
-        self.settings = Settings(owner, concurrency, lease_ms, clock, jitter, idle_ms, prefetch,
-                                 trace, retry, limits)
+        self.settings = Settings(owner, concurrency, lease_ms, clock, jitter, idle_ms, gather_ms,
+                                 prefetch, trace, retry, limits)
         self.summary = Summary()
         self._breaker: Breaker | None = None
 

@@ -147,6 +147,7 @@ class Histogram:
 # Summary field -> (metric name without prefix and ``_total``, help).
 WORKER_COUNTERS = {
     "claimed": ("claimed", "Tickets claimed (each a lease with its own token)."),
+    "commits": ("commits", "Transactions (cycles) committed: finishes, extensions, claims."),
     "done": ("done", "Jobs finished done."),
     "retried": ("retried", "Jobs finished retry: back to pending with a delay."),
     "stale": ("stale", "Finishes refused because the lease was no longer this worker's."),

@@ -332,6 +332,16 @@ def test_work_refuses_a_timeout_longer_than_the_lease(queue):
     assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events")
     assert "prefetch must be" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
                                        "--prefetch", "-1")
+    for bad in ("-1", "1001", "0.5", "ten"):
+        assert "--gather-ms: must be an int in 0..1000" in fails(
+            "work", queue, "--sink", "http://127.0.0.1:9/e", "--gather-ms", bad, code=2)
+
+
+def test_work_without_gathering(queue, sink_proc):
+    url, _ = sink_proc
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"g{i}", "qty": 1} for i in range(30))))
+    summary = ok("work", queue, "--sink", url, "--until-empty", "--gather-ms", "0", "--json")
+    assert summary["done"] == summary["claimed"] == 30 and summary["commits"] >= 1
 
 
 def test_work_with_a_fixed_prefetch(queue, sink_proc):

@@ -160,8 +160,8 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
     assert seen[-1] == 200 and len(set(seen)) > 1          # it moved while it was watched
     summary = json.loads(out)
     assert value(families, "asnackq_worker_info", owner="w-1") == 1
-    for key in ("claimed", "done", "retried", "stale", "lost", "requests", "bad_acks",
-                "errors", "resent", "extended"):
+    for key in ("claimed", "commits", "done", "retried", "stale", "lost", "requests",
+                "bad_acks", "errors", "resent", "extended"):
         assert value(families, f"asnackq_worker_{key}",
                      f"asnackq_worker_{key}_total") == summary[key], key
     for reason in ("exhausted", "deadline", "permanent"):

@@ -58,6 +58,9 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--prefetch", type=int, default=None,
                       help="tickets kept claimed ahead of demand (default: adapts to how "
                       "many the coroutines take during one commit)")
+    work.add_argument("--gather-ms", type=within(int, 0, 1000), default=10,
+                      help="while every coroutine is busy, results wait up to this long (at "
+                      "most a tenth of the lease) to share a commit (default 10; 0: none)")
     work.add_argument("--timeout-s", type=TIMEOUT, default=2.0,
                       help="HTTP timeout per send; must be below the lease")
     work.add_argument("--until-empty", action="store_true")
@@ -104,7 +107,7 @@ def run_work(args: argparse.Namespace) -> int:
             dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
                                     concurrency=args.concurrency, lease_ms=args.lease_ms,
                                     trace=tracer, prefetch=args.prefetch, retry=retry,
-                                    breaker=breaker)
+                                    breaker=breaker, gather_ms=args.gather_ms)
             exporter.watch(dispatcher)
             running = asyncio.ensure_future(dispatcher.run(
                 until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
