@@ -1,17 +1,18 @@
-"""The asyncio layer: the core's plans driven through aiosqlite (the Dispatcher: ``dispatch``).
+"""The asyncio layer: the core's plans, driven off the event loop (the Dispatcher: ``dispatch``).
 
 Rules of this module:
 
-* No state machine here: every transition is a ``worker.plan_*`` plan; ``pump`` is the
-  small driver loop, on aiosqlite's public API (one thread hop per statement: at the
-  Dispatcher's 40-80 jobs per transaction that costs nothing measurable).
+* No state machine and no driver here: every transition is a ``worker.plan_*`` plan, and
+  on a file the core's own sqlite3 driver runs it, whole, on the connection's thread: one
+  hop per transaction, not per statement (each hop waits for the busy event loop to hand
+  over the GIL; the sink's ACKs wait for its commits).
 * One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
   interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
   caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
 * No transaction is ever open across a network await: sends happen between plans.
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with
-  a bounded, jittered backoff (``asyncio.sleep``), then surfaces as ``QueueBusy``.
-* A queue is a *store*: a file through aiosqlite (``SqliteStore``) or a ``postgresql://``
+  a bounded, jittered backoff (on the connection's thread), then surfaces as ``QueueBusy``.
+* A queue is a *store*: a file on its own thread (``SqliteStore``) or a ``postgresql://``
   URL through psycopg (``asnackq.pg.AsyncStore``); the same face, the same plans.
 """
 
@@ -22,11 +23,11 @@ import contextlib
 import inspect
 import random
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol, TypeVar
-
-import aiosqlite
 
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
@@ -59,73 +60,50 @@ def call_fault(fault: w.Fault, point: str) -> None:
         raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
 
 
-async def open_db(path: Any, schema: tuple[str, ...], busy_s: float,
-                  attempts: int = 8) -> aiosqlite.Connection:
-    """Open a DB file with the core's settings, creating ``schema`` through the core's plan.
+def begin(con: sqlite3.Connection, attempts: int) -> None:
+    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff (``QueueBusy``).
 
-    The schema goes first: its BEGIN waits out a file another process holds with the same
-    bounded backoff as every transaction (``QueueBusy`` after it); once the schema is
-    read, the PRAGMAs need no lock.
+    Runs on the connection's own thread: its waits never block the event loop.
     """
-    db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
-    try:
-        await pump(db, w.plan_schema(schema), None, attempts)
-        for pragma in w.PRAGMAS:
-            await db.execute(pragma)
-    except BaseException:
-        await db.close()
-        raise
-    return db
-
-
-async def pump(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault,
-               attempts: int = 8) -> T:
-    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``db``: COMMIT, or ROLLBACK and re-raise.
-
-    The asyncio twin of the core's ``drive`` loop, on aiosqlite's public API only: each
-    step is one ``execute_fetchall`` or ``executemany``.  The caller holds the queue's lock,
-    so nothing else runs on the connection between the steps.
-    """
-    await _begin(db, attempts)    # outside the try: a failed BEGIN owns no transaction
-    result: T
-    try:
-        reply: w.Reply = None
-        while True:
-            try:
-                step = plan.send(reply)
-            except StopIteration as stop:
-                result, changed = stop.value
-                break
-            if isinstance(step, w.Sql):
-                reply = [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
-            elif isinstance(step, w.SqlMany):
-                reply = [((await db.executemany(step.sql, step.params)).rowcount,)]
-            else:
-                reply = None
-                call_fault(fault, step.name)
-        await db.execute_fetchall("COMMIT")
-    except BaseException:
-        if db.in_transaction:     # a failing rollback never hides the original error
-            with contextlib.suppress(sqlite3.Error):
-                await db.execute_fetchall("ROLLBACK")
-        raise
-    if changed:
-        call_fault(fault, w.AFTER_COMMIT)
-    return result
-
-
-async def _begin(db: aiosqlite.Connection, attempts: int) -> None:
-    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff (``QueueBusy``)."""
     for attempt in range(attempts):
         try:
-            await db.execute_fetchall("BEGIN IMMEDIATE")
+            con.execute("BEGIN IMMEDIATE")
             return
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
                 raise
             if attempt == attempts - 1:
                 raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
-            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+            time.sleep(random.uniform(0, 0.01 * 2**attempt))
+
+
+def run_plan(con: sqlite3.Connection, plan: w.Plan[T], fault: w.Fault, attempts: int) -> T:
+    """One transaction on the connection's thread: the retried BEGIN, then the core's driver."""
+    begin(con, attempts)        # outside the driver: a failed BEGIN owns no transaction
+    return w.transact(con, plan, None if fault is None else partial(call_fault, fault))
+
+
+def connect_file(path: Any, schema: tuple[str, ...], busy_s: float, attempts: int,
+                 pragmas: tuple[str, ...]) -> sqlite3.Connection:
+    """Open a DB file with ``pragmas``, creating ``schema`` through the core's plan.
+
+    The schema goes first: its BEGIN waits out a file another process holds with the same
+    bounded backoff as every transaction (``QueueBusy`` after it); once the schema is
+    read, the PRAGMAs need no lock.
+    """
+    con = sqlite3.connect(path, timeout=busy_s, isolation_level=None, check_same_thread=False)
+    try:
+        run_plan(con, w.plan_schema(schema), None, attempts)
+        for pragma in pragmas:
+            con.execute(pragma).fetchall()
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def fetch_rows(con: sqlite3.Connection, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    return con.execute(sql, params).fetchall()
 
 
 class Store(Protocol):
@@ -144,34 +122,63 @@ class Store(Protocol):
 
 
 class SqliteStore:
-    """One aiosqlite connection as a ``Store``: each plan through ``pump``."""
+    """A DB file as a ``Store``: one sqlite3 connection, owned by one thread of its own.
 
-    def __init__(self, db: aiosqlite.Connection, attempts: int = 8) -> None:
-        self.db, self.attempts = db, attempts
+    Each transaction is one hop to that thread, where the core's own driver runs the plan
+    from BEGIN to COMMIT: a statement never waits for the event loop (nor the loop for a
+    statement, a busy file or an fsync).
+    """
+
+    def __init__(self, con: sqlite3.Connection, thread: ThreadPoolExecutor,
+                 attempts: int = 8) -> None:
+        self.con, self.thread, self.attempts = con, thread, attempts
+
+    @classmethod
+    async def open(cls, path: Any, schema: tuple[str, ...], busy_s: float, attempts: int = 8,
+                   pragmas: tuple[str, ...] = w.PRAGMAS) -> SqliteStore:
+        thread = ThreadPoolExecutor(1, thread_name_prefix="asnackq-sqlite")
+        try:
+            con = await asyncio.get_running_loop().run_in_executor(
+                thread, connect_file, path, schema, busy_s, attempts, pragmas)
+        except BaseException:
+            thread.shutdown(wait=False)
+            raise
+        return cls(con, thread, attempts)
+
+    async def _call(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.thread, function, *args)
 
     @property
     def in_transaction(self) -> bool:
-        return bool(self.db.in_transaction)
+        return self.con.in_transaction
 
     async def transact(self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]],
                        fault: w.Fault = None) -> Any:
-        return await pump(self.db, plan, fault, self.attempts)
+        return await self._call(run_plan, self.con, plan, fault, self.attempts)
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
+        return await self._call(fetch_rows, self.con, sql, params)
+
+    async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
+        """Have ``callback`` see every statement (it is called on the connection's thread)."""
+        await self._call(self.con.set_trace_callback, callback)
 
     async def close(self) -> None:
-        await self.db.close()
+        try:
+            await self._call(self.con.close)
+        finally:
+            self.thread.shutdown(wait=False)
 
 
 async def open_store(target: Any, schema: tuple[str, ...], busy_s: float = 1.0,
-                     attempts: int = 8) -> Store:
-    """A DB file or a ``postgresql://`` URL, with ``schema`` (the core's tuple) in place."""
+                     attempts: int = 8, pragmas: tuple[str, ...] = w.PRAGMAS) -> Store:
+    """A DB file (with ``pragmas``) or a ``postgresql://`` URL, with ``schema`` (the core's
+    tuple) in place."""
     if is_url(target):
         from asnackq import pg
 
         return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
-    return SqliteStore(await open_db(target, schema, busy_s, attempts), attempts)
+    return await SqliteStore.open(target, schema, busy_s, attempts, pragmas)
 
 
 class AsyncQueue:

@@ -54,7 +54,7 @@ class AioBridge:
         if isinstance(store, pg.AsyncStore):
             store.con.cursor_factory = tracing(callback)[1] if callback else psycopg.AsyncCursor
         else:
-            self.wait(store.db.set_trace_callback(callback))  # type: ignore[attr-defined]
+            self.wait(store.set_trace_callback(callback))  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.wait(self.queue.close())

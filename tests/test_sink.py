@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -194,10 +195,11 @@ async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
 
 
 async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(sink_db):
-    db = await open_sink_db(sink_db)
-    await db.db.execute("CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
-                     "BEGIN SELECT RAISE(ABORT, 'boom'); END")
-    await db.close()
+    await (await open_sink_db(sink_db)).close()
+    con = sqlite3.connect(sink_db)
+    con.execute("CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
+                "BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    con.close()
     async with sink(sink_db) as s:
         results = await asyncio.gather(*(post(s.url, json.dumps({"id": i, "qty": 1}).encode())
                                          for i in ("x", "boom", "y")))

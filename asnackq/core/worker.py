@@ -6,8 +6,8 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
 * Every state transition is a *plan*: a generator that yields ``Sql`` steps (and
   receives their rows) and ``Hook`` points, and returns ``(result, changed)``.
   Plans contain no I/O.  ``drive`` below runs a plan on ``sqlite3``; the asyncio
-  layer (``asnackq.aio``) runs the very same plans on aiosqlite.  There is no
-  second copy of the state machine anywhere.
+  layer (``asnackq.aio``) runs the very same plans with the very same driver, on its
+  connection's own thread.  There is no second copy of the state machine anywhere.
 * Plans are created by ``plan_*`` functions that validate every input eagerly,
   so a ``ValueError`` is raised before any statement reaches the database.
 * A driver wraps a plan in one ``BEGIN IMMEDIATE`` transaction.  An exception
@@ -784,14 +784,13 @@ def drive(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
     """
     # outside the try: a failed BEGIN owns no transaction
     check_con(con).execute("BEGIN IMMEDIATE")
-    return _transact(con, plan, fault)
+    return transact(con, plan, fault)
 
 
-
-def _transact(con: sqlite3.Connection, plan: Plan[T], fault: Fault) -> T:
+def transact(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
     """Run ``plan`` inside the transaction ``con`` has begun: COMMIT, or ROLLBACK and re-raise.
 
-    The sqlite3 driver loop (``asnackq.aio.pump`` is its asyncio twin).
+    The sqlite3 driver loop; ``asnackq.aio`` calls it after its own (retried) BEGIN.
     """
     result: T
     try:
