@@ -1,0 +1,62 @@
+"""What a Dispatcher run counts: ``Summary``, new for each run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["Summary"]
+
+
+@dataclass
+class Summary:
+    """What a dispatcher run did."""
+
+    claimed: int = 0
+    commits: int = 0           # transactions (cycles) run
+    done: int = 0
+    retried: int = 0
+    dead: int = 0              # every job that ended dead in this run's transactions:
+    dead_permanent: int = 0    # rejected by the sink,
+    dead_exhausted: int = 0    # out of attempts,
+    dead_deadline: int = 0     # or past its deadline (finished, or by a claim's quarantine)
+    stale: int = 0
+    lost: int = 0              # held tickets whose extension came back stale: never finished
+    bad_acks: int = 0
+    errors: int = 0
+    requests: int = 0
+    resent: int = 0            # sends repeated under the same lease: the sink was not there
+    extended: int = 0
+    outages: int = 0           # the circuit breaker: times it opened,
+    probes: int = 0            # sends it let through while open,
+    paused_ms: int = 0         # and the time it was open
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @property
+    def dead_unanswered(self) -> int:
+        """Jobs that ended dead although the sink never rejected them."""
+        return self.dead_exhausted + self.dead_deadline
+
+    def ended(self, reasons: dict[str, int]) -> None:
+        """Count the jobs a cycle ended dead, by reason."""
+        for reason, n in reasons.items():
+            self.dead += n
+            name = f"dead_{reason}"
+            setattr(self, name, getattr(self, name) + n)
+
+    def fail(self, failure: str) -> None:
+        """Count one send that ended without an outcome: a bad ACK or another error."""
+        if failure == "bad_acks":
+            self.bad_acks += 1
+        else:
+            self.errors += 1
+
+    def count(self, status: str | bool) -> None:
+        """Count one committed finish by its result."""
+        if status is False:
+            self.stale += 1
+        elif status == "done":
+            self.done += 1
+        elif status == "pending":
+            self.retried += 1
