@@ -9,9 +9,11 @@ import time
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asnackq.core.worker import BadAck, Permanent, Retryable, Unavailable
-from asnackq.http_send import AsyncHttpSender, HttpSender, judge
+from asnackq.http_send import AsyncHttpSender, HttpSender, judge, request_parts
 
 from .sinks import dead_port, peer, serving, sink, sink_state
 
@@ -206,3 +208,12 @@ async def test_a_body_shorter_than_its_content_length_proves_nothing():
 
     async with raw_peer(short) as url:      # a cut answer: the connection, not the job
         assert await send_both(url) == [Unavailable, Unavailable]
+
+
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True), st.integers(1, 1000),
+       st.one_of(st.none(), st.integers(1, 10**15)))
+def test_the_body_is_json_dumps_own_bytes(event_id, qty, token):
+    sent_id, body, headers = request_parts({"id": event_id, "qty": qty}, token)
+    assert body == json.dumps({"id": event_id, "qty": qty}).encode() and sent_id == event_id
+    assert json.loads(body) == {"id": event_id, "qty": qty}
+    assert headers.get("X-Asnackq-Token") == (None if token is None else str(token))
