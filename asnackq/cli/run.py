@@ -88,7 +88,7 @@ def add_work(commands: Commands) -> None:
 def run_work(args: argparse.Namespace) -> int:
     from asnackq.aio import AsyncQueue
     from asnackq.breaker import BreakerPolicy
-    from asnackq.dispatch import Dispatcher
+    from asnackq.dispatch import Dispatcher, Summary
     from asnackq.http_send import AsyncHttpSender
 
     existing_queue(args.queue)
@@ -102,7 +102,7 @@ def run_work(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
 
-    async def main() -> tuple[dict[str, int], bool]:
+    async def main() -> tuple[Summary, bool]:
         async with AsyncQueue.open(args.queue) as queue, sender as send, exporter:
             dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
                                     concurrency=args.concurrency, lease_ms=args.lease_ms,
@@ -127,14 +127,15 @@ def run_work(args: argparse.Namespace) -> int:
             stopped = running.cancelled()
             if not stopped:
                 running.result()
-            return dispatcher.summary.as_dict(), stopped
+            return dispatcher.summary, stopped
 
     try:
-        summary, stopped = asyncio.run(main())
+        run, stopped = asyncio.run(main())
     finally:
         if tracer is not None:
             tracer.close()
     seconds = time.perf_counter() - started
+    summary = run.as_dict()
     result = {**summary, "owner": owner, "seconds": round(seconds, 3),
               "stopped_by_signal": stopped, "retry": retry._asdict(),
               "breaker": dataclasses.asdict(breaker)}
@@ -145,9 +146,8 @@ def run_work(args: argparse.Namespace) -> int:
          ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
          ("breaker", f"after {breaker.after} failures in a row, probes "
                      f"{breaker.base_ms}..{breaker.max_ms} ms apart")])))
-    unanswered = summary["dead_exhausted"] + summary["dead_deadline"]
-    if unanswered and not args.accept_dead:
-        print(f"asnackq work: {unanswered} jobs ended dead that the sink never rejected "
+    if run.dead_unanswered and not args.accept_dead:
+        print(f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
               f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
               "pass --accept-dead to exit 0", file=sys.stderr)
         return 1
