@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from asnackq import faults
 from asnackq.aio import Store, open_store
 from asnackq.core.worker import (
     Plan,
@@ -93,9 +94,7 @@ class SinkConfig:
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
-        check_number(self.fail_rate, "fail_rate", 0, 1)
-        check_number(self.drop_rate, "drop_rate", 0, 1)
-        check_int(self.delay_ms, "delay_ms", 0, 60_000)
+        faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
         check_int(self.batch_max, "batch_max", 1, 10_000)
         check_number(self.idle_timeout_s, "idle_timeout_s", 0, 3600, open_low=True)
         check_number(self.body_timeout_s, "body_timeout_s", 0, 600, open_low=True)

@@ -35,7 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asnackq import ops, timeline
+from asnackq import faults, ops, timeline
 from asnackq.core import worker as w
 from asnackq.http_send import check_number
 from asnackq.pg_server import DURABLE, local_server
@@ -86,9 +86,7 @@ class LabConfig:
         w.check_int(self.concurrency, "concurrency", 1, 1024)
         w.check_int(self.lease_ms, "lease_ms", 1, w.PRODUCT.lease_ms)
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
-        w.check_int(self.delay_ms, "delay_ms", 0, 60_000)
-        check_number(self.fail_rate, "fail_rate", 0, 1)
-        check_number(self.drop_rate, "drop_rate", 0, 1)
+        faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
         check_number(self.kill_every, "kill_every", 0, 3600)
         check_number(self.send_timeout_s, "send_timeout_s", 0, 600, open_low=True)
         check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)

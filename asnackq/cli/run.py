@@ -22,6 +22,7 @@ from rich.live import Live
 
 from asnackq import metrics, ops
 from asnackq.cli.common import (
+    DELAY_MS,
     QUEUE_HELP,
     RATE,
     TIMEOUT,
@@ -164,7 +165,7 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--concurrency", type=int, default=64)
     lab.add_argument("--fail-rate", type=RATE, default=0.0)
     lab.add_argument("--drop-rate", type=RATE, default=0.0)
-    lab.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
+    lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
     lab.add_argument("--kill-every", type=within(float, 0, 3600), default=0.0, metavar="SECONDS",
                      help="SIGKILL a random worker this often (0: never)")
     lab.add_argument("--seed", type=int, default=1)
@@ -248,7 +249,7 @@ def add_sink(commands: Commands) -> None:
     sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
     sink.add_argument("--drop-rate", type=RATE, default=0.0,
                       help="commit, then close the connection without an answer")
-    sink.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
+    sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
     sink.add_argument("--seed", type=int, default=None)
     sink.add_argument("--batch-max", type=within(int, 1, 10_000), default=512,
                       help="most requests in one group commit (1: commit per request)")
