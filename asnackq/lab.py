@@ -2,12 +2,13 @@
 
 One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
 with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
-worker under a new owner name), then a verification from the evidence alone: the queue
-file, the sink DB, the sink's counters and the workers' traces.  With ``db`` (a
-``postgresql://`` URL: the queue and the inbox in one database) ``K`` sink replicas share
-the inbox, workers spread over them, and every other SIGKILL may hit a sink (restarted on
-its port); the counters of a killed sink die with it, so the applied-counter check is then
-left to the inbox itself (one row per id, the stock equal to their sum).
+worker under a new owner name), then a verification from the evidence alone
+(``asnackq.evidence``): the queue file, the sink DB, the sink's counters and the workers'
+traces.  With ``db`` (a ``postgresql://`` URL: the queue and the inbox in one database)
+``K`` sink replicas share the inbox, workers spread over them, and every other SIGKILL may
+hit a sink (restarted on its port); the counters of a killed sink die with it, so the
+applied-counter check is then left to the inbox itself (one row per id, the stock equal to
+their sum).
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
@@ -37,27 +38,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from asnackq import faults, ops, timeline
 from asnackq.core import worker as w
+from asnackq.evidence import INVARIANTS, breach, invariants, verify
 from asnackq.http_send import check_number
 from asnackq.pg_server import DURABLE, local_server
 from asnackq.procs import Replicas
 from asnackq.targets import Target, is_url, shown
 from asnackq.traces import read_traces
 
-__all__ = ["INVARIANTS", "LabConfig", "run_lab", "verify"]
+__all__ = ["INVARIANTS", "LabConfig", "report_rows", "run_lab", "verify"]
 
-# What the lab checks, by name: the audit's violations and the lab's own evidence.
-INVARIANTS = {
-    "no-job-lost": "every enqueued job ended done or dead, with its qty",
-    **ops.VIOLATIONS,
-    "effect-once": "the sink applied one effect per inbox row: none twice",
-    "token-once": "no token was claimed twice",
-    "finish-once": "no finish was accepted twice",
-    "no-stale-finish": "no finish was accepted for a lease other than the job's last",
-    "workers-exit": "every worker exited 0, or by the lab's SIGKILL",
-    "in-time": "the run ended within --timeout-s",
-}
-LIVENESS = "every job the sink did not reject ended done"
 SAMPLE_EVERY_S = 0.1       # the queue's statuses and the sink's counters, for the plots
+SQL_COUNT = "SELECT count(*) FROM {table}"     # a fresh --db: no jobs, no inbox rows
 
 
 @dataclass
@@ -223,89 +214,12 @@ class Sampler:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
 
 
-@dataclass
-class Findings:
-    """Violations as messages, and counted by the invariant they break."""
-
-    messages: list[str] = field(default_factory=list)
-    broken: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
-
-    def add(self, invariant: str, message: str, count: int = 1) -> None:
-        self.messages.append(message)
-        self.broken[invariant] += count
-
-
-def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[dict[str, Any]],
-           stats: dict[str, int]) -> dict[str, Any]:
-    """Check every invariant from the evidence; return violations, evidence and figures."""
-    found = Findings()
-    with ops.read_only(queue, "jobs") as con:
-        jobs = {row[0]: row[1:] for row in con.execute(ops.SQL_JOB_STATES)}
-    unsent = sorted(i for i, (_, status, reason, token) in jobs.items()
-                    if status == "dead" and reason != "permanent" and token == 0)
-    with ops.read_only(sink_db, "inbox", "sink DB") as con:
-        inbox_rows = con.execute(ops.SQL_INBOX_ROWS).fetchone()[0]
-    for job_id, n in qty.items():
-        row = jobs.get(job_id)
-        if row is None or row[1] not in ("done", "dead"):
-            found.add("no-job-lost", f"job lost or unfinished: {job_id} ({row and row[1]})")
-        elif row[0] != n:
-            found.add("no-job-lost", f"job {job_id} has qty {row[0]}, enqueued {n}")
-    audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
-    for flag, description in ops.VIOLATIONS.items():
-        if audited["flags"][flag]:
-            found.add(flag, f"{audited['flags'][flag]} x {flag}: {description}",
-                      audited["flags"][flag])
-    if stats.get("applied") is not None and stats["applied"] != inbox_rows:
-        found.add("effect-once", f"effects applied {stats['applied']} times for {inbox_rows} "
-                  "inbox rows: an effect was applied twice")
-    claims: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in traces:
-        if record["e"] == "claim":
-            key = (record["id"], record["token"])
-            if key in claims:
-                found.add("token-once", f"token reused: {key} claimed by "
-                          f"{claims[key]['owner']} and {record['owner']}")
-            claims[key] = record
-    accepted: dict[tuple[str, int], dict[str, Any]] = {}
-    latencies = []
-    for record in traces:
-        if record["e"] != "finish" or record["status"] is False:
-            continue
-        key = (record["id"], record["token"])
-        final = jobs.get(record["id"])
-        if key in accepted:
-            found.add("finish-once", f"a finish of {key} was accepted twice")
-        elif record["status"] in ("done", "dead") and final is not None \
-                and (final[1], final[3]) != (record["status"], record["token"]):
-            found.add("no-stale-finish", f"stale finish accepted: {key} {record['status']}, "
-                      f"but the job ended {final[1]} at token {final[3]}")
-        accepted[key] = record
-        if key in claims:
-            latencies.append(record["at"] - claims[key]["at"])
-    evidence = audited["flags"]["dead-after-applied"]
-    unanswered = sum(1 for _, status, reason, _ in jobs.values()
-                     if status == "dead" and reason != "permanent")
-    statuses: dict[str, int] = {}
-    for row in jobs.values():
-        statuses[row[1]] = statuses.get(row[1], 0) + 1
-    liveness = {"dead_unanswered": unanswered, "never_sent": len(unsent),
-                "dead_after_applied": evidence, "examples": unsent[:5]}
-    return {"violations": found.messages, "broken": found.broken,
-            "dead_after_applied": evidence, "statuses": statuses,
-            "liveness": liveness,
-            "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
-                             for reason in ops.REASONS},
-            "latency_ms": timeline.latency(latencies),
-            "claims_traced": len(claims)}
-
-
 def require_empty(db: str) -> None:
     """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
     for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
         try:
             with ops.read_only(db, table, what) as con:
-                (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+                (count,) = con.execute(SQL_COUNT.format(table=table)).fetchone()
         except ValueError:
             continue
         if count:
@@ -392,24 +306,6 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
         finally:
             workers.stop()
     return False
-
-
-def breach(result: dict[str, Any], invariant: str, message: str) -> None:
-    result["violations"].append(message)
-    result["broken"][invariant] += 1
-
-
-def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each invariant with its verdict: holds, broken, or (liveness only) expected."""
-    rows = [{"name": name, "description": text, "violations": result["broken"][name],
-             "verdict": "broken" if result["broken"][name] else "holds"}
-            for name, text in INVARIANTS.items()]
-    liveness = result["liveness"]
-    unanswered = liveness["dead_unanswered"]
-    rows.append({"name": "liveness", "description": LIVENESS, "violations": unanswered,
-                 "verdict": "holds" if not unanswered else
-                 "expected" if liveness["expected"] else "broken"})
-    return rows
 
 
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
