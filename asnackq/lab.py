@@ -21,12 +21,10 @@ a ttl that outlasts the run's own time bound, so no job dies of the lab's length
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,7 +39,7 @@ from asnackq.core import worker as w
 from asnackq.evidence import INVARIANTS, breach, invariants, verify
 from asnackq.http_send import check_number
 from asnackq.pg_server import DURABLE, local_server
-from asnackq.procs import Replicas
+from asnackq.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.targets import Target, is_url, shown
 from asnackq.traces import read_traces
 
@@ -111,70 +109,6 @@ class LabConfig:
         return self.fail_rate >= 1 or self.drop_rate >= 1
 
 
-@dataclass
-class Workers:
-    """The worker processes of a lab run: started, killed, replaced."""
-
-    config: LabConfig
-    root: Path
-    queue: Target
-    urls: list[str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)    # starts and kills
-    started: int = 0
-    kills: int = 0
-    failures: dict[str, str] = field(default_factory=dict)
-
-    def start(self) -> None:
-        self.started += 1
-        owner = f"lab-w{self.started}"
-        c = self.config
-        self.events.append({"at": w.epoch_ms(), "e": "start", "owner": owner})
-        with open(self.root / f"{owner}.out", "wb") as out, \
-                open(self.root / f"{owner}.err", "wb") as err:
-            self.procs[owner] = subprocess.Popen(
-                [sys.executable, "-m", "asnackq", "work", str(self.queue),
-                 "--sink", self.urls[self.started % len(self.urls)],
-                 "--concurrency", str(c.concurrency), "--owner", owner,
-                 "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
-                 "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json",
-                 "--accept-dead"],            # the lab judges dead jobs itself
-                stdout=out, stderr=err)
-
-    def kill_one(self, rng: random.Random) -> None:
-        live = sorted(owner for owner, proc in self.procs.items() if proc.poll() is None)
-        if live:
-            victim = rng.choice(live)
-            self.procs[victim].send_signal(signal.SIGKILL)
-            self.procs[victim].wait(timeout=30)
-            self.events.append({"at": w.epoch_ms(), "e": "kill", "owner": victim})
-            self.kills += 1
-            self.start()                     # keep P workers; the new one reclaims later
-
-    def reap(self) -> bool:
-        """Whether every worker has exited; record unexpected exit codes."""
-        running = False
-        for owner, proc in self.procs.items():
-            code = proc.poll()
-            if code is None:
-                running = True
-            elif code not in (0, -signal.SIGKILL) and owner not in self.failures:
-                error = (self.root / f"{owner}.err").read_text(errors="replace").strip()
-                self.failures[owner] = f"{owner} exited {code}: {error[-300:]}"
-        return not running
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
-
-
 def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
     ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
@@ -234,13 +168,16 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     if config.db is not None:
         require_empty(config.db)
     qty = fill(queue, config, rng)
-    faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
-              "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
-    with Replicas(sink_db, config.sinks, *faults) as sinks:
-        workers = Workers(config, root, queue, sinks.urls)
+    options = ("--fail-rate", config.fail_rate, "--drop-rate", config.drop_rate,
+               "--delay-ms", config.delay_ms, "--seed", config.seed)
+    with Replicas(sink_db, config.sinks, *options) as sinks:
+        workers = Workers(root, queue, sinks.urls, (
+            "--concurrency", config.concurrency, "--lease-ms", config.lease_ms,
+            "--timeout-s", config.send_timeout_s,
+            "--accept-dead"))                # the lab judges dead jobs itself
         sampler = Sampler(queue, sinks)
         t0_ms, began = w.epoch_ms(), time.perf_counter()
-        timed_out = watch(workers, sinks, sampler, rng, console)
+        timed_out = watch(config, workers, sinks, sampler, rng, console)
         seconds = time.perf_counter() - began
         sampler(force=True)                  # the final state, while the sinks still answer
         stats: dict[str, Any] = sampler.sink[-1]
@@ -252,18 +189,12 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         breach(result, "workers-exit", failure)
     if timed_out:
         breach(result, "in-time", f"the run did not end within {config.timeout_s}s")
-    done = result["statuses"].get("done", 0)
-    liveness = result["liveness"]
-    liveness["expected"] = config.dead_expected
-    result["liveness_failures"] = [] if config.dead_expected or not liveness[
-        "dead_unanswered"] else [
-        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
-        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
-        f"effect applied)"]
+    judge_liveness(config, result)
     result.update({
         "config": {k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
                    for k, v in config.__dict__.items()},
-        "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
+        "seconds": round(seconds, 3),
+        "done_per_s": round(result["statuses"].get("done", 0) / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
         "kills": workers.kills, "workers_started": workers.started,
@@ -274,11 +205,21 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     return result
 
 
-def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Random,
-          console: Console) -> bool:
+def judge_liveness(config: LabConfig, result: dict[str, Any]) -> None:
+    """Dead jobs the sink never rejected are a failure, unless the faults leave no way."""
+    liveness = result["liveness"]
+    liveness["expected"] = config.dead_expected
+    result["liveness_failures"] = [] if config.dead_expected or not liveness[
+        "dead_unanswered"] else [
+        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
+        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
+        f"effect applied)"]
+
+
+def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler,
+          rng: random.Random, console: Console) -> bool:
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
     ``kill_every``, sample; True if the run timed out."""
-    config = workers.config
     began = time.perf_counter()
     next_kill = began + config.kill_every
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -289,7 +230,10 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
         try:
             for _ in range(config.processes):
                 workers.start()
-            while not workers.reap():
+            while True:
+                workers.reap()
+                if not workers.running:
+                    return False
                 time.sleep(0.05)
                 now = time.perf_counter()
                 sampler()
@@ -305,19 +249,22 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
                     return True
         finally:
             workers.stop()
-    return False
 
 
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
-    """Run one experiment; files go to ``config.directory`` or a temporary directory."""
+    """Run one experiment; files go to ``config.directory`` or a temporary directory.
+
+    A SIGTERM ends it like Ctrl-C (``SystemExit``): every child process is stopped first.
+    """
     config.check()
-    if config.pg_local and config.db is None:
-        with local_server(DURABLE) as server:
-            return run_lab(dataclasses.replace(config, db=server.url()), console)
-    if config.directory is not None:
-        config.directory.mkdir(parents=True, exist_ok=True)
-        return experiment(config, config.directory, console)
-    with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
+    with exit_on_sigterm(), contextlib.ExitStack() as stack:
+        if config.pg_local and config.db is None:
+            server = stack.enter_context(local_server(DURABLE))
+            config = dataclasses.replace(config, db=server.url())
+        if config.directory is not None:
+            config.directory.mkdir(parents=True, exist_ok=True)
+            return experiment(config, config.directory, console)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asnackq-lab-"))
         return experiment(config, Path(tmp), console)
 
 
