@@ -10,6 +10,11 @@ hit a sink (restarted on its port); the counters of a killed sink die with it, s
 applied-counter check is then left to the inbox itself (one row per id, the stock equal to
 their sum).
 
+A fixed kill instead of random ones (``kill_after_acks`` N, the demo's): the first worker
+runs alone and is SIGKILLed right after its Nth verified ACK (its effect applied, its finish
+never made); then the ``P`` workers start and reclaim its leases as they expire.  However
+the run is timed, that job ends done at token 2 after a duplicate the inbox absorbed.
+
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
 
@@ -25,6 +30,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -68,6 +74,7 @@ class LabConfig:
     sinks: int = 1
     kill_sinks: bool = False         # every other SIGKILL hits a sink (a random one)
     pg_local: bool = False           # db: a throwaway local server, stopped at the end
+    kill_after_acks: int = 0         # the first worker alone, SIGKILLed after its Nth ACK
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -77,6 +84,9 @@ class LabConfig:
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
         faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
         check_number(self.kill_every, "kill_every", 0, 3600)
+        w.check_int(self.kill_after_acks, "kill_after_acks", 0, self.jobs)
+        if self.kill_after_acks and self.kill_every:
+            raise ValueError("--kill-after-acks and --kill-every do not go together")
         check_number(self.send_timeout_s, "send_timeout_s", 0, 600, open_low=True)
         check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)
         if self.send_timeout_s * 1000 >= self.lease_ms:
@@ -216,6 +226,15 @@ def judge_liveness(config: LabConfig, result: dict[str, Any]) -> None:
         f"effect applied)"]
 
 
+def start_workers(config: LabConfig, workers: Workers) -> str | None:
+    """The P workers; with ``kill_after_acks``, the first alone (its owner is returned)."""
+    if config.kill_after_acks:
+        return workers.start("--kill-after-acks", config.kill_after_acks)
+    for _ in range(config.processes):
+        workers.start()
+    return None
+
+
 def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler,
           rng: random.Random, console: Console) -> bool:
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
@@ -228,10 +247,14 @@ def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler
                   disable=not console.is_terminal) as progress:
         task = progress.add_task("finished (done or dead)", total=config.jobs)
         try:
-            for _ in range(config.processes):
-                workers.start()
+            alone = start_workers(config, workers)
             while True:
-                workers.reap()
+                for owner, code in workers.reap():
+                    if owner == alone:       # the fixed kill happened (or it ran out of jobs)
+                        if code == -signal.SIGKILL:
+                            workers.killed(owner)
+                        for _ in range(config.processes):
+                            workers.start()
                 if not workers.running:
                     return False
                 time.sleep(0.05)

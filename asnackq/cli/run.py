@@ -15,7 +15,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.live import Live
@@ -38,6 +38,9 @@ from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
 from asnackq.targets import target
 from asnackq.traces import Tracer
+
+if TYPE_CHECKING:
+    from asnackq.aio import AsyncSend
 
 
 def default_owner() -> str:
@@ -79,6 +82,9 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--trace", type=Path, default=None,
                       help="append one JSON line per claim and per finish (for experiments)")
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    work.add_argument("--kill-after-acks", type=within(int, 1, 10**9), default=None,
+                      metavar="N", help="a crash for experiments: SIGKILL this process right "
+                      "after its Nth verified ACK (that effect applied, its finish never made)")
     metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
 
@@ -101,7 +107,10 @@ def run_work(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     async def main() -> tuple[dict[str, int], bool]:
-        async with AsyncQueue.open(args.queue) as queue, sender as send, exporter:
+        async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
+            send: AsyncSend = http
+            if args.kill_after_acks:
+                send = killed_after(args.kill_after_acks, http)
             dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
                                     concurrency=args.concurrency, lease_ms=args.lease_ms,
                                     trace=tracer, prefetch=args.prefetch, retry=retry,
@@ -152,6 +161,20 @@ def run_work(args: argparse.Namespace) -> int:
     return 0
 
 
+def killed_after(acks: int, send: AsyncSend) -> AsyncSend:
+    """``send``, and this process SIGKILLed right after its ``acks``-th verified ACK."""
+    count = 0
+
+    async def send_then_die(event: dict[str, Any], token: int | None) -> object:
+        nonlocal count
+        answer = await send(event, token)
+        count += 1
+        if count == acks:
+            os.kill(os.getpid(), signal.SIGKILL)     # the effect is applied; no finish
+        return answer
+    return send_then_die
+
+
 def add_lab(commands: Commands) -> None:
     lab = commands.add_parser(
         "lab", help="a fault and load experiment with real processes; verifies the invariants",
@@ -183,6 +206,10 @@ def add_lab(commands: Commands) -> None:
                      help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
     lab.add_argument("--kill-sinks", action="store_true",
                      help="every other SIGKILL hits a sink, restarted on its port")
+    lab.add_argument("--kill-after-acks", type=within(int, 0, 10_000_000), default=0,
+                     metavar="N", help="instead of --kill-every: the first worker runs alone "
+                     "and is SIGKILLed right after its Nth verified ACK, then the P workers "
+                     "start (the demo's fixed kill)")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -204,7 +231,8 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
         timeout_s=args.timeout_s, directory=args.dir, db=args.db, sinks=args.sinks,
-        kill_sinks=args.kill_sinks, pg_local=args.pg_local)
+        kill_sinks=args.kill_sinks, pg_local=args.pg_local,
+        kill_after_acks=args.kill_after_acks)
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
