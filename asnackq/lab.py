@@ -57,6 +57,8 @@ SQL_COUNT = "SELECT count(*) FROM {table}"     # a fresh --db: no jobs, no inbox
 
 @dataclass
 class LabConfig:
+    """One experiment's settings; ``check`` refuses bad ones before anything starts."""
+
     jobs: int = 2000
     processes: int = 2
     concurrency: int = 64
@@ -120,6 +122,7 @@ class LabConfig:
 
 
 def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
+    """Enqueue the run's jobs (seeded qty); return each id with its qty."""
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
     ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
                             for job_id, n in qty.items()])
@@ -172,6 +175,7 @@ def require_empty(db: str) -> None:
 
 
 def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
+    """One run with its files in ``root``: fill, sinks, workers, watch, then the verdicts."""
     rng = random.Random(config.seed)
     queue: Target = config.db or root / "queue.db"
     sink_db: Target = config.db or root / "sink.db"
@@ -249,7 +253,7 @@ def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler
         try:
             alone = start_workers(config, workers)
             while True:
-                for owner, code in workers.reap():
+                for owner, code in workers.exited():
                     if owner == alone:       # the fixed kill happened (or it ran out of jobs)
                         if code == -signal.SIGKILL:
                             workers.killed(owner)

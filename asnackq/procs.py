@@ -228,9 +228,9 @@ class Workers:
             self.killed(victim)
             self.start()
 
-    def reap(self) -> list[tuple[str, int]]:
-        """The workers that exited since the last call, with their exit codes; an exit
-        other than 0 or SIGKILL is recorded in ``failures`` with the end of its errors."""
+    def exited(self) -> list[tuple[str, int]]:
+        """The workers that exited since the last call (reaped), with their exit codes; an
+        exit other than 0 or SIGKILL is recorded in ``failures`` with the end of its errors."""
         ended = [(owner, code) for owner, proc in self.procs.items()
                  if owner not in self.reaped and (code := proc.poll()) is not None]
         for owner, code in ended:
@@ -243,9 +243,11 @@ class Workers:
 
     @property
     def running(self) -> bool:
+        """Whether a worker has not been seen to exit yet."""
         return len(self.reaped) < len(self.procs)
 
     def stop(self) -> None:
+        """Stop every worker still running (SIGTERM, then SIGKILL after ``STOP_S``)."""
         stop(*self.procs.values())
 
 
