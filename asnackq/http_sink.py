@@ -10,7 +10,8 @@ Rules of this module:
   them in arrival order inside one transaction - exactly as if they had come one by one.
   A failed batch answers 503 to each of its requests and changes nothing.
 * One connection and one lock: a read never sees the writer's open transaction.  The DB
-  is a file (aiosqlite) or a ``postgresql://`` URL shared by replicas (``pg_sink``).
+  is a file (WAL mode, on its own thread) or a ``postgresql://`` URL shared by replicas
+  (``pg_sink``).
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
 * A body must arrive within ``body_timeout_s``; the connection limit and the idle
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from asnackq import faults
 from asnackq.aio import Store, open_store
 from asnackq.core.worker import (
     Plan,
@@ -98,9 +100,7 @@ class SinkConfig:
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
-        check_number(self.fail_rate, "fail_rate", 0, 1)
-        check_number(self.drop_rate, "drop_rate", 0, 1)
-        check_int(self.delay_ms, "delay_ms", 0, 60_000)
+        faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
         check_int(self.batch_max, "batch_max", 1, 10_000)
         check_number(self.idle_timeout_s, "idle_timeout_s", 0, 3600, open_low=True)
         check_number(self.body_timeout_s, "body_timeout_s", 0, 600, open_low=True)

@@ -2,12 +2,18 @@
 
 One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
 with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
-worker under a new owner name), then a verification from the evidence alone: the queue
-file, the sink DB, the sink's counters and the workers' traces.  With ``db`` (a
-``postgresql://`` URL: the queue and the inbox in one database) ``K`` sink replicas share
-the inbox, workers spread over them, and every other SIGKILL may hit a sink (restarted on
-its port); the counters of a killed sink die with it, so the applied-counter check is then
-left to the inbox itself (one row per id, the stock equal to their sum).
+worker under a new owner name), then a verification from the evidence alone
+(``asnackq.evidence``): the queue file, the sink DB, the sink's counters and the workers'
+traces.  With ``db`` (a ``postgresql://`` URL: the queue and the inbox in one database)
+``K`` sink replicas share the inbox, workers spread over them, and every other SIGKILL may
+hit a sink (restarted on its port); the counters of a killed sink die with it, so the
+applied-counter check is then left to the inbox itself (one row per id, the stock equal to
+their sum).
+
+A fixed kill instead of random ones (``kill_after_acks`` N, the demo's): the first worker
+runs alone and is SIGKILLed right after its Nth verified ACK (its effect applied, its finish
+never made); then the ``P`` workers start and reclaim its leases as they expire.  However
+the run is timed, that job ends done at token 2 after a duplicate the inbox absorbed.
 
 Every claim and every finish reaches a worker's trace file before the worker's next step,
 so a killed worker loses at most the line it was writing (a cut last line is ignored).
@@ -20,12 +26,11 @@ a ttl that outlasts the run's own time bound, so no job dies of the lab's length
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -35,33 +40,25 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asnackq import ops, timeline
+from asnackq import faults, ops, timeline
 from asnackq.core import worker as w
+from asnackq.evidence import INVARIANTS, breach, invariants, verify
 from asnackq.http_send import check_number
 from asnackq.pg_server import DURABLE, local_server
-from asnackq.procs import Replicas
+from asnackq.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.targets import Target, is_url, shown
 from asnackq.traces import read_traces
 
-__all__ = ["INVARIANTS", "LabConfig", "run_lab", "verify"]
+__all__ = ["INVARIANTS", "LabConfig", "report_rows", "run_lab", "verify"]
 
-# What the lab checks, by name: the audit's violations and the lab's own evidence.
-INVARIANTS = {
-    "no-job-lost": "every enqueued job ended done or dead, with its qty",
-    **ops.VIOLATIONS,
-    "effect-once": "the sink applied one effect per inbox row: none twice",
-    "token-once": "no token was claimed twice",
-    "finish-once": "no finish was accepted twice",
-    "no-stale-finish": "no finish was accepted for a lease other than the job's last",
-    "workers-exit": "every worker exited 0, or by the lab's SIGKILL",
-    "in-time": "the run ended within --timeout-s",
-}
-LIVENESS = "every job the sink did not reject ended done"
 SAMPLE_EVERY_S = 0.1       # the queue's statuses and the sink's counters, for the plots
+SQL_COUNT = "SELECT count(*) FROM {table}"     # a fresh --db: no jobs, no inbox rows
 
 
 @dataclass
 class LabConfig:
+    """One experiment's settings; ``check`` refuses bad ones before anything starts."""
+
     jobs: int = 2000
     processes: int = 2
     concurrency: int = 64
@@ -79,6 +76,7 @@ class LabConfig:
     sinks: int = 1
     kill_sinks: bool = False         # every other SIGKILL hits a sink (a random one)
     pg_local: bool = False           # db: a throwaway local server, stopped at the end
+    kill_after_acks: int = 0         # the first worker alone, SIGKILLed after its Nth ACK
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -86,10 +84,11 @@ class LabConfig:
         w.check_int(self.concurrency, "concurrency", 1, 1024)
         w.check_int(self.lease_ms, "lease_ms", 1, w.PRODUCT.lease_ms)
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
-        w.check_int(self.delay_ms, "delay_ms", 0, 60_000)
-        check_number(self.fail_rate, "fail_rate", 0, 1)
-        check_number(self.drop_rate, "drop_rate", 0, 1)
+        faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
         check_number(self.kill_every, "kill_every", 0, 3600)
+        w.check_int(self.kill_after_acks, "kill_after_acks", 0, self.jobs)
+        if self.kill_after_acks and self.kill_every:
+            raise ValueError("--kill-after-acks and --kill-every do not go together")
         check_number(self.send_timeout_s, "send_timeout_s", 0, 600, open_low=True)
         check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)
         if self.send_timeout_s * 1000 >= self.lease_ms:
@@ -122,71 +121,8 @@ class LabConfig:
         return self.fail_rate >= 1 or self.drop_rate >= 1
 
 
-@dataclass
-class Workers:
-    """The worker processes of a lab run: started, killed, replaced."""
-
-    config: LabConfig
-    root: Path
-    queue: Target
-    urls: list[str]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)    # starts and kills
-    started: int = 0
-    kills: int = 0
-    failures: dict[str, str] = field(default_factory=dict)
-
-    def start(self) -> None:
-        self.started += 1
-        owner = f"lab-w{self.started}"
-        c = self.config
-        self.events.append({"at": w.epoch_ms(), "e": "start", "owner": owner})
-        with open(self.root / f"{owner}.out", "wb") as out, \
-                open(self.root / f"{owner}.err", "wb") as err:
-            self.procs[owner] = subprocess.Popen(
-                [sys.executable, "-m", "asnackq", "work", str(self.queue),
-                 "--sink", self.urls[self.started % len(self.urls)],
-                 "--concurrency", str(c.concurrency), "--owner", owner,
-                 "--lease-ms", str(c.lease_ms), "--timeout-s", str(c.send_timeout_s),
-                 "--until-empty", "--trace", str(self.root / f"{owner}.trace"), "--json",
-                 "--accept-dead"],            # the lab judges dead jobs itself
-                stdout=out, stderr=err)
-
-    def kill_one(self, rng: random.Random) -> None:
-        live = sorted(owner for owner, proc in self.procs.items() if proc.poll() is None)
-        if live:
-            victim = rng.choice(live)
-            self.procs[victim].send_signal(signal.SIGKILL)
-            self.procs[victim].wait(timeout=30)
-            self.events.append({"at": w.epoch_ms(), "e": "kill", "owner": victim})
-            self.kills += 1
-            self.start()                     # keep P workers; the new one reclaims later
-
-    def reap(self) -> bool:
-        """Whether every worker has exited; record unexpected exit codes."""
-        running = False
-        for owner, proc in self.procs.items():
-            code = proc.poll()
-            if code is None:
-                running = True
-            elif code not in (0, -signal.SIGKILL) and owner not in self.failures:
-                error = (self.root / f"{owner}.err").read_text(errors="replace").strip()
-                self.failures[owner] = f"{owner} exited {code}: {error[-300:]}"
-        return not running
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
-
-
 def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
+    """Enqueue the run's jobs (seeded qty); return each id with its qty."""
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
     ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
                             for job_id, n in qty.items()])
@@ -225,89 +161,12 @@ class Sampler:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
 
 
-@dataclass
-class Findings:
-    """Violations as messages, and counted by the invariant they break."""
-
-    messages: list[str] = field(default_factory=list)
-    broken: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INVARIANTS, 0))
-
-    def add(self, invariant: str, message: str, count: int = 1) -> None:
-        self.messages.append(message)
-        self.broken[invariant] += count
-
-
-def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[dict[str, Any]],
-           stats: dict[str, int]) -> dict[str, Any]:
-    """Check every invariant from the evidence; return violations, evidence and figures."""
-    found = Findings()
-    with ops.read_only(queue, "jobs") as con:
-        jobs = {row[0]: row[1:] for row in con.execute(ops.SQL_JOB_STATES)}
-    unsent = sorted(i for i, (_, status, reason, token) in jobs.items()
-                    if status == "dead" and reason != "permanent" and token == 0)
-    with ops.read_only(sink_db, "inbox", "sink DB") as con:
-        inbox_rows = con.execute(ops.SQL_INBOX_ROWS).fetchone()[0]
-    for job_id, n in qty.items():
-        row = jobs.get(job_id)
-        if row is None or row[1] not in ("done", "dead"):
-            found.add("no-job-lost", f"job lost or unfinished: {job_id} ({row and row[1]})")
-        elif row[0] != n:
-            found.add("no-job-lost", f"job {job_id} has qty {row[0]}, enqueued {n}")
-    audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
-    for flag, description in ops.VIOLATIONS.items():
-        if audited["flags"][flag]:
-            found.add(flag, f"{audited['flags'][flag]} x {flag}: {description}",
-                      audited["flags"][flag])
-    if stats.get("applied") is not None and stats["applied"] != inbox_rows:
-        found.add("effect-once", f"effects applied {stats['applied']} times for {inbox_rows} "
-                  "inbox rows: an effect was applied twice")
-    claims: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in traces:
-        if record["e"] == "claim":
-            key = (record["id"], record["token"])
-            if key in claims:
-                found.add("token-once", f"token reused: {key} claimed by "
-                          f"{claims[key]['owner']} and {record['owner']}")
-            claims[key] = record
-    accepted: dict[tuple[str, int], dict[str, Any]] = {}
-    latencies = []
-    for record in traces:
-        if record["e"] != "finish" or record["status"] is False:
-            continue
-        key = (record["id"], record["token"])
-        final = jobs.get(record["id"])
-        if key in accepted:
-            found.add("finish-once", f"a finish of {key} was accepted twice")
-        elif record["status"] in ("done", "dead") and final is not None \
-                and (final[1], final[3]) != (record["status"], record["token"]):
-            found.add("no-stale-finish", f"stale finish accepted: {key} {record['status']}, "
-                      f"but the job ended {final[1]} at token {final[3]}")
-        accepted[key] = record
-        if key in claims:
-            latencies.append(record["at"] - claims[key]["at"])
-    evidence = audited["flags"]["dead-after-applied"]
-    unanswered = sum(1 for _, status, reason, _ in jobs.values()
-                     if status == "dead" and reason != "permanent")
-    statuses: dict[str, int] = {}
-    for row in jobs.values():
-        statuses[row[1]] = statuses.get(row[1], 0) + 1
-    liveness = {"dead_unanswered": unanswered, "never_sent": len(unsent),
-                "dead_after_applied": evidence, "examples": unsent[:5]}
-    return {"violations": found.messages, "broken": found.broken,
-            "dead_after_applied": evidence, "statuses": statuses,
-            "liveness": liveness,
-            "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
-                             for reason in ops.REASONS},
-            "latency_ms": timeline.latency(latencies),
-            "claims_traced": len(claims)}
-
-
 def require_empty(db: str) -> None:
     """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
     for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
         try:
             with ops.read_only(db, table, what) as con:
-                (count,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+                (count,) = con.execute(SQL_COUNT.format(table=table)).fetchone()
         except ValueError:
             continue
         if count:
@@ -316,19 +175,23 @@ def require_empty(db: str) -> None:
 
 
 def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
+    """One run with its files in ``root``: fill, sinks, workers, watch, then the verdicts."""
     rng = random.Random(config.seed)
     queue: Target = config.db or root / "queue.db"
     sink_db: Target = config.db or root / "sink.db"
     if config.db is not None:
         require_empty(config.db)
     qty = fill(queue, config, rng)
-    faults = ("--fail-rate", str(config.fail_rate), "--drop-rate", str(config.drop_rate),
-              "--delay-ms", str(config.delay_ms), "--seed", str(config.seed))
-    with Replicas(sink_db, config.sinks, *faults) as sinks:
-        workers = Workers(config, root, queue, sinks.urls)
+    options = ("--fail-rate", config.fail_rate, "--drop-rate", config.drop_rate,
+               "--delay-ms", config.delay_ms, "--seed", config.seed)
+    with Replicas(sink_db, config.sinks, *options) as sinks:
+        workers = Workers(root, queue, sinks.urls, (
+            "--concurrency", config.concurrency, "--lease-ms", config.lease_ms,
+            "--timeout-s", config.send_timeout_s,
+            "--accept-dead"))                # the lab judges dead jobs itself
         sampler = Sampler(queue, sinks)
         t0_ms, began = w.epoch_ms(), time.perf_counter()
-        timed_out = watch(workers, sinks, sampler, rng, console)
+        timed_out = watch(config, workers, sinks, sampler, rng, console)
         seconds = time.perf_counter() - began
         sampler(force=True)                  # the final state, while the sinks still answer
         stats: dict[str, Any] = sampler.sink[-1]
@@ -340,18 +203,12 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         breach(result, "workers-exit", failure)
     if timed_out:
         breach(result, "in-time", f"the run did not end within {config.timeout_s}s")
-    done = result["statuses"].get("done", 0)
-    liveness = result["liveness"]
-    liveness["expected"] = config.dead_expected
-    result["liveness_failures"] = [] if config.dead_expected or not liveness[
-        "dead_unanswered"] else [
-        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
-        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
-        f"effect applied)"]
+    judge_liveness(config, result)
     result.update({
         "config": {k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
                    for k, v in config.__dict__.items()},
-        "seconds": round(seconds, 3), "done_per_s": round(done / seconds, 1),
+        "seconds": round(seconds, 3),
+        "done_per_s": round(result["statuses"].get("done", 0) / seconds, 1),
         "requests": stats["requests"], "duplicates": stats["duplicates"],
         "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
         "kills": workers.kills, "workers_started": workers.started,
@@ -362,11 +219,30 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     return result
 
 
-def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Random,
-          console: Console) -> bool:
+def judge_liveness(config: LabConfig, result: dict[str, Any]) -> None:
+    """Dead jobs the sink never rejected are a failure, unless the faults leave no way."""
+    liveness = result["liveness"]
+    liveness["expected"] = config.dead_expected
+    result["liveness_failures"] = [] if config.dead_expected or not liveness[
+        "dead_unanswered"] else [
+        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
+        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
+        f"effect applied)"]
+
+
+def start_workers(config: LabConfig, workers: Workers) -> str | None:
+    """The P workers; with ``kill_after_acks``, the first alone (its owner is returned)."""
+    if config.kill_after_acks:
+        return workers.start("--kill-after-acks", config.kill_after_acks)
+    for _ in range(config.processes):
+        workers.start()
+    return None
+
+
+def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler,
+          rng: random.Random, console: Console) -> bool:
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
     ``kill_every``, sample; True if the run timed out."""
-    config = workers.config
     began = time.perf_counter()
     next_kill = began + config.kill_every
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -375,9 +251,16 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
                   disable=not console.is_terminal) as progress:
         task = progress.add_task("finished (done or dead)", total=config.jobs)
         try:
-            for _ in range(config.processes):
-                workers.start()
-            while not workers.reap():
+            alone = start_workers(config, workers)
+            while True:
+                for owner, code in workers.exited():
+                    if owner == alone:       # the fixed kill happened (or it ran out of jobs)
+                        if code == -signal.SIGKILL:
+                            workers.killed(owner)
+                        for _ in range(config.processes):
+                            workers.start()
+                if not workers.running:
+                    return False
                 time.sleep(0.05)
                 now = time.perf_counter()
                 sampler()
@@ -393,37 +276,22 @@ def watch(workers: Workers, sinks: Replicas, sampler: Sampler, rng: random.Rando
                     return True
         finally:
             workers.stop()
-    return False
-
-
-def breach(result: dict[str, Any], invariant: str, message: str) -> None:
-    result["violations"].append(message)
-    result["broken"][invariant] += 1
-
-
-def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each invariant with its verdict: holds, broken, or (liveness only) expected."""
-    rows = [{"name": name, "description": text, "violations": result["broken"][name],
-             "verdict": "broken" if result["broken"][name] else "holds"}
-            for name, text in INVARIANTS.items()]
-    liveness = result["liveness"]
-    unanswered = liveness["dead_unanswered"]
-    rows.append({"name": "liveness", "description": LIVENESS, "violations": unanswered,
-                 "verdict": "holds" if not unanswered else
-                 "expected" if liveness["expected"] else "broken"})
-    return rows
 
 
 def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
-    """Run one experiment; files go to ``config.directory`` or a temporary directory."""
+    """Run one experiment; files go to ``config.directory`` or a temporary directory.
+
+    A SIGTERM ends it like Ctrl-C (``SystemExit``): every child process is stopped first.
+    """
     config.check()
-    if config.pg_local and config.db is None:
-        with local_server(DURABLE) as server:
-            return run_lab(dataclasses.replace(config, db=server.url()), console)
-    if config.directory is not None:
-        config.directory.mkdir(parents=True, exist_ok=True)
-        return experiment(config, config.directory, console)
-    with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
+    with exit_on_sigterm(), contextlib.ExitStack() as stack:
+        if config.pg_local and config.db is None:
+            server = stack.enter_context(local_server(DURABLE))
+            config = dataclasses.replace(config, db=server.url())
+        if config.directory is not None:
+            config.directory.mkdir(parents=True, exist_ok=True)
+            return experiment(config, config.directory, console)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asnackq-lab-"))
         return experiment(config, Path(tmp), console)
 
 

@@ -155,9 +155,10 @@ def redrive_by_reason(path: Target, reason: str, now_ms: int, ttl_ms: int,
 
 # --- the audit: how far the evidence reaches for each job --------------------------------
 
-# Each job's final state, and the sink's inbox size: the lab's evidence next to the audit.
+# Each job's final state, and the sink's inbox size and ids delivered more than once: the
+# lab's evidence next to the audit (asnackq.evidence).
 SQL_JOB_STATES = "SELECT id, qty, status, reason, token FROM jobs"
-SQL_INBOX_ROWS = "SELECT count(*) FROM inbox"
+SQL_INBOX_COUNTS = "SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END) FROM inbox"
 
 # One row per job and per orphan inbox row: the job's state joined with the sink's record.
 AUDIT_SQL = """

@@ -1,4 +1,17 @@
-"""Child processes for the demo and the lab: an ``asnackq sink`` on a loopback port 0."""
+"""Child processes: ``asnackq`` sinks and workers, started, SIGKILLed, reaped and stopped here.
+
+Rules of this module (the lab, the demo, the command line and the tests start children
+through it):
+
+* Whoever starts a process stops it: ``stop`` sends SIGTERM, waits up to ``STOP_S``, then
+  sends SIGKILL; either way the process is reaped and its pipes are closed.
+  ``with started(...)`` does that on the way out, whatever happened.
+* A kill is a real SIGKILL, reaped at once: no zombie, and its exit code (-9) is known.
+* A sink listens on port 0 (or on the port of the replica it replaces): its first line
+  names its URL, read before its clients start.
+* ``exit_on_sigterm``: a SIGTERM to this process raises ``SystemExit``, so that every
+  ``finally`` that stops children runs when an experiment is itself stopped.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +22,100 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
-__all__ = ["Replicas", "sink_process", "sink_stats"]
+from asnackq.core.worker import epoch_ms
+from asnackq.targets import Target
+
+__all__ = ["Replicas", "Workers", "command", "exit_on_sigterm", "kill", "sink_process",
+           "sink_stats", "start", "start_sink", "started", "stop", "worker"]
+
+STOP_S = 30              # how long a SIGTERMed child has to exit before it is SIGKILLed
+PIPE = subprocess.PIPE
+Stream = IO[Any] | int | None
+Proc = subprocess.Popen[str]
+
+
+def command(*args: object) -> list[str]:
+    """The argv of ``asnackq ARGS`` run by this interpreter (``python -m asnackq``)."""
+    return [sys.executable, "-m", "asnackq", *map(str, args)]
+
+
+def start(argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None,
+          stderr: Stream = None) -> Proc:
+    """Start ``argv`` (text pipes); the caller stops it with ``stop`` or ``kill``."""
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True)
+
+
+def reap(proc: Proc, timeout_s: float = STOP_S) -> int:
+    """Wait for ``proc`` to exit, close its pipes, and return its exit code."""
+    code = proc.wait(timeout=timeout_s)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return code
+
+
+def kill(proc: Proc) -> int:
+    """SIGKILL ``proc`` and reap it (its exit code: -9, or the code it had already)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    return reap(proc)
+
+
+def stop(*procs: Proc, timeout_s: float = STOP_S) -> list[int]:
+    """SIGTERM every process still running, then reap each; one that is still running after
+    ``timeout_s`` is SIGKILLed.  Returns the exit codes in order."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(reap(proc, timeout_s))
+        except subprocess.TimeoutExpired:
+            codes.append(kill(proc))
+    return codes
 
 
 @contextlib.contextmanager
-def sink_process(db: Path | str, *options: str,
-                 stderr: IO[Any] | None = None) -> Iterator[str]:
+def started(argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None,
+            stderr: Stream = None) -> Iterator[Proc]:
+    """``with started(argv) as proc:`` - ``stop(proc)`` on the way out."""
+    proc = start(argv, stdin=stdin, stdout=stdout, stderr=stderr)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def worker(queue: Target, url: str, *options: object, stdout: Stream = None,
+           stderr: Stream = None) -> Proc:
+    """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process)."""
+    return start(command("work", queue, "--sink", url, *options), stdout=stdout,
+                 stderr=stderr)
+
+
+def start_sink(db: Target, *options: object, port: int | str = 0,
+               stderr: Stream = None) -> tuple[Proc, str]:
+    """Start ``asnackq sink --db DB --port PORT OPTIONS``; return it with its URL once it
+    listens.  A sink that does not start is stopped, and ``RuntimeError`` says its line."""
+    proc = start(command("sink", "--db", db, "--port", port, *options), stdout=PIPE,
+                 stderr=stderr)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("asnackq sink listening on "):
+        stop(proc)
+        raise RuntimeError(f"the sink did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+@contextlib.contextmanager
+def sink_process(db: Target, *options: object, stderr: Stream = None) -> Iterator[str]:
     """Run ``asnackq sink --db DB OPTIONS`` and yield its URL; stopped (SIGTERM) on exit.
 
     The sink's log (one line per refusal) goes to ``stderr``, by default this process's.
@@ -36,49 +133,43 @@ def sink_stats(url: str) -> dict[str, int]:
 
 class Replicas:
     """K ``asnackq sink`` processes sharing one DB; one can be SIGKILLed and restarted on
-    its port (its clients keep their URL).  ``with Replicas(...) as sinks:`` stops them all.
+    its port (its clients keep their URL).  ``with Replicas(...) as sinks:`` stops them all
+    and keeps their exit codes in ``codes``.
 
     The counters of a killed process die with it: ``counters()`` sums the live ones.
     """
 
-    def __init__(self, db: Path | str, count: int, *options: str,
-                 stderr: IO[Any] | None = None) -> None:
+    def __init__(self, db: Target, count: int, *options: object,
+                 stderr: Stream = None) -> None:
         self.db, self.count, self.options, self.stderr = db, count, options, stderr
-        self.procs: list[subprocess.Popen[str]] = []
+        self.procs: list[Proc] = []
         self.urls: list[str] = []
+        self.codes: list[int] = []
         self.kills = 0
 
     def __enter__(self) -> Replicas:
         try:
             for _ in range(self.count):
-                self.procs.append(self._start("0"))
-                self.urls.append(self._url(self.procs[-1]))
+                self._start(0)
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def _start(self, port: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(self.db),
-                                 "--port", port, *self.options],
-                                stdout=subprocess.PIPE, stderr=self.stderr, text=True)
-
-    @staticmethod
-    def _url(proc: subprocess.Popen[str]) -> str:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("asnackq sink listening on "):
-            raise RuntimeError(f"the sink did not start: {line!r}")
-        return line.split()[-1]
+    def _start(self, port: int | str, n: int | None = None) -> None:
+        proc, url = start_sink(self.db, *self.options, port=port, stderr=self.stderr)
+        if n is None:
+            self.procs.append(proc)
+            self.urls.append(url)
+        else:
+            self.procs[n] = proc
 
     def kill_one(self, rng: random.Random) -> None:
         """SIGKILL a random replica, then start it again on the same port."""
         n = rng.randrange(self.count)
-        self.procs[n].send_signal(signal.SIGKILL)
-        self._reap(self.procs[n])
+        kill(self.procs[n])
         self.kills += 1
-        self.procs[n] = self._start(self.urls[n].rsplit(":", 1)[1].split("/")[0])
-        self._url(self.procs[n])
+        self._start(self.urls[n].rsplit(":", 1)[1].split("/")[0], n)
 
     def counters(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -88,15 +179,93 @@ class Replicas:
                     totals[key] = totals.get(key, 0) + value
         return totals
 
-    @staticmethod
-    def _reap(proc: subprocess.Popen[str]) -> None:
-        proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
     def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            self._reap(proc)
+        self.codes = stop(*self.procs)
+
+
+@dataclass
+class Workers:
+    """An experiment's worker processes (``asnackq work ... --until-empty``), each under a
+    new owner name with its trace, output and errors in ``root``: started, SIGKILLed,
+    replaced, reaped, stopped.  ``events`` records every start and kill (epoch ms)."""
+
+    root: Path
+    queue: Target
+    urls: list[str]                  # the sinks; worker N sends to urls[N % len(urls)]
+    options: Sequence[object]        # every worker's options (concurrency, lease, ...)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    started: int = 0
+    kills: int = 0
+    failures: dict[str, str] = field(default_factory=dict)
+    reaped: set[str] = field(default_factory=set)
+
+    def start(self, *extra: object) -> str:
+        """Start one more worker (with ``extra`` options); return its owner name."""
+        self.started += 1
+        owner = f"lab-w{self.started}"
+        self.events.append({"at": epoch_ms(), "e": "start", "owner": owner})
+        with open(self.root / f"{owner}.out", "w") as out, \
+                open(self.root / f"{owner}.err", "w") as err:
+            self.procs[owner] = worker(
+                self.queue, self.urls[self.started % len(self.urls)], "--owner", owner,
+                "--trace", self.root / f"{owner}.trace", "--until-empty", "--json",
+                *self.options, *extra, stdout=out, stderr=err)
+        return owner
+
+    def killed(self, owner: str) -> None:
+        """Record the SIGKILL ``owner`` died of."""
+        self.reaped.add(owner)
+        self.events.append({"at": epoch_ms(), "e": "kill", "owner": owner})
+        self.kills += 1
+
+    def kill_one(self, rng: random.Random) -> None:
+        """SIGKILL a random live worker and start a new one (it reclaims the leases later)."""
+        live = sorted(owner for owner, proc in self.procs.items() if proc.poll() is None)
+        if live:
+            victim = rng.choice(live)
+            kill(self.procs[victim])
+            self.killed(victim)
+            self.start()
+
+    def exited(self) -> list[tuple[str, int]]:
+        """The workers that exited since the last call (reaped), with their exit codes; an
+        exit other than 0 or SIGKILL is recorded in ``failures`` with the end of its errors."""
+        ended = [(owner, code) for owner, proc in self.procs.items()
+                 if owner not in self.reaped and (code := proc.poll()) is not None]
+        for owner, code in ended:
+            reap(self.procs[owner])
+            self.reaped.add(owner)
+            if code not in (0, -signal.SIGKILL):
+                error = (self.root / f"{owner}.err").read_text(errors="replace").strip()
+                self.failures[owner] = f"{owner} exited {code}: {error[-300:]}"
+        return ended
+
+    @property
+    def running(self) -> bool:
+        """Whether a worker has not been seen to exit yet."""
+        return len(self.reaped) < len(self.procs)
+
+    def stop(self) -> None:
+        """Stop every worker still running (SIGTERM, then SIGKILL after ``STOP_S``)."""
+        stop(*self.procs.values())
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Within: SIGTERM raises ``SystemExit(143)`` (the children's ``finally`` runs).
+
+    Only the main thread can install a handler; elsewhere this changes nothing.
+    """
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:                  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

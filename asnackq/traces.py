@@ -1,8 +1,10 @@
 """The trace format: one JSON line per claim and per committed finish, for experiments.
 
-``Tracer`` writes it (``asnackq work --trace FILE``, each line reaching the OS before the
-worker's next step, so a SIGKILL loses at most the line being written); ``read_traces``
-reads every worker's file of a lab run back, skipping a line such a kill cut short.
+``Tracer`` writes it (``asnackq work --trace FILE``): the lines of a transaction right
+after its COMMIT, each reaching the OS before the worker's next step (a claimed ticket is
+traced before it is sent).  A SIGKILL between a COMMIT and its lines loses them: a claim
+so lost was never sent, a finish so lost is in the queue.  ``read_traces`` reads every
+worker's file of a lab run back, skipping a line such a kill cut short.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ __all__ = ["Tracer", "read_traces"]
 
 
 class Tracer:
-    """Appends claim/finish lines to a file; each line reaches the OS before the next step."""
+    """Appends claim/finish lines to a file; each reaches the OS before the next step."""
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from asnackq import pg
+from asnackq import aio, pg
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 
@@ -40,7 +40,10 @@ class AioBridge:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.queue: AsyncQueue = self.wait(AsyncQueue.connect(path, limits=w.CONTRACT))
+        # The store it runs on, opened here (as AsyncQueue.connect does) so that the tests
+        # can trace its statements through the store's own public connection.
+        self.store = self.wait(aio.open_store(path, w.SCHEMA))
+        self.queue = AsyncQueue(self.store, limits=w.CONTRACT)
 
     def wait(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
@@ -50,11 +53,12 @@ class AioBridge:
         return self.queue.in_transaction
 
     def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
-        store = self.queue._db
+        store = self.store
         if isinstance(store, pg.AsyncStore):
             store.con.cursor_factory = tracing(callback)[1] if callback else psycopg.AsyncCursor
         else:
-            self.wait(store.set_trace_callback(callback))  # type: ignore[attr-defined]
+            assert isinstance(store, aio.SqliteStore)
+            self.wait(store.set_trace_callback(callback))
 
     def close(self) -> None:
         self.wait(self.queue.close())

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import urllib.request
 
 from asnackq import ops
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
 from asnackq.lab import verify
+from asnackq.procs import PIPE, sink_process, sink_stats, start, stop
 
 WORKER = """
 import asyncio, json, sys
@@ -39,22 +38,14 @@ def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp
         " deadline) VALUES (?, ?, 'pending', 0, 5, 0, ?, ?)",
         [(i, q, now, now + 60_000) for i, q in qty.items()])
     con.execute("COMMIT")
-    sink = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(sink_db),
-                             "--fail-rate", "0.1", "--drop-rate", "0.1", "--seed", "7"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        url = sink.stdout.readline().split()[-1]
-        workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(db), url, owner],
-                                    stdout=subprocess.PIPE, text=True) for owner in ("p1", "p2")]
-        summaries = [json.loads(p.communicate(timeout=240)[0]) for p in workers]
-        assert [p.returncode for p in workers] == [0, 0]
-        stats_url = url.rsplit("/", 1)[0] + "/stats"
-        with urllib.request.urlopen(stats_url, timeout=10) as response:
-            stats = json.load(response)
-    finally:
-        sink.terminate()
-        sink.wait(timeout=30)
-        sink.stdout.close()
+    with sink_process(sink_db, "--fail-rate", "0.1", "--drop-rate", "0.1", "--seed", "7") as url:
+        workers = [start([sys.executable, "-c", WORKER, str(db), url, owner], stdout=PIPE)
+                   for owner in ("p1", "p2")]
+        try:
+            summaries = [json.loads(p.communicate(timeout=240)[0]) for p in workers]
+        finally:
+            assert stop(*workers) == [0, 0]
+        stats = sink_stats(url)
 
     con.close()
     # One judge of the evidence: the lab's (the audit's violations, nothing lost, each

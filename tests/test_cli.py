@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 
 import pytest
+from aiohttp import web
 from rich.console import Console
 
+from asnackq import procs
 from asnackq.core import worker as w
+from asnackq.http_sink import SinkConfig, make_app
 from asnackq.lab import LabConfig, run_lab, verify
+from asnackq.procs import PIPE, Replicas
 from asnackq.traces import read_traces
 
 from .conftest import rows
+from .sinks import serving
 
 
 def asnackq(*args, stdin=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "asnackq", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(procs.command(*args), input=stdin, capture_output=True, text=True,
+                          timeout=timeout, check=False, env={**os.environ, "COLUMNS": "200"})
 
 
 def ok(*args, **kwargs):
@@ -55,16 +59,10 @@ def lines(*records):
 
 @pytest.fixture
 def sink_proc(tmp_path):
-    """An ``asnackq sink`` child process; its URL; stopped by SIGTERM at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                             tmp_path / "sink.db"], stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().split()[-1]
-        yield url, tmp_path / "sink.db"
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
-        proc.stdout.close()
+    """An ``asnackq sink`` child process; its URL; stopped by SIGTERM at the end (exit 0)."""
+    with Replicas(tmp_path / "sink.db", 1) as sinks:
+        yield sinks.urls[0], tmp_path / "sink.db"
+    assert sinks.codes == [0]
 
 
 # --- init and enqueue --------------------------------------------------------------------
@@ -296,34 +294,41 @@ def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
-    """A worker with a slow sink: SIGTERM or Ctrl-C stops claiming, finishes in-flight, exits 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                             tmp_path / "sink.db", "--delay-ms", "200"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().split()[-1]
-        ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 1} for i in range(500))))
-        work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink", url,
-                                 "--concurrency", "8", "--json"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while ok("stats", queue, "--json")["by_status"]["done"] < 8:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        work.send_signal(signum)
-        out, err = work.communicate(timeout=30)
-        assert work.returncode == 0, err
-        summary = json.loads(out)
-        assert summary["stopped_by_signal"] is True and summary["errors"] == 0
-        assert summary["claimed"] == summary["done"] < 500
-        stats = ok("stats", queue, "--json")
-        assert stats["by_status"]["leased"] == 0          # in-flight sends were finished
-        assert stats["by_status"]["done"] == summary["done"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        proc.stdout.close()
+async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
+    """SIGTERM or Ctrl-C while sends are in flight: stop claiming, finish them, exit 0.
+
+    The sink answers 8 requests, then holds the next ones at a gate: the signal finds
+    sends in flight (forced, not timed); the gate opens after it."""
+    in_flight, gate = asyncio.Event(), asyncio.Event()
+    arrived = 0
+
+    @web.middleware
+    async def hold(request, handler):
+        nonlocal arrived
+        arrived += 1
+        if arrived > 8:
+            in_flight.set()
+            await gate.wait()
+        return await handler(request)
+
+    app = make_app(SinkConfig(tmp_path / "sink.db"))
+    app.middlewares.append(hold)
+    await asyncio.to_thread(ok, "enqueue", queue, "-", stdin=lines(
+        *({"id": f"j{i}", "qty": 1} for i in range(500))))
+    async with serving(app) as sink:
+        with procs.started(procs.command("work", queue, "--sink", sink.url, "--concurrency",
+                                         "8", "--json"), stdout=PIPE, stderr=PIPE) as work:
+            await asyncio.wait_for(in_flight.wait(), 30)
+            work.send_signal(signum)
+            gate.set()
+            out, err = await asyncio.to_thread(work.communicate, timeout=30)
+    assert work.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["stopped_by_signal"] is True and summary["errors"] == 0
+    assert summary["claimed"] == summary["done"] < 500
+    stats = await asyncio.to_thread(ok, "stats", queue, "--json")
+    assert stats["by_status"]["leased"] == 0          # in-flight sends were finished
+    assert stats["by_status"]["done"] == summary["done"]
 
 
 def test_work_refuses_a_timeout_longer_than_the_lease(queue):
@@ -363,6 +368,7 @@ def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["violations"] == []
+    # One SIGKILL every 0.4 s: how many depends on the run's length; each one is replaced.
     assert result["kills"] >= 1 and result["workers_started"] == 2 + result["kills"]
     assert sum(result["statuses"].values()) == 300
     assert result["sink_failed"] > 0 and result["sink_dropped"] > 0

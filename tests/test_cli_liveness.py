@@ -7,12 +7,12 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 from rich.console import Console
 
 from asnackq.lab import LabConfig, run_lab, verify
+from asnackq.procs import PIPE, kill, start_sink, stop, worker
 from asnackq.traces import read_traces
 
 from .conftest import rows
@@ -35,27 +35,21 @@ def enqueue_many(queue, count, *options):
 def test_work_outlasts_a_sink_that_is_away_then_back(queue, tmp_path):
     enqueue_many(queue, 300, "--max-attempts", "3")
     port = dead_port()
-    work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink",
-                             f"http://127.0.0.1:{port}/events", "--until-empty", "--json",
-                             "--concurrency", "32", "--lease-ms", "2000", "--timeout-s", "0.5",
-                             "--breaker-max-ms", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sink = None
+    work = worker(queue, f"http://127.0.0.1:{port}/events", "--until-empty", "--json",
+                  "--concurrency", "32", "--lease-ms", "2000", "--timeout-s", "0.5",
+                  "--breaker-max-ms", "300", stdout=PIPE, stderr=PIPE)
     try:
+        # The outage lasts 2.5 s (its length is the point): nothing listens, the worker waits.
         with contextlib.suppress(subprocess.TimeoutExpired):
-            work.wait(timeout=2.5)               # nothing listening: the worker must wait
+            work.wait(timeout=2.5)
         assert work.poll() is None
-        sink = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                                 tmp_path / "sink.db", "--port", str(port)],
-                                stdout=subprocess.PIPE, text=True)
-        assert sink.stdout.readline().startswith("asnackq sink listening")
-        out, err = work.communicate(timeout=60)
+        sink, _ = start_sink(tmp_path / "sink.db", port=port)
+        try:
+            out, err = work.communicate(timeout=60)
+        finally:
+            stop(sink)
     finally:
-        work.kill()
-        if sink is not None:
-            sink.terminate()
-            sink.wait(timeout=30)
-            sink.stdout.close()
+        kill(work)
     assert work.returncode == 0, err
     summary = json.loads(out)
     assert (summary["done"], summary["dead"], summary["retried"]) == (300, 0, 0)

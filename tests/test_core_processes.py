@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from asnackq.core import worker as w
+from asnackq.procs import PIPE, start, stop
 
 from .conftest import T0, job
 
@@ -69,14 +70,16 @@ def child(script: str, *args: object) -> list[str]:
 @pytest.mark.parametrize("round_", range(3))
 def test_two_processes_released_together_claim_one_job_once(con, db, round_):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
-    procs = [subprocess.Popen(child(RACE, db, owner, T0), stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for owner in ("p1", "p2")]
-    assert [p.stdout.readline() for p in procs] == ["ready\n", "ready\n"]   # both connected
-    for p in procs:
-        p.stdin.write("go")
-        p.stdin.flush()
-    results = [json.loads(p.communicate(timeout=30)[0]) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0]
+    racers = [start(child(RACE, db, owner, T0), stdin=PIPE, stdout=PIPE)
+              for owner in ("p1", "p2")]
+    try:
+        assert [p.stdout.readline() for p in racers] == ["ready\n", "ready\n"]  # connected
+        for p in racers:
+            p.stdin.write("go")
+            p.stdin.flush()
+        results = [json.loads(p.communicate(timeout=30)[0]) for p in racers]
+    finally:
+        assert stop(*racers) == [0, 0]
     winners = [r for r in results if r is not None]
     assert len(winners) == 1 and winners[0]["token"] == 1
     assert job(db, "a")["owner"] == winners[0]["owner"]

@@ -18,12 +18,13 @@ import urllib.parse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asnackq import ops
+from asnackq import ops, procs
 from asnackq.aio import epoch_ms
 from asnackq.cli import main
 from asnackq.core import worker as w
 from asnackq.dashboard import Sampler
 from asnackq.http_sink import SINK_SCHEMA
+from asnackq.procs import PIPE
 
 from .test_cli import fails, ok
 
@@ -57,28 +58,17 @@ def dbs(tmp_path):
     return queue, sink
 
 
-def start(*args):
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "dashboard", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("asnackq dashboard listening on http://127.0.0.1:"):
-        proc.kill()
-        proc.wait(timeout=30)
-        raise AssertionError(line + proc.stderr.read())
-    return proc, line.split()[-1]
-
-
 @contextlib.contextmanager
 def dashboard(*args):
     """A dashboard process; its base URL; stopped by SIGTERM (it must exit 0)."""
-    proc, url = start(*args)
+    proc = procs.start(procs.command("dashboard", *args), stdout=PIPE, stderr=PIPE)
     try:
-        yield url
+        line = proc.stdout.readline()
+        assert line.startswith("asnackq dashboard listening on http://127.0.0.1:"), (
+            line + proc.communicate(timeout=30)[1])       # a refusal: one line, exit 1
+        yield line.split()[-1]
     finally:
-        proc.terminate()
-        code = proc.wait(timeout=30)
-        proc.stdout.close()
-        proc.stderr.close()
+        code = procs.stop(proc)[0]
     assert code == 0
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from asnackq.aio import AsyncQueue, epoch_ms
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
+from asnackq.procs import kill, sink_process, start
 
 from .conftest import execute, rows
 from .sinks import sink, sink_state
@@ -198,23 +198,15 @@ def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
     w.enqueue_many(con, [({"id": f"job-{i}", "qty": i + 1}, 60_000, 3) for i in range(16)],
                    epoch_ms())
     con.close()
-    sink_proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(sink_db),
-                                  "--delay-ms", "900"], stdout=subprocess.PIPE, text=True)
-    try:
-        url = sink_proc.stdout.readline().split()[-1]
-        first = subprocess.Popen([sys.executable, "-c", WORKER, str(db), url, "first"])
+    with sink_process(sink_db, "--delay-ms", "900") as url:
+        first = start([sys.executable, "-c", WORKER, str(db), url, "first"])
         try:
             assert wait_for_an_extension(db, 20)
         finally:
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(timeout=10)
+            assert kill(first) == -signal.SIGKILL
         second = subprocess.run([sys.executable, "-c", WORKER, str(db), url, "second"],
                                 timeout=60)
         assert second.returncode == 0
-    finally:
-        sink_proc.terminate()
-        sink_proc.wait(timeout=30)
-        sink_proc.stdout.close()
     jobs = [r for r in rows(db) if len(r) > 3]
     assert {r[3] for r in jobs} == {"done"}
     tokens = {r[6] for r in jobs}

@@ -6,15 +6,13 @@ from __future__ import annotations
 import hashlib
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
 
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.procs import sink_process
+from asnackq.procs import PIPE, sink_process, stop, worker
 
 from .test_cli import fails
 
@@ -121,17 +119,13 @@ def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_pat
     holder = sqlite3.connect(queue, isolation_level=None)
     with sink_process(tmp_path / "sink.db") as url:
         holder.execute("BEGIN EXCLUSIVE")
-        work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink", url,
-                                 "--until-empty", "--json"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        work = worker(queue, url, "--until-empty", "--json", stdout=PIPE, stderr=PIPE)
         try:
             time.sleep(1.5)                  # longer than a busy timeout (1 s) and start-up
             holder.execute("COMMIT")
             out, err = work.communicate(timeout=30)
         finally:
             holder.close()
-            if work.poll() is None:
-                work.kill()
-                work.communicate()
+            stop(work)
     assert work.returncode == 0, err
     assert '"done": 1' in out

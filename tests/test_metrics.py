@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +19,7 @@ from asnackq.breaker import BreakerPolicy
 from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender
 from asnackq.metrics import Family, Histogram, queue_families, render
+from asnackq.procs import PIPE, Replicas, kill, worker
 
 from .sinks import dead_port
 from .test_cli import fails, ok
@@ -109,15 +108,9 @@ async def test_the_breaker_counts_are_live_while_the_run_goes_on(db):
 
 @pytest.fixture
 def slow_sink(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                             tmp_path / "sink.db", "--delay-ms", "5"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        yield proc.stdout.readline().split()[-1]
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
-        proc.stdout.close()
+    with Replicas(tmp_path / "sink.db", 1, "--delay-ms", "5") as sinks:
+        yield sinks.urls[0]
+    assert sinks.codes == [0]
 
 
 def worker_metrics_url(work):
@@ -131,10 +124,9 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
     ok("init", queue)
     jobs = "".join(json.dumps({"id": f"j-{i}", "qty": 1}) + "\n" for i in range(200))
     ok("enqueue", queue, "-", stdin=jobs)
-    work = subprocess.Popen([sys.executable, "-m", "asnackq", "work", queue, "--sink",
-                             slow_sink, "--concurrency", "8", "--owner", "w-1", "--json",
-                             "--metrics-port", "0"],      # follows the queue until SIGTERM
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = worker(queue, slow_sink, "--concurrency", "8", "--owner", "w-1", "--json",
+                  "--metrics-port", "0",       # follows the queue until SIGTERM
+                  stdout=PIPE, stderr=PIPE)
     try:
         url = worker_metrics_url(work)
         seen, deadline = [], time.monotonic() + 30
@@ -154,8 +146,7 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
         work.send_signal(signal.SIGTERM)
         out, err = work.communicate(timeout=30)
     finally:
-        work.kill()
-        work.wait(timeout=30)
+        kill(work)                              # if still running: an assertion failed
     assert work.returncode == 0, err
     assert seen[-1] == 200 and len(set(seen)) > 1          # it moved while it was watched
     summary = json.loads(out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from aiohttp import web
 from asnackq.core import outbox
 from asnackq.core.worker import BadAck, Conflict, Retryable
 from asnackq.http_send import HttpSender
+from asnackq.procs import command, sink_process
 
 from .sinks import peer, serving, sink_state
 
@@ -139,22 +139,9 @@ print(outbox.dispatch(con, HttpSender(sys.argv[2]), hook=hook))
 """
 
 
-def start_sink(db, *extra):
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", str(db), *extra],
-                            stdout=subprocess.PIPE, text=True)
-    return proc, proc.stdout.readline().split()[-1]
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-
-
 def test_seed_final_check_a_publisher_dies_after_the_ack_and_another_resends(source, tmp_path):
     outbox.accept(source, {"id": "snack-7", "qty": 7})
-    proc, url = start_sink(tmp_path / "sink.db")
-    try:
+    with sink_process(tmp_path / "sink.db") as url:
         first = subprocess.run([sys.executable, "-c", DISPATCHER, str(tmp_path / "source.db"),
                                 url, "crash"], timeout=60, check=False)
         assert first.returncode == 73
@@ -164,26 +151,18 @@ def test_seed_final_check_a_publisher_dies_after_the_ack_and_another_resends(sou
                                  url, "live"], capture_output=True, text=True, timeout=60,
                                 check=True)
         assert second.stdout.strip() == "['snack-7']"
-    finally:
-        stop(proc)
     assert sink_state(tmp_path / "sink.db") == (7, [("snack-7", 7, 2)])   # two requests, one effect
     assert unsent(source) == []
 
 
 def test_a_dropped_ack_keeps_the_item_unsent_and_a_resend_is_a_duplicate(source, tmp_path):
     outbox.accept(source, {"id": "a", "qty": 4})
-    proc, url = start_sink(tmp_path / "sink.db", "--drop-rate", "1")
-    try:
-        with pytest.raises(Retryable):
-            outbox.dispatch(source, HttpSender(url))
-    finally:
-        stop(proc)
+    with sink_process(tmp_path / "sink.db", "--drop-rate", "1") as url, \
+            pytest.raises(Retryable):
+        outbox.dispatch(source, HttpSender(url))
     assert unsent(source) == ["a"]
-    proc, url = start_sink(tmp_path / "sink.db")
-    try:
+    with sink_process(tmp_path / "sink.db") as url:
         assert outbox.dispatch(source, HttpSender(url)) == ["a"]
-    finally:
-        stop(proc)
     assert sink_state(tmp_path / "sink.db") == (4, [("a", 4, 2)])
 
 
@@ -214,7 +193,7 @@ async def test_no_false_evidence_marks_an_item_sent(source, tmp_path, answer):
 
 def test_outbox_commands(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "asnackq", "outbox", *args],
+        return subprocess.run(command("outbox", *args),
                               capture_output=True, text=True, timeout=60, check=False)
 
     db = str(tmp_path / "src.db")
@@ -223,11 +202,8 @@ def test_outbox_commands(tmp_path):
     conflict = run("accept", db, "--id", "a", "--qty", "5")
     assert conflict.returncode == 1 and conflict.stderr.count("\n") == 1
     assert [e["id"] for e in json.loads(run("pending", db).stdout)] == ["z", "a"]
-    proc, url = start_sink(tmp_path / "sink.db")
-    try:
+    with sink_process(tmp_path / "sink.db") as url:
         assert json.loads(run("dispatch", db, "--sink", url).stdout) == {"sent": ["z", "a"]}
-    finally:
-        stop(proc)
     assert json.loads(run("pending", db).stdout) == []
     missing = run("pending", str(tmp_path / "nope.db"))
     assert missing.returncode == 1 and "Traceback" not in missing.stderr

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 import sys
 
 from asnackq import pg
 from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.procs import sink_process, sink_stats
+from asnackq.procs import PIPE, sink_process, sink_stats, start, stop
 
 from .pgdb import query
 from .sinks import sink_state
@@ -76,16 +75,12 @@ def test_four_processes_of_eight_sessions_claim_without_overlap(pg_db):
                                                limits=w.PRODUCT))
     con.close()
     with sink_process(url) as one, sink_process(url) as two:
-        workers = [subprocess.Popen([sys.executable, "-c", WORKER, url, f"{one},{two}",
-                                     f"p{n}", str(LEASE_MS)], stdout=subprocess.PIPE, text=True)
-                   for n in range(4)]
+        workers = [start([sys.executable, "-c", WORKER, url, f"{one},{two}", f"p{n}",
+                          str(LEASE_MS)], stdout=PIPE) for n in range(4)]
         try:
             outputs = [p.communicate(timeout=120)[0] for p in workers]
         finally:
-            for proc in workers:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=30)
+            stop(*workers)
         assert [p.returncode for p in workers] == [0, 0, 0, 0]
         applied = sum(sink_stats(s)["applied"] for s in (one, two))
     records = [r for output in outputs for r in json.loads(output)]

@@ -19,7 +19,9 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["liveness_failures"] == []
     assert result["statuses"] == {"done": 600} and result["sinks"] == 2
-    assert result["kills"] + result["sink_kills"] >= 2 and result["sink_kills"] >= 1
+    # The kills alternate, a worker first (how many there are depends on the run's length).
+    total = result["kills"] + result["sink_kills"]
+    assert total >= 2 and result["sink_kills"] == total // 2
     assert query(url, "SELECT count(*), sum(qty) FROM inbox") == [
         (600, query(url, "SELECT total FROM stock")[0][0])]
     assert "must hold no jobs" in fails("lab", "--db", url, "--jobs", "10")   # used: refused

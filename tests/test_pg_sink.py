@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import signal
-import subprocess
-import sys
 import time
 
 import aiohttp
 import pytest
 
-from asnackq.procs import sink_process, sink_stats
+from asnackq.procs import kill, sink_process, sink_stats, start_sink
 
 from .pgdb import query
 from .sinks import sink_state
@@ -68,17 +65,12 @@ async def test_replicas_apply_each_id_once_under_concurrent_duplicates(url):
 
 @contextlib.contextmanager
 def raw_sink(url):
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db", url],
-                            stdout=subprocess.PIPE, text=True)
+    """A sink process and its URL, for a test that SIGKILLs it (killed at the end if not)."""
+    proc, target = start_sink(url)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("asnackq sink listening on "), line
-        yield proc, line.split()[-1]
+        yield proc, target
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-        proc.stdout.close()
+        kill(proc)
 
 
 def open_transactions(url):
@@ -108,8 +100,7 @@ async def test_a_sink_killed_during_a_group_commit_leaves_every_ack_applied_once
         while not caught and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
             caught = len(acked) > 200 and await asyncio.to_thread(open_transactions, url) > 0
-        proc.send_signal(signal.SIGKILL)       # the writer's transaction is open right now
-        proc.wait(timeout=30)
+        kill(proc)                             # the writer's transaction is open right now
         await sending
     assert caught, "no open group commit was seen under load"
     for _ in range(100):                       # the server ends the dead session's transaction

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import sqlite3
 import subprocess
-import sys
 
 import aiohttp
 import pytest
@@ -19,6 +16,7 @@ from hypothesis import strategies as st
 from asnackq.core.worker import Permanent, Retryable
 from asnackq.http_send import AsyncHttpSender, HttpSender
 from asnackq.http_sink import CONFIG, INBOX, Inbox, open_sink_db
+from asnackq.procs import command, start_sink, stop
 
 from .sinks import sink, sink_state
 
@@ -241,27 +239,18 @@ def test_fuzzed_requests_never_get_a_500_and_keep_the_stock_consistent(tmp_path_
 
 
 def test_sink_command_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "asnackq", "sink", "--db",
-                             str(tmp_path / "s.db")], stdout=subprocess.PIPE, text=True)
+    proc, url = start_sink(tmp_path / "s.db")          # its first line: "... listening on URL"
     try:
-        first = proc.stdout.readline()
-        assert first.startswith("asnackq sink listening on http://127.0.0.1:")
-        url = first.split()[-1]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/events")
         assert HttpSender(url)({"id": "a", "qty": 2}) is True
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        assert stop(proc, timeout_s=20) == [0]          # SIGTERM: a clean stop
     assert sink_state(tmp_path / "s.db") == (2, [("a", 2, 1)])
 
 
 def test_sink_command_refuses_a_non_loopback_host_without_the_flag(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "asnackq", "sink", "--db", str(tmp_path / "s.db"),
-                          "--host", "0.0.0.0"], capture_output=True, text=True, timeout=30,
-                         check=False, env={**os.environ})
+    run = subprocess.run(command("sink", "--db", tmp_path / "s.db", "--host", "0.0.0.0"),
+                         capture_output=True, text=True, timeout=30, check=False)
     assert run.returncode == 1
     assert run.stderr.count("\n") == 1 and "--allow-remote" in run.stderr
     assert not (tmp_path / "s.db").exists()

@@ -1,9 +1,9 @@
 """The ``asnackq`` command: one entry point, one subcommand per job.
 
 Exit codes: 0 ok, 1 failure or violation, 2 usage (an unknown, missing, malformed or
-out-of-range option, or options that do not go together).  A bad input is one clear
-line on stderr (never a traceback) and changes nothing: options are checked before any
-file is opened or created.
+out-of-range option, or options that do not go together), 130 interrupted (Ctrl-C).  A bad
+input is one clear line on stderr (never a traceback) and changes nothing: options are
+checked before any file is opened or created.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Failure as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 2 if isinstance(error, Usage) else 1
+    except KeyboardInterrupt:               # Ctrl-C: the children were stopped on the way
+        print(f"asnackq {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 1

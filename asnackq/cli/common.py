@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeAlias
 
-from asnackq import stores
+from asnackq import faults, stores
 from asnackq.http_send import check_url
 from asnackq.targets import Target
 
@@ -60,9 +60,8 @@ def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[
     return parse
 
 
-RATE = within(float, 0, 1)
-
-
+RATE = within(float, *faults.RATE)           # a sink's fault rate
+DELAY_MS = within(int, *faults.DELAY_MS)     # a sink's delay before each answer
 TIMEOUT = within(float, 0.001, 600)      # a sender's timeout_s
 
 

@@ -15,13 +15,14 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.live import Live
 
 from asnackq import metrics, ops
 from asnackq.cli.common import (
+    DELAY_MS,
     QUEUE_HELP,
     RATE,
     TIMEOUT,
@@ -37,6 +38,9 @@ from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
 from asnackq.targets import target
 from asnackq.traces import Tracer
+
+if TYPE_CHECKING:
+    from asnackq.aio import AsyncSend
 
 
 def default_owner() -> str:
@@ -81,6 +85,9 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--trace", type=Path, default=None,
                       help="append one JSON line per claim and per finish (for experiments)")
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    work.add_argument("--kill-after-acks", type=within(int, 1, 10**9), default=None,
+                      metavar="N", help="a crash for experiments: SIGKILL this process right "
+                      "after its Nth verified ACK (that effect applied, its finish never made)")
     metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
 
@@ -103,7 +110,10 @@ def run_work(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     async def main() -> tuple[Summary, bool]:
-        async with AsyncQueue.open(args.queue) as queue, sender as send, exporter:
+        async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
+            send: AsyncSend = http
+            if args.kill_after_acks:
+                send = killed_after(args.kill_after_acks, http)
             dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
                                     concurrency=args.concurrency, lease_ms=args.lease_ms,
                                     trace=tracer, prefetch=args.prefetch, retry=retry,
@@ -154,6 +164,20 @@ def run_work(args: argparse.Namespace) -> int:
     return 0
 
 
+def killed_after(acks: int, send: AsyncSend) -> AsyncSend:
+    """``send``, and this process SIGKILLed right after its ``acks``-th verified ACK."""
+    count = 0
+
+    async def send_then_die(event: dict[str, Any], token: int | None) -> object:
+        nonlocal count
+        answer = await send(event, token)
+        count += 1
+        if count == acks:
+            os.kill(os.getpid(), signal.SIGKILL)     # the effect is applied; no finish
+        return answer
+    return send_then_die
+
+
 def add_lab(commands: Commands) -> None:
     lab = commands.add_parser(
         "lab", help="a fault and load experiment with real processes; verifies the invariants",
@@ -167,7 +191,7 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--concurrency", type=int, default=64)
     lab.add_argument("--fail-rate", type=RATE, default=0.0)
     lab.add_argument("--drop-rate", type=RATE, default=0.0)
-    lab.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
+    lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
     lab.add_argument("--kill-every", type=within(float, 0, 3600), default=0.0, metavar="SECONDS",
                      help="SIGKILL a random worker this often (0: never)")
     lab.add_argument("--seed", type=int, default=1)
@@ -185,6 +209,10 @@ def add_lab(commands: Commands) -> None:
                      help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
     lab.add_argument("--kill-sinks", action="store_true",
                      help="every other SIGKILL hits a sink, restarted on its port")
+    lab.add_argument("--kill-after-acks", type=within(int, 0, 10_000_000), default=0,
+                     metavar="N", help="instead of --kill-every: the first worker runs alone "
+                     "and is SIGKILLed right after its Nth verified ACK, then the P workers "
+                     "start (the demo's fixed kill)")
     lab.add_argument("--dir", type=Path, default=None,
                      help="keep the files here (default: a temporary directory)")
     lab.add_argument("--json", type=Path, default=None, metavar="FILE",
@@ -206,7 +234,8 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
         send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
         timeout_s=args.timeout_s, directory=args.dir, db=args.db, sinks=args.sinks,
-        kill_sinks=args.kill_sinks, pg_local=args.pg_local)
+        kill_sinks=args.kill_sinks, pg_local=args.pg_local,
+        kill_after_acks=args.kill_after_acks)
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
@@ -251,7 +280,7 @@ def add_sink(commands: Commands) -> None:
     sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
     sink.add_argument("--drop-rate", type=RATE, default=0.0,
                       help="commit, then close the connection without an answer")
-    sink.add_argument("--delay-ms", type=within(int, 0, 60_000), default=0)
+    sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
     sink.add_argument("--seed", type=int, default=None)
     sink.add_argument("--batch-max", type=within(int, 1, 10_000), default=512,
                       help="most requests in one group commit (1: commit per request)")
