@@ -18,6 +18,17 @@ from asnackq.core.worker import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "BadAck", "Conflict", "Permanent", "Retryable", "__version__", "claim", "enqueue", "finish",
-    "open_queue", "redrive", "retry_delay", "run_file", "run_once",
+    "BadAck",
+    "Conflict",
+    "Permanent",
+    "Retryable",
+    "__version__",
+    "claim",
+    "enqueue",
+    "finish",
+    "open_queue",
+    "redrive",
+    "retry_delay",
+    "run_file",
+    "run_once",
 ]

@@ -33,7 +33,7 @@ from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
 from asnackq.targets import is_url
 
-__all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]   # and, lazily, Dispatcher and Summary
+__all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]  # and, lazily, Dispatcher and Summary
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
@@ -79,12 +79,13 @@ def begin(con: sqlite3.Connection, attempts: int) -> None:
 
 def run_plan(con: sqlite3.Connection, plan: w.Plan[T], fault: w.Fault, attempts: int) -> T:
     """One transaction on the connection's thread: the retried BEGIN, then the core's driver."""
-    begin(con, attempts)        # outside the driver: a failed BEGIN owns no transaction
+    begin(con, attempts)  # outside the driver: a failed BEGIN owns no transaction
     return w.transact(con, plan, None if fault is None else partial(call_fault, fault))
 
 
-def connect_file(path: Any, schema: tuple[str, ...], busy_s: float, attempts: int,
-                 pragmas: tuple[str, ...]) -> sqlite3.Connection:
+def connect_file(
+    path: Any, schema: tuple[str, ...], busy_s: float, attempts: int, pragmas: tuple[str, ...]
+) -> sqlite3.Connection:
     """Open a DB file with ``pragmas``, creating ``schema`` through the core's plan.
 
     The schema goes first: its BEGIN waits out a file another process holds with the same
@@ -112,8 +113,9 @@ class Store(Protocol):
     @property
     def in_transaction(self) -> bool: ...
 
-    async def transact(self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]],
-                       fault: w.Fault = None) -> Any:
+    async def transact(
+        self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]], fault: w.Fault = None
+    ) -> Any:
         """Run ``plan`` in one transaction; ``make()`` builds it again if it must be retried."""
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
@@ -129,17 +131,25 @@ class SqliteStore:
     statement, a busy file or an fsync).
     """
 
-    def __init__(self, con: sqlite3.Connection, thread: ThreadPoolExecutor,
-                 attempts: int = 8) -> None:
+    def __init__(
+        self, con: sqlite3.Connection, thread: ThreadPoolExecutor, attempts: int = 8
+    ) -> None:
         self.con, self.thread, self.attempts = con, thread, attempts
 
     @classmethod
-    async def open(cls, path: Any, schema: tuple[str, ...], busy_s: float, attempts: int = 8,
-                   pragmas: tuple[str, ...] = w.PRAGMAS) -> SqliteStore:
+    async def open(
+        cls,
+        path: Any,
+        schema: tuple[str, ...],
+        busy_s: float,
+        attempts: int = 8,
+        pragmas: tuple[str, ...] = w.PRAGMAS,
+    ) -> SqliteStore:
         thread = ThreadPoolExecutor(1, thread_name_prefix="asnackq-sqlite")
         try:
             con = await asyncio.get_running_loop().run_in_executor(
-                thread, connect_file, path, schema, busy_s, attempts, pragmas)
+                thread, connect_file, path, schema, busy_s, attempts, pragmas
+            )
         except BaseException:
             thread.shutdown(wait=False)
             raise
@@ -152,8 +162,9 @@ class SqliteStore:
     def in_transaction(self) -> bool:
         return self.con.in_transaction
 
-    async def transact(self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]],
-                       fault: w.Fault = None) -> Any:
+    async def transact(
+        self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]], fault: w.Fault = None
+    ) -> Any:
         return await self._call(run_plan, self.con, plan, fault, self.attempts)
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
@@ -170,8 +181,13 @@ class SqliteStore:
             self.thread.shutdown(wait=False)
 
 
-async def open_store(target: Any, schema: tuple[str, ...], busy_s: float = 1.0,
-                     attempts: int = 8, pragmas: tuple[str, ...] = w.PRAGMAS) -> Store:
+async def open_store(
+    target: Any,
+    schema: tuple[str, ...],
+    busy_s: float = 1.0,
+    attempts: int = 8,
+    pragmas: tuple[str, ...] = w.PRAGMAS,
+) -> Store:
     """A DB file (with ``pragmas``) or a ``postgresql://`` URL, with ``schema`` (the core's
     tuple) in place."""
     if is_url(target):
@@ -191,8 +207,9 @@ class AsyncQueue:
         self.limits = limits
 
     @classmethod
-    async def connect(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8,
-                      limits: w.Limits = w.PRODUCT) -> AsyncQueue:
+    async def connect(
+        cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8, limits: w.Limits = w.PRODUCT
+    ) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
         (``asnackq.pg``: the same tables in that database); close it with ``close()``.
 
@@ -210,8 +227,9 @@ class AsyncQueue:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8,
-                   limits: w.Limits = w.PRODUCT) -> AsyncIterator[AsyncQueue]:
+    async def open(
+        cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8, limits: w.Limits = w.PRODUCT
+    ) -> AsyncIterator[AsyncQueue]:
         """``async with AsyncQueue.open(path) as q:`` - closed on exit."""
         queue = await cls.connect(path, busy_s=busy_s, attempts=attempts, limits=limits)
         try:
@@ -244,7 +262,7 @@ class AsyncQueue:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            await asyncio.wait([task])     # let COMMIT or ROLLBACK land, then re-raise
+            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
             raise
 
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -252,31 +270,36 @@ class AsyncQueue:
         async with self._lock:
             return await self._db.read(sql, params)
 
-    async def enqueue(self, event: dict[str, Any], now_ms: int, ttl_ms: int,
-                      max_attempts: int = 3) -> bool:
+    async def enqueue(
+        self, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3
+    ) -> bool:
         make = partial(w.plan_enqueue, event, now_ms, ttl_ms, max_attempts, limits=self.limits)
         return bool(await self._run(make))
 
-    async def enqueue_many(self, items: list[tuple[dict[str, Any], int, int]],
-                           now_ms: int) -> list[bool | w.Conflict]:
+    async def enqueue_many(
+        self, items: list[tuple[dict[str, Any], int, int]], now_ms: int
+    ) -> list[bool | w.Conflict]:
         make = partial(w.plan_enqueue_many, items, now_ms, limits=self.limits)
         results: list[bool | w.Conflict] = await self._run(make)
         return results
 
-    async def claim(self, owner: str, now_ms: int, lease_ms: int = 1000,
-                    fault: w.Fault = None) -> w.Ticket | None:
+    async def claim(
+        self, owner: str, now_ms: int, lease_ms: int = 1000, fault: w.Fault = None
+    ) -> w.Ticket | None:
         make = partial(w.plan_claim, owner, now_ms, lease_ms, limits=self.limits)
         result: w.Ticket | None = await self._run(make, check_async_fault(fault))
         return result
 
-    async def claim_many(self, owner: str, now_ms: int, lease_ms: int,
-                         count: int) -> list[w.Ticket]:
+    async def claim_many(
+        self, owner: str, now_ms: int, lease_ms: int, count: int
+    ) -> list[w.Ticket]:
         make = partial(w.plan_claim_many, owner, now_ms, lease_ms, count, limits=self.limits)
         result: list[w.Ticket] = await self._run(make)
         return result
 
-    async def finish(self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0,
-                     fault: w.Fault = None) -> str | bool:
+    async def finish(
+        self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0, fault: w.Fault = None
+    ) -> str | bool:
         make = partial(w.plan_finish, ticket, outcome, now_ms, delay_ms, limits=self.limits)
         result: str | bool = await self._run(make, check_async_fault(fault))
         return result
@@ -286,42 +309,64 @@ class AsyncQueue:
         statuses: list[str | bool] = await self._run(make)
         return statuses
 
-    async def finish_and_claim(self, results: list[tuple[w.Ticket, str, int, int]], owner: str,
-                               now_ms: int, lease_ms: int,
-                               count: int) -> tuple[list[str | bool], list[w.Ticket]]:
-        make = partial(w.plan_finish_and_claim, results, owner, now_ms, lease_ms, count,
-                       limits=self.limits)
+    async def finish_and_claim(
+        self,
+        results: list[tuple[w.Ticket, str, int, int]],
+        owner: str,
+        now_ms: int,
+        lease_ms: int,
+        count: int,
+    ) -> tuple[list[str | bool], list[w.Ticket]]:
+        make = partial(
+            w.plan_finish_and_claim, results, owner, now_ms, lease_ms, count, limits=self.limits
+        )
         outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(make)
         return outcome
 
-    async def extend(self, ticket: w.Ticket, now_ms: int, lease_ms: int,
-                     fault: w.Fault = None) -> w.Ticket | bool:
+    async def extend(
+        self, ticket: w.Ticket, now_ms: int, lease_ms: int, fault: w.Fault = None
+    ) -> w.Ticket | bool:
         make = partial(w.plan_extend, ticket, now_ms, lease_ms, limits=self.limits)
         result: w.Ticket | bool = await self._run(make, check_async_fault(fault))
         return result
 
-    async def extend_many(self, tickets: list[w.Ticket], now_ms: int,
-                          lease_ms: int) -> list[w.Ticket | bool]:
+    async def extend_many(
+        self, tickets: list[w.Ticket], now_ms: int, lease_ms: int
+    ) -> list[w.Ticket | bool]:
         extended: list[w.Ticket | bool] = await self._run(
-            partial(w.plan_extend_many, tickets, now_ms, lease_ms, limits=self.limits))
+            partial(w.plan_extend_many, tickets, now_ms, lease_ms, limits=self.limits)
+        )
         return extended
 
-    async def cycle(self, results: Sequence[tuple[w.Ticket, str, int, int]],
-                    held: Sequence[w.Ticket],
-                    owner: str, now_ms: int, lease_ms: int, count: int) -> w.Cycle:
-        make = partial(w.plan_cycle, results, held, owner, now_ms, lease_ms, count,
-                       limits=self.limits)
+    async def cycle(
+        self,
+        results: Sequence[tuple[w.Ticket, str, int, int]],
+        held: Sequence[w.Ticket],
+        owner: str,
+        now_ms: int,
+        lease_ms: int,
+        count: int,
+    ) -> w.Cycle:
+        make = partial(
+            w.plan_cycle, results, held, owner, now_ms, lease_ms, count, limits=self.limits
+        )
         outcome: w.Cycle = await self._run(make)
         return outcome
 
-    async def redrive(self, job_id: str, now_ms: int, ttl_ms: int, note: str,
-                      fault: w.Fault = None) -> bool:
+    async def redrive(
+        self, job_id: str, now_ms: int, ttl_ms: int, note: str, fault: w.Fault = None
+    ) -> bool:
         make = partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=self.limits)
         return bool(await self._run(make, check_async_fault(fault)))
 
-    async def run_once(self, owner: str, clock: Callable[[], int],
-                       send: Callable[[dict[str, Any]], Awaitable[object]], jitter: float,
-                       lease_ms: int = 1000) -> dict[str, Any] | None:
+    async def run_once(
+        self,
+        owner: str,
+        clock: Callable[[], int],
+        send: Callable[[dict[str, Any]], Awaitable[object]],
+        jitter: float,
+        lease_ms: int = 1000,
+    ) -> dict[str, Any] | None:
         """The core's ``run_once`` with an async ``send``, awaited outside any transaction."""
         w.check_run_args(owner, clock, send, jitter, lease_ms, self.limits)
         first = w.check_now(clock(), "first clock reading", self.limits)
@@ -334,8 +379,9 @@ class AsyncQueue:
         return w.delivery_result(mine, await self.finish(dict(mine), outcome, now, delay))
 
 
-async def classify(send: AsyncSend, ticket: w.Ticket, jitter: float,
-                   *extra: Any) -> tuple[str, int]:
+async def classify(
+    send: AsyncSend, ticket: w.Ticket, jitter: float, *extra: Any
+) -> tuple[str, int]:
     """The async twin of ``worker.classify``: the judgement itself is ``worker.judge_send``."""
     try:
         ack = await send(w.fresh_event(ticket), *extra)

@@ -42,9 +42,9 @@ class BreakerPolicy:
 class BreakerCounts:
     """What the breaker did during a run."""
 
-    outages: int = 0       # times it opened
-    probes: int = 0        # sends let through while open
-    paused_ms: int = 0     # time spent open
+    outages: int = 0  # times it opened
+    probes: int = 0  # sends let through while open
+    paused_ms: int = 0  # time spent open
 
 
 class Breaker:
@@ -55,7 +55,7 @@ class Breaker:
         self.counts = BreakerCounts()
         self.closed = asyncio.Event()
         self.closed.set()
-        self._turn = asyncio.Lock()           # held by the one probe in flight
+        self._turn = asyncio.Lock()  # held by the one probe in flight
         self._on_close = on_close
         self._in_a_row = 0
         self._wait_ms = policy.base_ms
@@ -79,13 +79,14 @@ class Breaker:
             return None
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.closed.wait(),
-                                       min(self._wait_ms / 1000, give_up - loop.time()))
-        except BaseException:                 # cancelled: the turn passes on
+                await asyncio.wait_for(
+                    self.closed.wait(), min(self._wait_ms / 1000, give_up - loop.time())
+                )
+        except BaseException:  # cancelled: the turn passes on
             self._turn.release()
             raise
         if not self.is_open or loop.time() >= give_up:
-            self._turn.release()              # closed meanwhile, or no time left to probe
+            self._turn.release()  # closed meanwhile, or no time left to probe
             return False if not self.is_open else None
         self.counts.probes += 1
         return True

@@ -52,10 +52,10 @@ class Sent(NamedTuple):
     """What a coroutine hands back: the outcome of one send, or why there is none."""
 
     claimed: Claimed
-    outcome: str | None          # ok / retry / permanent; None: nothing to finish
-    now_ms: int = 0              # the second clock reading
+    outcome: str | None  # ok / retry / permanent; None: nothing to finish
+    now_ms: int = 0  # the second clock reading
     delay_ms: int = 0
-    failure: str | None = None   # "bad_acks" or "errors" when outcome is None
+    failure: str | None = None  # "bad_acks" or "errors" when outcome is None
 
 
 class Finish(NamedTuple):
@@ -70,9 +70,9 @@ class Finish(NamedTuple):
 class Phase(enum.Enum):
     """Where a run stands; it only ever moves forward."""
 
-    CLAIMING = 1     # claims for idle coroutines and ahead of demand
-    DRAINING = 2     # no more claims: what is held is delivered, what comes back is settled
-    CLOSING = 3      # every coroutine is done: settle the last results, then stop
+    CLAIMING = 1  # claims for idle coroutines and ahead of demand
+    DRAINING = 2  # no more claims: what is held is delivered, what comes back is settled
+    CLOSING = 3  # every coroutine is done: settle the last results, then stop
     CLOSED = 4
 
 
@@ -105,26 +105,27 @@ class Settings:
 class Committer:
     """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
 
-    def __init__(self, queue: AsyncQueue, settings: Settings, budget: int | None,
-                 breaker: BreakerPolicy) -> None:
+    def __init__(
+        self, queue: AsyncQueue, settings: Settings, budget: int | None, breaker: BreakerPolicy
+    ) -> None:
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
         self.breaker = Breaker(breaker, self.kick_now)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
-        self.held: dict[str, w.Ticket] = {}      # id -> the current lease of each held ticket
-        self.capped: set[str] = set()            # held leases that end at their deadline
+        self.held: dict[str, w.Ticket] = {}  # id -> the current lease of each held ticket
+        self.capped: set[str] = set()  # held leases that end at their deadline
         self.ready: collections.deque[Claimed] = collections.deque()
         self.waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
         self.inbox: list[Sent] = []
         self.kick = asyncio.Event()
-        self.taken = 0                           # tickets taken since the last cycle began
-        self.rate = 0.0                          # tickets taken per second, over the last cycle
-        self.period = self.txn_s = 0.0           # the last cycle: from start to start; its commit
-        self.dry = False                         # the last claim came up short
-        self.cycling = False                     # a transaction is in flight
-        self.gathering = False                   # results are let gather (no kick per result)
-        self.started = -math.inf                 # the event loop's time at the last cycle
+        self.taken = 0  # tickets taken since the last cycle began
+        self.rate = 0.0  # tickets taken per second, over the last cycle
+        self.period = self.txn_s = 0.0  # the last cycle: from start to start; its commit
+        self.dry = False  # the last claim came up short
+        self.cycling = False  # a transaction is in flight
+        self.gathering = False  # results are let gather (no kick per result)
+        self.started = -math.inf  # the event loop's time at the last cycle
         self.clock = asyncio.get_running_loop().time
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -133,10 +134,10 @@ class Committer:
         """The next ticket to send, or None when the run has none left for this coroutine."""
         while self.ready:
             claimed = self.ready.popleft()
-            if self._holds(claimed.ticket):      # skip a ticket lost while it waited
+            if self._holds(claimed.ticket):  # skip a ticket lost while it waited
                 return self._taking(claimed)
         if self.phase is not Phase.CLAIMING and not self.cycling:
-            return None                          # (a cycle in flight may still hand out)
+            return None  # (a cycle in flight may still hand out)
         waiter: asyncio.Future[Claimed | None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         self.kick.set()
@@ -193,7 +194,7 @@ class Committer:
         try:
             while self.phase is not Phase.CLOSED:
                 await self._step(until_empty, follow)
-        except Exception as error:               # the run's failure; held jobs stay leased
+        except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
             self.ready.clear()
             self.drain()
@@ -211,8 +212,9 @@ class Committer:
             await self._cycle(now, due, want)
         elif self.phase is Phase.CLOSING:
             self.phase = Phase.CLOSED
-        elif self.phase is Phase.CLAIMING and not self.held and await self._over(
-                until_empty, follow):
+        elif (
+            self.phase is Phase.CLAIMING and not self.held and await self._over(until_empty, follow)
+        ):
             self.drain()
         else:
             await self._sleep(wake_ms)
@@ -232,7 +234,7 @@ class Committer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.kick.wait(), None if wake_ms is None else wake_ms / 1000)
         if not self.kick.is_set():
-            self.dry = False                      # time to look for claimable jobs again
+            self.dry = False  # time to look for claimable jobs again
 
     def _pause(self, now: int, due: list[w.Ticket]) -> float:
         """Seconds to let more results gather before the next cycle (0 or less: cycle now)."""
@@ -243,7 +245,7 @@ class Committer:
         for sent in self.inbox:
             current = self.held.get(sent.claimed.ticket["id"])
             if current is not None and current["lease_until"] - now <= half:
-                return 0.0                        # its finish must not wait
+                return 0.0  # its finish must not wait
         return self.started + settings.gather_s - self.clock()
 
     async def _gather(self, pause: float) -> None:
@@ -258,7 +260,7 @@ class Committer:
     def _due(self, now: int) -> tuple[list[w.Ticket], int | None]:
         """Held leases ending within half a lease, and the ms until the next one will be."""
         if self.phase is Phase.CLOSING:
-            return [], None                       # what the coroutines left is abandoned
+            return [], None  # what the coroutines left is abandoned
         half = self.settings.lease_ms // 2
         returning = {sent.claimed.ticket["id"] for sent in self.inbox}
         due, wake = [], None
@@ -290,8 +292,8 @@ class Committer:
         """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
         if self.phase is not Phase.CLAIMING:
             return 0
-        if self.breaker.is_open:                  # one ticket to probe with, if none is held
-            return int(not self.held and bool(self.waiters))    # (closing, it kicks us)
+        if self.breaker.is_open:  # one ticket to probe with, if none is held
+            return int(not self.held and bool(self.waiters))  # (closing, it kicks us)
         want = len(self.waiters) + self._ahead() - len(self.ready)
         if self.budget is not None:
             want = min(want, self.budget)
@@ -309,7 +311,8 @@ class Committer:
         self.cycling = True
         try:
             statuses, extended, tickets, ended = await self.queue.cycle(
-                finishes, due, self.settings.owner, now, self.settings.lease_ms, want)
+                finishes, due, self.settings.owner, now, self.settings.lease_ms, want
+            )
         finally:
             self.cycling = False
             self.txn_s = self.clock() - started
@@ -321,7 +324,7 @@ class Committer:
         self._kept(now, due, extended)
         self._claimed(now, tickets)
         if self.phase is not Phase.CLAIMING:
-            self._release_waiters()               # nothing more will be claimed for them
+            self._release_waiters()  # nothing more will be claimed for them
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""
@@ -330,10 +333,10 @@ class Committer:
             if failure is not None:
                 self.summary.fail(failure)
             if not self._holds(claimed.ticket):
-                continue                          # lost meanwhile: counted when it was
-            if outcome is None:                   # no answer to record: the job stays leased
-                self._release(claimed.ticket["id"])   # (or dies by its deadline) and is
-                continue                              # reclaimed later
+                continue  # lost meanwhile: counted when it was
+            if outcome is None:  # no answer to record: the job stays leased
+                self._release(claimed.ticket["id"])  # (or dies by its deadline) and is
+                continue  # reclaimed later
             finishes.append(Finish(self.held[claimed.ticket["id"]], outcome, now_ms, delay_ms))
         return finishes
 
@@ -347,14 +350,14 @@ class Committer:
     def _kept(self, now: int, due: list[w.Ticket], extended: list[w.Ticket | bool]) -> None:
         for old, new in zip(due, extended, strict=True):
             if new is False:
-                self._release(old["id"])          # someone else may hold it now: never finish
+                self._release(old["id"])  # someone else may hold it now: never finish
                 self.summary.lost += 1
                 continue
             assert isinstance(new, dict)
             self.held[old["id"]] = new
             self.summary.extended += 1
             if new["lease_until"] < now + self.settings.lease_ms:
-                self.capped.add(old["id"])        # at its deadline: no longer to extend
+                self.capped.add(old["id"])  # at its deadline: no longer to extend
 
     def _claimed(self, now: int, tickets: list[w.Ticket]) -> None:
         if self.budget is not None:
@@ -373,7 +376,7 @@ class Committer:
     def _hand_out(self, claimed: Claimed) -> None:
         while self.waiters:
             waiter = self.waiters.popleft()
-            if not waiter.done():                 # a coroutine cancelled while waiting
+            if not waiter.done():  # a coroutine cancelled while waiting
                 waiter.set_result(self._taking(claimed))
                 return
         self.ready.append(claimed)

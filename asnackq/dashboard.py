@@ -44,13 +44,13 @@ from asnackq.http_send import is_loopback
 __all__ = ["Sampler", "make_app", "run_dashboard"]
 
 SAMPLE_S = 1.0
-WINDOW_MS = 60_000                     # throughput over the last minute
+WINDOW_MS = 60_000  # throughput over the last minute
 REDRIVES_SHOWN = 10
 AUDIT_LISTED = 20
 SQL_LATEST_REDRIVES = "SELECT id, token, at_ms, note FROM redrives ORDER BY seq DESC LIMIT ?"
 SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliveries), 0)
 FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
-TOKEN = re.compile(r"[\x21-\x7e]{1,256}")        # visible ASCII: it travels in a header
+TOKEN = re.compile(r"[\x21-\x7e]{1,256}")  # visible ASCII: it travels in a header
 
 
 def read(what: str, path: Path, table: str, reader: Any) -> Any:
@@ -64,18 +64,26 @@ def read(what: str, path: Path, table: str, reader: Any) -> Any:
 
 def read_queue(queue: Path, now_ms: int) -> dict[str, Any]:
     def reader(con: sqlite3.Connection) -> dict[str, Any]:
-        redrives = [dict(zip(("id", "token", "at_ms", "note"), row, strict=True)) for row in
-                    con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))]
+        redrives = [
+            dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
+            for row in con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))
+        ]
         return {"stats": ops.stats(con, now_ms), "redrives": redrives}
+
     result: dict[str, Any] = read("queue", queue, "jobs", reader)
     return result
 
 
 def read_inbox(sink_db: Path) -> dict[str, int]:
-    rows, deliveries, stock = read("sink DB", sink_db, "inbox",
-                                   lambda con: con.execute(SQL_INBOX).fetchone())
-    return {"effects_applied": rows, "deliveries": deliveries,
-            "duplicates": deliveries - rows, "stock": stock}
+    rows, deliveries, stock = read(
+        "sink DB", sink_db, "inbox", lambda con: con.execute(SQL_INBOX).fetchone()
+    )
+    return {
+        "effects_applied": rows,
+        "deliveries": deliveries,
+        "duplicates": deliveries - rows,
+        "stock": stock,
+    }
 
 
 def read_audit(queue: Path, sink_db: Path, now_ms: int) -> dict[str, Any]:
@@ -83,9 +91,14 @@ def read_audit(queue: Path, sink_db: Path, now_ms: int) -> dict[str, Any]:
         audited = ops.audit(queue, sink_db, now_ms, limit=AUDIT_LISTED)
     except sqlite3.Error as error:
         raise ValueError(f"cannot audit {queue} against {sink_db}: {error}") from None
-    return {"at_ms": now_ms, "flags": audited["flags"], "violations": audited["violations"],
-            "stages": audited["stages"], "attention": audited["listed"]["attention"],
-            "violating": audited["listed"]["violations"]}
+    return {
+        "at_ms": now_ms,
+        "flags": audited["flags"],
+        "violations": audited["violations"],
+        "stages": audited["stages"],
+        "attention": audited["listed"]["attention"],
+        "violating": audited["listed"]["violations"],
+    }
 
 
 @dataclass
@@ -101,9 +114,15 @@ class Sampler:
     def sample(self) -> None:
         """Read everything once; ``ValueError`` if a DB cannot be read."""
         now = w.epoch_ms()
-        state = {"queue": str(self.queue), "sink_db": self.sink_db and str(self.sink_db),
-                 "at_ms": now, "error": None, **read_queue(self.queue, now),
-                 "inbox": None, "audit": self.state.get("audit")}
+        state = {
+            "queue": str(self.queue),
+            "sink_db": self.sink_db and str(self.sink_db),
+            "at_ms": now,
+            "error": None,
+            **read_queue(self.queue, now),
+            "inbox": None,
+            "audit": self.state.get("audit"),
+        }
         if self.sink_db is not None:
             state["inbox"] = read_inbox(self.sink_db)
             if time.monotonic() >= self.audit_due:
@@ -121,10 +140,16 @@ class Sampler:
         first_ms, first = self.done[0]
         span_s = (now_ms - first_ms) / 1000
         # [seconds ago (negative), done/s] between consecutive samples: the sparkline.
-        rates = [[round((b_ms - now_ms) / 1000, 1), round(max(0, b - a) * 1000 / (b_ms - a_ms), 1)]
-                 for (a_ms, a), (b_ms, b) in itertools.pairwise(self.done) if b_ms > a_ms]
-        return {"window_s": round(span_s, 1), "series": rates,
-                "done_per_s": round(max(0, done - first) / span_s, 1) if span_s > 0 else None}
+        rates = [
+            [round((b_ms - now_ms) / 1000, 1), round(max(0, b - a) * 1000 / (b_ms - a_ms), 1)]
+            for (a_ms, a), (b_ms, b) in itertools.pairwise(self.done)
+            if b_ms > a_ms
+        ]
+        return {
+            "window_s": round(span_s, 1),
+            "series": rates,
+            "done_per_s": round(max(0, done - first) / span_s, 1) if span_s > 0 else None,
+        }
 
     async def run(self) -> None:
         """Sample until cancelled; a failed read shows as ``error``.
@@ -162,8 +187,10 @@ HEADERS = {
     "Content-Security-Policy": f"default-src 'none'; script-src {csp_hash('script')}; "
     f"style-src {csp_hash('style')}; connect-src 'self'; img-src data:; base-uri 'none'; "
     "form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY", "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
 }
 
 
@@ -194,13 +221,16 @@ def guard(token: str | None, loopback_only: bool) -> Any:
         host = request.headers.get("Host")
         if loopback_only and host is not None and not is_loopback(host_name(host)):
             return web.Response(status=421, text="this dashboard answers loopback names only\n")
-        if token is not None and not authorized(request.headers.get("Authorization", ""),
-                                                token):
-            return web.Response(status=401, text="unauthorized\n", headers={
-                "WWW-Authenticate": 'Basic realm="asnackq dashboard", charset="UTF-8"'})
+        if token is not None and not authorized(request.headers.get("Authorization", ""), token):
+            return web.Response(
+                status=401,
+                text="unauthorized\n",
+                headers={"WWW-Authenticate": 'Basic realm="asnackq dashboard", charset="UTF-8"'},
+            )
         response: web.StreamResponse = await handler(request)
         response.headers.update(HEADERS)
         return response
+
     return middleware
 
 
@@ -219,8 +249,9 @@ async def get_metrics(request: web.Request) -> web.Response:
     return metrics.exposition(metrics.render(metrics.queue_families(state["stats"])))
 
 
-def make_app(sampler: Sampler, token: str | None = None,
-             loopback_only: bool = True) -> web.Application:
+def make_app(
+    sampler: Sampler, token: str | None = None, loopback_only: bool = True
+) -> web.Application:
     """The dashboard over a sampler that has read once; it samples while the app runs."""
     app = web.Application(middlewares=[guard(token, loopback_only)])
     app[SAMPLER] = sampler
@@ -233,18 +264,20 @@ def make_app(sampler: Sampler, token: str | None = None,
         yield
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
     app.cleanup_ctx.append(sampling)
     return app
 
 
 # --- the command ---------------------------------------------------------------------------
 
+
 def run_dashboard(args: argparse.Namespace) -> int:
     metrics.check_host(args.host, args.allow_remote)
     if args.auth_token is not None and not TOKEN.fullmatch(args.auth_token):
         raise ValueError("--auth-token must be 1-256 visible ASCII characters")
     sampler = Sampler(args.queue, args.sink_db)
-    sampler.sample()                       # a missing or unreadable DB: one line, exit 1
+    sampler.sample()  # a missing or unreadable DB: one line, exit 1
     app = make_app(sampler, args.auth_token, loopback_only=not args.allow_remote)
 
     async def main() -> None:

@@ -27,8 +27,9 @@ KILL_AFTER_ACKS = 40
 
 def preset() -> LabConfig:
     """The demo's lab: 300 jobs, 2 workers x 32 coroutines, the first killed after 40 ACKs."""
-    return LabConfig(jobs=JOBS, processes=2, concurrency=32, lease_ms=2000,
-                     kill_after_acks=KILL_AFTER_ACKS)
+    return LabConfig(
+        jobs=JOBS, processes=2, concurrency=32, lease_ms=2000, kill_after_acks=KILL_AFTER_ACKS
+    )
 
 
 def story(result: dict[str, Any]) -> Table:
@@ -37,8 +38,10 @@ def story(result: dict[str, Any]) -> Table:
     table.add_column("what happened")
     table.add_column("value", justify="right")
     for label, value in [
-        (f"lab-w1 SIGKILLed right after a send (its {KILL_AFTER_ACKS}th verified ACK)",
-         "yes" if result["kills"] == 1 else "NO"),
+        (
+            f"lab-w1 SIGKILLed right after a send (its {KILL_AFTER_ACKS}th verified ACK)",
+            "yes" if result["kills"] == 1 else "NO",
+        ),
         ("workers started (lab-w1 alone, then lab-w2 and lab-w3)", result["workers_started"]),
         ("HTTP requests at the sink", result["requests"]),
         ("effects applied (inbox rows)", result["inbox_rows"]),
@@ -67,8 +70,12 @@ def verdicts(result: dict[str, Any]) -> Table:
 
 def once(result: dict[str, Any]) -> bool:
     """Every job done, every id's effect applied once, nothing broken."""
-    return (not result["violations"] and not result["liveness_failures"]
-            and result["statuses"] == {"done": JOBS} and result["inbox_rows"] == JOBS)
+    return (
+        not result["violations"]
+        and not result["liveness_failures"]
+        and result["statuses"] == {"done": JOBS}
+        and result["inbox_rows"] == JOBS
+    )
 
 
 def main() -> int:

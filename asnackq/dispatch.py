@@ -38,8 +38,8 @@ async def deliver(committer: Committer, send: AsyncSend) -> None:
     while (claimed := await committer.take()) is not None:
         try:
             sent = await send_until_answered(committer, send, claimed)
-        except Exception:                         # a bad clock: the run fails, the job
-            committer.hand_back(Sent(claimed, None, failure="errors"))   # stays leased
+        except Exception:  # a bad clock: the run fails, the job
+            committer.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
             committer.drain()
             raise
         committer.hand_back(sent)
@@ -57,10 +57,10 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
     while True:
         probe = await breaker.admit(committer.lease_left_s(ticket)) if breaker.is_open else False
         if (again or probe is not False) and not committer.keeps(ticket, settings.now()):
-            breaker.record(probe, None)           # (a first send's ticket was just checked)
-            return Sent(claimed, None)            # lost, or at its deadline: no answer
+            breaker.record(probe, None)  # (a first send's ticket was just checked)
+            return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
-            continue                              # the lease was extended meanwhile
+            continue  # the lease was extended meanwhile
         summary.requests += 1
         if again:
             summary.resent += 1
@@ -72,21 +72,24 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
         except w.Unavailable:
             breaker.record(probe, True)
             if not breaker.is_open:
-                await asyncio.sleep(settings.retry.delay(min(again, 16), jitter,
-                                                         settings.limits) / 1000)
+                await asyncio.sleep(
+                    settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
+                )
             continue
         except (w.Retryable, w.Permanent) as error:
             outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
-        except Exception as error:                # stays leased; reclaimed after the lease
+        except Exception as error:  # stays leased; reclaimed after the lease
             breaker.record(probe, False if isinstance(error, w.BadAck) else None)
-            return Sent(claimed, None, failure="bad_acks" if isinstance(error, w.BadAck)
-                        else "errors")
+            return Sent(
+                claimed, None, failure="bad_acks" if isinstance(error, w.BadAck) else "errors"
+            )
         breaker.record(probe, False)
         return Sent(claimed, *outcome_at(committer, claimed, outcome))
 
 
-def outcome_at(committer: Committer, claimed: Claimed,
-               outcome: tuple[str, int]) -> tuple[str, int, int]:
+def outcome_at(
+    committer: Committer, claimed: Claimed, outcome: tuple[str, int]
+) -> tuple[str, int, int]:
     """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
     now = w.second_reading(committer.settings.clock, claimed.first, committer.settings.limits)
     return outcome[0], now, outcome[1]
@@ -105,13 +108,24 @@ class Dispatcher:
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
-    def __init__(self, queue: AsyncQueue, send: AsyncSend, *, owner: str, concurrency: int = 64,
-                 lease_ms: int = 5000, clock: Callable[[], int] = w.epoch_ms,
-                 jitter: Callable[[], float] = random.random, grace_s: float = 5.0,
-                 idle_ms: int = 20, gather_ms: int = 10, trace: Trace | None = None,
-                 prefetch: int | None = None,
-                 retry: w.Retry = w.RUN_ONCE_RETRY,
-                 breaker: BreakerPolicy = DEFAULT_BREAKER) -> None:
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        send: AsyncSend,
+        *,
+        owner: str,
+        concurrency: int = 64,
+        lease_ms: int = 5000,
+        clock: Callable[[], int] = w.epoch_ms,
+        jitter: Callable[[], float] = random.random,
+        grace_s: float = 5.0,
+        idle_ms: int = 20,
+        gather_ms: int = 10,
+        trace: Trace | None = None,
+        prefetch: int | None = None,
+        retry: w.Retry = w.RUN_ONCE_RETRY,
+        breaker: BreakerPolicy = DEFAULT_BREAKER,
+    ) -> None:
         limits = queue.limits
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         w.check_int(concurrency, "concurrency", 1, 1024)
@@ -125,11 +139,24 @@ class Dispatcher:
             w.check_int(prefetch, "prefetch", 0, 1024)
         timeout_s = getattr(send, "timeout_s", None)
         if timeout_s is not None and timeout_s * 1000 >= lease_ms:
-            raise ValueError(f"the sender's timeout ({timeout_s}s) must be below the lease "
-                             f"({lease_ms}ms): a late ACK would arrive after the lease ended")
+            raise ValueError(
+                f"the sender's timeout ({timeout_s}s) must be below the lease "
+                f"({lease_ms}ms): a late ACK would arrive after the lease ended"
+            )
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
-        self.settings = Settings(owner, concurrency, lease_ms, clock, jitter, idle_ms, gather_ms,
-                                 prefetch, trace, retry, limits)
+        self.settings = Settings(
+            owner,
+            concurrency,
+            lease_ms,
+            clock,
+            jitter,
+            idle_ms,
+            gather_ms,
+            prefetch,
+            trace,
+            retry,
+            limits,
+        )
         self.summary = Summary()
         self._breaker: Breaker | None = None
 
@@ -144,12 +171,14 @@ class Dispatcher:
         counts = self.summary.as_dict()
         if self._breaker is not None:
             live = self._breaker.counts
-            counts.update(outages=live.outages, probes=live.probes,
-                          paused_ms=self._breaker.paused_ms_so_far())
+            counts.update(
+                outages=live.outages, probes=live.probes, paused_ms=self._breaker.paused_ms_so_far()
+            )
         return counts
 
-    async def run(self, *, until_empty: bool = True, max_jobs: int | None = None,
-                  follow: bool = False) -> Summary:
+    async def run(
+        self, *, until_empty: bool = True, max_jobs: int | None = None, follow: bool = False
+    ) -> Summary:
         """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims).
 
         ``until_empty=False``: stop as soon as nothing is claimable.  ``follow=True``: never
@@ -162,21 +191,23 @@ class Dispatcher:
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         self.summary, self._breaker = committer.summary, committer.breaker
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
-        workers = [asyncio.ensure_future(deliver(committer, self.send))
-                   for _ in range(self.settings.concurrency)]
+        workers = [
+            asyncio.ensure_future(deliver(committer, self.send))
+            for _ in range(self.settings.concurrency)
+        ]
         try:
-            await asyncio.wait(workers)    # unlike gather, a cancelled wait spares the workers
+            await asyncio.wait(workers)  # unlike gather, a cancelled wait spares the workers
         except asyncio.CancelledError:
             committer.drain()
             _, late = await asyncio.wait(workers, timeout=self.grace_s)
-            for task in late:              # abandoned jobs stay leased and are reclaimed later
+            for task in late:  # abandoned jobs stay leased and are reclaimed later
                 task.cancel()
             await asyncio.wait(workers)
             await committer.close(loop)
             raise
         await committer.close(loop)
         for task in workers:
-            task.result()                  # a coroutine's unexpected failure is the run's
+            task.result()  # a coroutine's unexpected failure is the run's
         if committer.failure is not None:
             raise committer.failure
         return self.summary

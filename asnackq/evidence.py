@@ -34,8 +34,8 @@ INVARIANTS = {
 }
 LIVENESS = "every job the sink did not reject ended done"
 
-Job = tuple[int, str, str | None, int]                  # qty, status, reason, token
-Record = dict[str, Any]                                 # one trace line
+Job = tuple[int, str, str | None, int]  # qty, status, reason, token
+Record = dict[str, Any]  # one trace line
 
 
 @dataclass
@@ -50,8 +50,9 @@ class Findings:
         self.broken[invariant] += count
 
 
-def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[Record],
-           stats: dict[str, int]) -> dict[str, Any]:
+def verify(
+    queue: Target, sink_db: Target, qty: dict[str, int], traces: list[Record], stats: dict[str, int]
+) -> dict[str, Any]:
     """Check every invariant from the evidence; return violations, evidence and figures.
 
     ``qty``: every enqueued id with its qty; ``stats``: the sink's counters (``applied``
@@ -66,26 +67,39 @@ def verify(queue: Target, sink_db: Target, qty: dict[str, int], traces: list[Rec
     audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
     for flag, description in ops.VIOLATIONS.items():
         if audited["flags"][flag]:
-            found.add(flag, f"{audited['flags'][flag]} x {flag}: {description}",
-                      audited["flags"][flag])
+            found.add(
+                flag, f"{audited['flags'][flag]} x {flag}: {description}", audited["flags"][flag]
+            )
     if stats.get("applied") is not None and stats["applied"] != inbox_rows:
-        found.add("effect-once", f"effects applied {stats['applied']} times for {inbox_rows} "
-                  "inbox rows: an effect was applied twice")
+        found.add(
+            "effect-once",
+            f"effects applied {stats['applied']} times for {inbox_rows} "
+            "inbox rows: an effect was applied twice",
+        )
     claims = check_claims(found, traces)
     latencies = check_finishes(found, traces, jobs, claims)
     statuses: dict[str, int] = {}
     for _, status, _, _ in jobs.values():
         statuses[status] = statuses.get(status, 0) + 1
-    return {"violations": found.messages, "broken": found.broken,
-            "dead_after_applied": audited["flags"]["dead-after-applied"],
-            "statuses": statuses, "liveness": liveness(jobs, audited),
-            "dead_reasons": {reason: sum(1 for r in jobs.values() if r[2] == reason)
-                             for reason in ops.REASONS},
-            "done_reclaimed": sum(1 for _, status, _, token in jobs.values()
-                                  if status == "done" and token > 1),
-            "inbox_rows": inbox_rows, "redelivered": redelivered, "stock": audited["stock"],
-            "qty_total": sum(qty.values()),
-            "latency_ms": timeline.latency(latencies), "claims_traced": len(claims)}
+    return {
+        "violations": found.messages,
+        "broken": found.broken,
+        "dead_after_applied": audited["flags"]["dead-after-applied"],
+        "statuses": statuses,
+        "liveness": liveness(jobs, audited),
+        "dead_reasons": {
+            reason: sum(1 for r in jobs.values() if r[2] == reason) for reason in ops.REASONS
+        },
+        "done_reclaimed": sum(
+            1 for _, status, _, token in jobs.values() if status == "done" and token > 1
+        ),
+        "inbox_rows": inbox_rows,
+        "redelivered": redelivered,
+        "stock": audited["stock"],
+        "qty_total": sum(qty.values()),
+        "latency_ms": timeline.latency(latencies),
+        "claims_traced": len(claims),
+    }
 
 
 def check_jobs(found: Findings, jobs: dict[str, Job], qty: dict[str, int]) -> None:
@@ -105,14 +119,20 @@ def check_claims(found: Findings, traces: list[Record]) -> dict[tuple[str, int],
         if record["e"] == "claim":
             key = (record["id"], record["token"])
             if key in claims:
-                found.add("token-once", f"token reused: {key} claimed by "
-                          f"{claims[key]['owner']} and {record['owner']}")
+                found.add(
+                    "token-once",
+                    f"token reused: {key} claimed by {claims[key]['owner']} and {record['owner']}",
+                )
             claims[key] = record
     return claims
 
 
-def check_finishes(found: Findings, traces: list[Record], jobs: dict[str, Job],
-                   claims: dict[tuple[str, int], Record]) -> list[int]:
+def check_finishes(
+    found: Findings,
+    traces: list[Record],
+    jobs: dict[str, Job],
+    claims: dict[tuple[str, int], Record],
+) -> list[int]:
     """No finish accepted twice, none for a lease other than the job's last; return the
     claim-to-finish latencies of the accepted finishes."""
     accepted: dict[tuple[str, int], Record] = {}
@@ -124,10 +144,16 @@ def check_finishes(found: Findings, traces: list[Record], jobs: dict[str, Job],
         final = jobs.get(record["id"])
         if key in accepted:
             found.add("finish-once", f"a finish of {key} was accepted twice")
-        elif record["status"] in ("done", "dead") and final is not None \
-                and (final[1], final[3]) != (record["status"], record["token"]):
-            found.add("no-stale-finish", f"stale finish accepted: {key} {record['status']}, "
-                      f"but the job ended {final[1]} at token {final[3]}")
+        elif (
+            record["status"] in ("done", "dead")
+            and final is not None
+            and (final[1], final[3]) != (record["status"], record["token"])
+        ):
+            found.add(
+                "no-stale-finish",
+                f"stale finish accepted: {key} {record['status']}, "
+                f"but the job ended {final[1]} at token {final[3]}",
+            )
         accepted[key] = record
         if key in claims:
             latencies.append(record["at"] - claims[key]["at"])
@@ -136,13 +162,20 @@ def check_finishes(found: Findings, traces: list[Record], jobs: dict[str, Job],
 
 def liveness(jobs: dict[str, Job], audited: dict[str, Any]) -> dict[str, Any]:
     """The jobs that ended dead although the sink never rejected them, by what is known."""
-    unsent = sorted(i for i, (_, status, reason, token) in jobs.items()
-                    if status == "dead" and reason != "permanent" and token == 0)
-    unanswered = sum(1 for _, status, reason, _ in jobs.values()
-                     if status == "dead" and reason != "permanent")
-    return {"dead_unanswered": unanswered, "never_sent": len(unsent),
-            "dead_after_applied": audited["flags"]["dead-after-applied"],
-            "examples": unsent[:5]}
+    unsent = sorted(
+        i
+        for i, (_, status, reason, token) in jobs.items()
+        if status == "dead" and reason != "permanent" and token == 0
+    )
+    unanswered = sum(
+        1 for _, status, reason, _ in jobs.values() if status == "dead" and reason != "permanent"
+    )
+    return {
+        "dead_unanswered": unanswered,
+        "never_sent": len(unsent),
+        "dead_after_applied": audited["flags"]["dead-after-applied"],
+        "examples": unsent[:5],
+    }
 
 
 def breach(result: dict[str, Any], invariant: str, message: str) -> None:
@@ -153,12 +186,23 @@ def breach(result: dict[str, Any], invariant: str, message: str) -> None:
 
 def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each invariant with its verdict: holds, broken, or (liveness only) expected."""
-    rows = [{"name": name, "description": text, "violations": result["broken"][name],
-             "verdict": "broken" if result["broken"][name] else "holds"}
-            for name, text in INVARIANTS.items()]
+    rows = [
+        {
+            "name": name,
+            "description": text,
+            "violations": result["broken"][name],
+            "verdict": "broken" if result["broken"][name] else "holds",
+        }
+        for name, text in INVARIANTS.items()
+    ]
     live = result["liveness"]
     unanswered = live["dead_unanswered"]
-    rows.append({"name": "liveness", "description": LIVENESS, "violations": unanswered,
-                 "verdict": "holds" if not unanswered else
-                 "expected" if live["expected"] else "broken"})
+    rows.append(
+        {
+            "name": "liveness",
+            "description": LIVENESS,
+            "violations": unanswered,
+            "verdict": "holds" if not unanswered else "expected" if live["expected"] else "broken",
+        }
+    )
     return rows

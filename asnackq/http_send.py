@@ -84,7 +84,7 @@ def check_url(url: object, allow_remote: bool) -> urllib.parse.SplitResult:
         raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}")
     try:
         port = parts.port
-    except ValueError:                  # not a number, or over 65535
+    except ValueError:  # not a number, or over 65535
         port = 0
     if port == 0:
         raise ValueError(f"url port must be a number in 1..65535: {url!r}")
@@ -103,15 +103,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_number(value: object, name: str, low: float, high: float, *,
-                 open_low: bool = False) -> float:
+def check_number(
+    value: object, name: str, low: float, high: float, *, open_low: bool = False
+) -> float:
     """Return ``value`` as a float if it is an exact int or float in ``[low, high]``
     (``(low, high]`` with ``open_low``); never a bool, NaN or infinity."""
-    if type(value) not in (int, float) or not (
-            low < value <= high if open_low else low <= value <= high):  # type: ignore[operator]
-        raise ValueError(f"{name} must be a number in {'(' if open_low else '['}{low}, {high}]:"
-                         f" {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    refusal = f"{name} must be a number in {'(' if open_low else '['}{low}, {high}]: {value!r}"
+    if type(value) not in (int, float) or not isinstance(value, (int, float)):
+        raise ValueError(refusal)  # (a bool is an int, but not exactly one)
+    if not (low < value <= high if open_low else low <= value <= high):
+        raise ValueError(refusal)
+    return float(value)
 
 
 def check_timeout(timeout_s: object) -> float:
@@ -138,7 +140,7 @@ async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
-        if stream.at_eof():             # (usually the whole ACK came in one read)
+        if stream.at_eof():  # (usually the whole ACK came in one read)
             break
     return b"".join(chunks)
 
@@ -171,7 +173,7 @@ class BoundedResponse(http.client.HTTPResponse):
 
     def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
-        self.fp.close()                 # the unbounded reader the base class made
+        self.fp.close()  # the unbounded reader the base class made
         self.fp = io.BufferedReader(UntilDeadline(sock, deadline))
 
 
@@ -196,11 +198,11 @@ class HttpSender:
             conn.request("POST", self.path, body=body, headers=headers)
             response = conn.getresponse()
             answer = response.read(MAX_ACK_BYTES + 1)
-        except (OSError, http.client.HTTPException) as error:   # resets, timeouts, refusals
+        except (OSError, http.client.HTTPException) as error:  # resets, timeouts, refusals
             raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         finally:
             conn.close()
-        if response.length and len(answer) <= MAX_ACK_BYTES:    # fewer bytes than announced
+        if response.length and len(answer) <= MAX_ACK_BYTES:  # fewer bytes than announced
             raise Unavailable(f"the answer for {event_id!r} ended {response.length} bytes short")
         return judge(response.status, answer, event_id)
 
@@ -211,14 +213,14 @@ class HttpSender:
     def connect(self, deadline: float) -> socket.socket:
         """A connected (for https, handshaken) socket within the deadline (a host name's
         resolution aside), its timeout set to the time left for the send."""
-        sock = socket.create_connection((self.parts.hostname or "", self.port),
-                                        time_left(deadline))
+        sock = socket.create_connection((self.parts.hostname or "", self.port), time_left(deadline))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.parts.scheme == "https":
                 sock.settimeout(time_left(deadline))
                 sock = ssl.create_default_context().wrap_socket(
-                    sock, server_hostname=self.parts.hostname)
+                    sock, server_hostname=self.parts.hostname
+                )
             sock.settimeout(time_left(deadline))
         except BaseException:
             sock.close()
@@ -232,8 +234,9 @@ class AsyncHttpSender:
     Use as ``async with AsyncHttpSender(url) as send: ...``.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False,
-                 limit: int = 256) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False, limit: int = 256
+    ) -> None:
         check_url(url, allow_remote)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
@@ -245,8 +248,10 @@ class AsyncHttpSender:
 
         connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=POOL_IDLE_S)
         self._session = aiohttp.ClientSession(
-            connector=connector, trust_env=False,
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            connector=connector,
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -261,11 +266,11 @@ class AsyncHttpSender:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         event_id, body, headers = request_parts(event, token)
         try:
-            async with self._session.post(self.url, data=body, headers=headers,
-                                          allow_redirects=False) as response:
+            async with self._session.post(
+                self.url, data=body, headers=headers, allow_redirects=False
+            ) as response:
                 answer = await read_bounded(response.content)
                 status = response.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         return judge(status, answer, event_id)
-

@@ -74,11 +74,27 @@ SQL_ADD_STOCK = "UPDATE stock SET total = total + ? WHERE one = 1"
 SQL_STOCK = "SELECT total FROM stock WHERE one = 1"
 SQL_RECORD = """SELECT id, qty, first_token, last_token, deliveries, applied_at_ms, last_seen_ms
 FROM inbox WHERE id = ?"""
-RECORD_FIELDS = ("id", "qty", "first_token", "last_token", "deliveries", "applied_at_ms",
-                 "last_seen_ms")
-COUNTERS = ("requests", "applied", "duplicates", "conflicts", "rejected", "failed", "dropped",
-            "evicted", "refused")
-TOKEN_RULE = re.compile(r"[!-~]{1,256}")     # visible ASCII: what fits a Bearer header
+RECORD_FIELDS = (
+    "id",
+    "qty",
+    "first_token",
+    "last_token",
+    "deliveries",
+    "applied_at_ms",
+    "last_seen_ms",
+)
+COUNTERS = (
+    "requests",
+    "applied",
+    "duplicates",
+    "conflicts",
+    "rejected",
+    "failed",
+    "dropped",
+    "evicted",
+    "refused",
+)
+TOKEN_RULE = re.compile(r"[!-~]{1,256}")  # visible ASCII: what fits a Bearer header
 LOG = logging.getLogger("asnackq.sink")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -87,7 +103,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class SinkConfig:
     """How a sink runs: its DB, its batching, and the faults it injects (all off by default)."""
 
-    db: Path | str                       # a file, or a postgresql:// URL
+    db: Path | str  # a file, or a postgresql:// URL
     auth_token: str | None = None
     fail_rate: float = 0.0
     drop_rate: float = 0.0
@@ -105,8 +121,9 @@ class SinkConfig:
         check_number(self.idle_timeout_s, "idle_timeout_s", 0, 3600, open_low=True)
         check_number(self.body_timeout_s, "body_timeout_s", 0, 600, open_low=True)
         check_int(self.max_connections, "max_connections", 1, 65_536)
-        if self.auth_token is not None and (type(self.auth_token) is not str
-                                            or not TOKEN_RULE.fullmatch(self.auth_token)):
+        if self.auth_token is not None and (
+            type(self.auth_token) is not str or not TOKEN_RULE.fullmatch(self.auth_token)
+        ):
             raise ValueError("auth_token must be 1-256 visible ASCII characters")
         self.rng = random.Random(self.seed)
 
@@ -131,8 +148,9 @@ def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[li
     applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
     again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
     if applied:
-        yield SqlMany(SQL_APPLY, [(i, qty, token, token, now_ms, now_ms)
-                                  for i, qty, token in applied])
+        yield SqlMany(
+            SQL_APPLY, [(i, qty, token, token, now_ms, now_ms) for i, qty, token in applied]
+        )
         yield Sql(SQL_ADD_STOCK, (sum(qty for _, qty, _ in applied),))
     if again:
         yield SqlMany(SQL_SEEN_AGAIN, [(token, now_ms, i) for i, _, token in again])
@@ -159,7 +177,7 @@ class Inbox:
 
     def __init__(self, db: Store, batch_max: int) -> None:
         self.db = db
-        self.lock = asyncio.Lock()       # one transaction at a time on this connection
+        self.lock = asyncio.Lock()  # one transaction at a time on this connection
         self.batch_max = batch_max
         self.waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self.commits = 0
@@ -168,7 +186,7 @@ class Inbox:
         """Queue a delivery and wait for its committed decision."""
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.waiting.put_nowait(Delivery(event_id, qty, token, done))
-        return await done            # (a cancelled request's decision still commits)
+        return await done  # (a cancelled request's decision still commits)
 
     async def run(self) -> None:
         """Commit batches until a ``None`` arrives, then return (after the last batch)."""
@@ -197,8 +215,7 @@ class Inbox:
                 item.done.set_result(status)
 
     async def _commit(self, batch: list[Delivery]) -> list[str]:
-        make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch],
-                       epoch_ms())
+        make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
         statuses: list[str] = await self.db.transact(make(), make)
         self.commits += 1
         return statuses
@@ -241,10 +258,12 @@ def require_token(request: web.Request) -> None:
     expected = request.app[CONFIG].auth_token
     given = request.headers.get("Authorization", "")
     # A valid token is visible ASCII (TOKEN_RULE): a header with any other byte never matches.
-    if expected is not None and not (given.isascii()
-                                     and hmac.compare_digest(given, f"Bearer {expected}")):
-        raise web.HTTPUnauthorized(text="'Authorization: Bearer TOKEN' is required",
-                                   headers={"WWW-Authenticate": "Bearer"})
+    if expected is not None and not (
+        given.isascii() and hmac.compare_digest(given, f"Bearer {expected}")
+    ):
+        raise web.HTTPUnauthorized(
+            text="'Authorization: Bearer TOKEN' is required", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -256,16 +275,17 @@ async def read_body(request: web.Request) -> bytes:
     it after the answer (nor log its error a second time), and the connection closes.
     """
     timeout_s, busy = request.app[CONFIG].body_timeout_s, request.app[BUSY]
-    arrived = request.content.is_eof()      # usually the body came with the headers
+    arrived = request.content.is_eof()  # usually the body came with the headers
     if not arrived:
         busy.discard(request.protocol)
     try:
         async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
-            return await request.read()      # over client_max_size: aiohttp raises 413
+            return await request.read()  # over client_max_size: aiohttp raises 413
     except TimeoutError:
         refusal: web.HTTPException = web.HTTPRequestTimeout(
-            text=f"the body did not arrive within {timeout_s:g} s")
-    except (web.RequestPayloadError, ConnectionError) as error:   # bad encoding, hang-up
+            text=f"the body did not arrive within {timeout_s:g} s"
+        )
+    except (web.RequestPayloadError, ConnectionError) as error:  # bad encoding, hang-up
         refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
     finally:
         busy.add(request.protocol)
@@ -290,8 +310,14 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
 def as_json(request: web.BaseRequest, refusal: web.HTTPException) -> web.HTTPException:
     """A refusal with its reason as a JSON body, logged as one line."""
     detail = refusal.text or ""
-    LOG.info("%s %s %s from %s: %s", refusal.status, request.method, request.path[:80],
-             request.remote, detail)
+    LOG.info(
+        "%s %s %s from %s: %s",
+        refusal.status,
+        request.method,
+        request.path[:80],
+        request.remote,
+        detail,
+    )
     refusal.text = json.dumps({"status": (refusal.reason or "").lower(), "error": detail[:200]})
     refusal.content_type = "application/json"
     return refusal
@@ -322,7 +348,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         raise
     if config.fail_rate and config.rng.random() < config.fail_rate:
         stats["failed"] += 1
-        return answer(503, event_id, "unavailable")       # before any change
+        return answer(503, event_id, "unavailable")  # before any change
     if config.delay_ms:
         await asyncio.sleep(config.delay_ms / 1000)
     try:
@@ -334,7 +360,7 @@ async def post_event(request: web.Request) -> web.StreamResponse:
     if config.drop_rate and config.rng.random() < config.drop_rate:
         stats["dropped"] += 1
         if request.transport is not None:
-            request.transport.abort()                      # committed, but the ACK is lost
+            request.transport.abort()  # committed, but the ACK is lost
         raise asyncio.CancelledError
     return answer(409 if outcome == "conflict" else 200, event_id, outcome)
 
@@ -369,9 +395,12 @@ async def get_metrics(request: web.Request) -> web.Response:
     lines = []
     for name, value in request.app[STATS].items():
         lines += [f"# TYPE asnackq_sink_{name}_total counter", f"asnackq_sink_{name}_total {value}"]
-    lines += ["# TYPE asnackq_sink_commits_total counter",
-              f"asnackq_sink_commits_total {request.app[INBOX].commits}",
-              "# TYPE asnackq_sink_stock gauge", f"asnackq_sink_stock {await stock(request.app)}"]
+    lines += [
+        "# TYPE asnackq_sink_commits_total counter",
+        f"asnackq_sink_commits_total {request.app[INBOX].commits}",
+        "# TYPE asnackq_sink_stock gauge",
+        f"asnackq_sink_stock {await stock(request.app)}",
+    ]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 

@@ -51,8 +51,8 @@ from asnackq.traces import read_traces
 
 __all__ = ["INVARIANTS", "LabConfig", "report_rows", "run_lab", "verify"]
 
-SAMPLE_EVERY_S = 0.1       # the queue's statuses and the sink's counters, for the plots
-SQL_COUNT = "SELECT count(*) FROM {table}"     # a fresh --db: no jobs, no inbox rows
+SAMPLE_EVERY_S = 0.1  # the queue's statuses and the sink's counters, for the plots
+SQL_COUNT = "SELECT count(*) FROM {table}"  # a fresh --db: no jobs, no inbox rows
 
 
 @dataclass
@@ -72,11 +72,11 @@ class LabConfig:
     max_attempts: int = 5
     timeout_s: float = 300.0
     directory: Path | None = None
-    db: str | None = None            # a postgresql:// URL: the queue and the sinks' inbox
+    db: str | None = None  # a postgresql:// URL: the queue and the sinks' inbox
     sinks: int = 1
-    kill_sinks: bool = False         # every other SIGKILL hits a sink (a random one)
-    pg_local: bool = False           # db: a throwaway local server, stopped at the end
-    kill_after_acks: int = 0         # the first worker alone, SIGKILLed after its Nth ACK
+    kill_sinks: bool = False  # every other SIGKILL hits a sink (a random one)
+    pg_local: bool = False  # db: a throwaway local server, stopped at the end
+    kill_after_acks: int = 0  # the first worker alone, SIGKILLed after its Nth ACK
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -100,8 +100,7 @@ class LabConfig:
             raise ValueError("sink replicas share a PostgreSQL inbox: give --db or --pg-local")
         if self.kill_sinks and not self.kill_every:
             raise ValueError("--kill-sinks needs --kill-every")
-        if self.directory is not None and self.directory.exists() and \
-                any(self.directory.iterdir()):
+        if self.directory is not None and self.directory.exists() and any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
 
     @property
@@ -124,8 +123,13 @@ class LabConfig:
 def fill(queue: Target, config: LabConfig, rng: random.Random) -> dict[str, int]:
     """Enqueue the run's jobs (seeded qty); return each id with its qty."""
     qty = {f"lab-{i:07d}": rng.randint(1, 9) for i in range(config.jobs)}
-    ops.enqueue_all(queue, [({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
-                            for job_id, n in qty.items()])
+    ops.enqueue_all(
+        queue,
+        [
+            ({"id": job_id, "qty": n}, config.ttl_ms, config.max_attempts)
+            for job_id, n in qty.items()
+        ],
+    )
     return qty
 
 
@@ -151,7 +155,7 @@ class Sampler:
         except ValueError:
             if force:
                 raise
-            return      # a SIGKILLed worker's hot journal: the next writer rolls it back
+            return  # a SIGKILLed worker's hot journal: the next writer rolls it back
         self.statuses.append({"at": w.epoch_ms(), **by_status})
         self.sink.append({"at": w.epoch_ms(), **self.sinks.counters()})
         self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
@@ -170,8 +174,10 @@ def require_empty(db: str) -> None:
         except ValueError:
             continue
         if count:
-            raise ValueError(f"--db must hold no jobs and no inbox rows yet ({table}: "
-                             f"{count} rows): give a fresh database")
+            raise ValueError(
+                f"--db must hold no jobs and no inbox rows yet ({table}: "
+                f"{count} rows): give a fresh database"
+            )
 
 
 def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
@@ -182,21 +188,39 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     if config.db is not None:
         require_empty(config.db)
     qty = fill(queue, config, rng)
-    options = ("--fail-rate", config.fail_rate, "--drop-rate", config.drop_rate,
-               "--delay-ms", config.delay_ms, "--seed", config.seed)
+    options = (
+        "--fail-rate",
+        config.fail_rate,
+        "--drop-rate",
+        config.drop_rate,
+        "--delay-ms",
+        config.delay_ms,
+        "--seed",
+        config.seed,
+    )
     with Replicas(sink_db, config.sinks, *options) as sinks:
-        workers = Workers(root, queue, sinks.urls, (
-            "--concurrency", config.concurrency, "--lease-ms", config.lease_ms,
-            "--timeout-s", config.send_timeout_s,
-            "--accept-dead"))                # the lab judges dead jobs itself
+        workers = Workers(
+            root,
+            queue,
+            sinks.urls,
+            (
+                "--concurrency",
+                config.concurrency,
+                "--lease-ms",
+                config.lease_ms,
+                "--timeout-s",
+                config.send_timeout_s,
+                "--accept-dead",
+            ),
+        )  # the lab judges dead jobs itself
         sampler = Sampler(queue, sinks)
         t0_ms, began = w.epoch_ms(), time.perf_counter()
         timed_out = watch(config, workers, sinks, sampler, rng, console)
         seconds = time.perf_counter() - began
-        sampler(force=True)                  # the final state, while the sinks still answer
+        sampler(force=True)  # the final state, while the sinks still answer
         stats: dict[str, Any] = sampler.sink[-1]
         if sinks.kills:
-            stats["applied"] = None          # a killed sink's counters are gone
+            stats["applied"] = None  # a killed sink's counters are gone
     traces = read_traces(root)
     result = verify(queue, sink_db, qty, traces, stats)
     for failure in workers.failures.values():
@@ -204,18 +228,28 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     if timed_out:
         breach(result, "in-time", f"the run did not end within {config.timeout_s}s")
     judge_liveness(config, result)
-    result.update({
-        "config": {k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
-                   for k, v in config.__dict__.items()},
-        "seconds": round(seconds, 3),
-        "done_per_s": round(result["statuses"].get("done", 0) / seconds, 1),
-        "requests": stats["requests"], "duplicates": stats["duplicates"],
-        "sink_failed": stats["failed"], "sink_dropped": stats["dropped"],
-        "kills": workers.kills, "workers_started": workers.started,
-        "sinks": config.sinks, "sink_kills": sinks.kills,
-        "invariants": invariants(result),
-        "series": timeline.series(t0_ms, traces, workers.events, sampler.statuses,
-                                  sampler.sink)})
+    result.update(
+        {
+            "config": {
+                k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
+                for k, v in config.__dict__.items()
+            },
+            "seconds": round(seconds, 3),
+            "done_per_s": round(result["statuses"].get("done", 0) / seconds, 1),
+            "requests": stats["requests"],
+            "duplicates": stats["duplicates"],
+            "sink_failed": stats["failed"],
+            "sink_dropped": stats["dropped"],
+            "kills": workers.kills,
+            "workers_started": workers.started,
+            "sinks": config.sinks,
+            "sink_kills": sinks.kills,
+            "invariants": invariants(result),
+            "series": timeline.series(
+                t0_ms, traces, workers.events, sampler.statuses, sampler.sink
+            ),
+        }
+    )
     return result
 
 
@@ -223,11 +257,15 @@ def judge_liveness(config: LabConfig, result: dict[str, Any]) -> None:
     """Dead jobs the sink never rejected are a failure, unless the faults leave no way."""
     liveness = result["liveness"]
     liveness["expected"] = config.dead_expected
-    result["liveness_failures"] = [] if config.dead_expected or not liveness[
-        "dead_unanswered"] else [
-        f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
-        f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
-        f"effect applied)"]
+    result["liveness_failures"] = (
+        []
+        if config.dead_expected or not liveness["dead_unanswered"]
+        else [
+            f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
+            f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
+            f"effect applied)"
+        ]
+    )
 
 
 def start_workers(config: LabConfig, workers: Workers) -> str | None:
@@ -239,22 +277,33 @@ def start_workers(config: LabConfig, workers: Workers) -> str | None:
     return None
 
 
-def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler,
-          rng: random.Random, console: Console) -> bool:
+def watch(
+    config: LabConfig,
+    workers: Workers,
+    sinks: Replicas,
+    sampler: Sampler,
+    rng: random.Random,
+    console: Console,
+) -> bool:
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
     ``kill_every``, sample; True if the run timed out."""
     began = time.perf_counter()
     next_kill = began + config.kill_every
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True,
-                  disable=not console.is_terminal) as progress:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as progress:
         task = progress.add_task("finished (done or dead)", total=config.jobs)
         try:
             alone = start_workers(config, workers)
             while True:
                 for owner, code in workers.exited():
-                    if owner == alone:       # the fixed kill happened (or it ran out of jobs)
+                    if owner == alone:  # the fixed kill happened (or it ran out of jobs)
                         if code == -signal.SIGKILL:
                             workers.killed(owner)
                         for _ in range(config.processes):
@@ -264,8 +313,9 @@ def watch(config: LabConfig, workers: Workers, sinks: Replicas, sampler: Sampler
                 time.sleep(0.05)
                 now = time.perf_counter()
                 sampler()
-                progress.update(task, completed=sampler.finished,
-                                description=f"finished, {workers.kills} kills")
+                progress.update(
+                    task, completed=sampler.finished, description=f"finished, {workers.kills} kills"
+                )
                 if config.kill_every and now >= next_kill:
                     if config.kill_sinks and (workers.kills + sinks.kills) % 2:
                         sinks.kill_one(rng)
@@ -300,24 +350,35 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
     latency = result["latency_ms"]
     return [
         ("jobs / processes / concurrency", f"{c['jobs']} / {c['processes']} / {c['concurrency']}"),
-        ("sink faults (fail / drop / delay ms)",
-         f"{c['fail_rate']} / {c['drop_rate']} / {c['delay_ms']}"),
+        (
+            "sink faults (fail / drop / delay ms)",
+            f"{c['fail_rate']} / {c['drop_rate']} / {c['delay_ms']}",
+        ),
         ("seconds", result["seconds"]),
         ("throughput (done jobs/s)", f"{result['done_per_s']:,}"),
         ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
-        ("HTTP requests" + (" (live sinks' counters)" if result["sink_kills"] else ""),
-         result["requests"]),
+        (
+            "HTTP requests" + (" (live sinks' counters)" if result["sink_kills"] else ""),
+            result["requests"],
+        ),
         ("duplicates absorbed", result["duplicates"]),
         ("sink 503s / dropped ACKs", f"{result['sink_failed']} / {result['sink_dropped']}"),
         ("workers killed (SIGKILL) / started", f"{result['kills']} / {result['workers_started']}"),
-        ("sinks / sinks killed (SIGKILL, restarted)", f"{result['sinks']} / "
-                                                      f"{result['sink_kills']}"),
+        (
+            "sinks / sinks killed (SIGKILL, restarted)",
+            f"{result['sinks']} / {result['sink_kills']}",
+        ),
         ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
         ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
         ("dead with effect applied (evidence)", result["dead_after_applied"]),
-        ("liveness failures (dead, never rejected)",
-         f"{result['liveness']['dead_unanswered']}"
-         + (" (expected: the faults allow no delivery)" if result["liveness"]["expected"]
-            else "")),
+        (
+            "liveness failures (dead, never rejected)",
+            f"{result['liveness']['dead_unanswered']}"
+            + (
+                " (expected: the faults allow no delivery)"
+                if result["liveness"]["expected"]
+                else ""
+            ),
+        ),
         ("violations", len(result["violations"])),
     ]

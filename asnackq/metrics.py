@@ -31,8 +31,17 @@ if TYPE_CHECKING:
     from asnackq.aio import AsyncSend
     from asnackq.dispatch import Dispatcher
 
-__all__ = ["CONTENT_TYPE", "Family", "Histogram", "WorkerMetrics", "dispatcher_families",
-           "port", "queue_families", "render", "serving"]
+__all__ = [
+    "CONTENT_TYPE",
+    "Family",
+    "Histogram",
+    "WorkerMetrics",
+    "dispatcher_families",
+    "port",
+    "queue_families",
+    "render",
+    "serving",
+]
 
 CONTENT_TYPE = "text/plain"
 CHARSET = "utf-8"
@@ -53,7 +62,7 @@ class Family:
     """
 
     name: str
-    kind: str                    # counter, gauge or histogram
+    kind: str  # counter, gauge or histogram
     help: str
     samples: list[tuple[str, Labels, float]]
 
@@ -88,16 +97,22 @@ def render(families: Iterable[Family]) -> str:
     """The families in the text exposition format (one trailing newline)."""
     lines = []
     for family in families:
-        lines += [f"# HELP {family.name} {escape(family.help, False)}",
-                  f"# TYPE {family.name} {family.kind}"]
+        lines += [
+            f"# HELP {family.name} {escape(family.help, False)}",
+            f"# TYPE {family.name} {family.kind}",
+        ]
         for suffix, labels, value in family.samples:
             shown = ",".join(f'{key}="{escape(v, True)}"' for key, v in labels.items())
-            lines.append(f"{family.name}{suffix}{{{shown}}} {number(value)}" if shown
-                         else f"{family.name}{suffix} {number(value)}")
+            lines.append(
+                f"{family.name}{suffix}{{{shown}}} {number(value)}"
+                if shown
+                else f"{family.name}{suffix} {number(value)}"
+            )
     return "\n".join(lines) + "\n"
 
 
 # --- the queue (read by the dashboard) ---------------------------------------------------
+
 
 def queue_families(stats: dict[str, Any]) -> list[Family]:
     """The queue's gauges from an ``ops.stats`` result."""
@@ -105,25 +120,32 @@ def queue_families(stats: dict[str, Any]) -> list[Family]:
     reasons = {reason: stats["dead_by_reason"].get(reason, 0) for reason in REASONS}
     oldest = stats["oldest_pending_ms"]
     return [
-        labelled("asnackq_queue_jobs", "gauge", "Jobs in the queue by status.", "status",
-                 by_status),
+        labelled(
+            "asnackq_queue_jobs", "gauge", "Jobs in the queue by status.", "status", by_status
+        ),
         labelled("asnackq_queue_dead_jobs", "gauge", "Dead jobs by reason.", "reason", reasons),
-        gauge("asnackq_queue_oldest_pending_age_seconds",
-              "How long the oldest claimable pending job has waited (0: none waits).",
-              0 if oldest is None else oldest / 1000),
-        gauge("asnackq_queue_expired_leases",
-              "Leased jobs whose lease has expired: awaiting reclaim.", stats["expired_leases"]),
+        gauge(
+            "asnackq_queue_oldest_pending_age_seconds",
+            "How long the oldest claimable pending job has waited (0: none waits).",
+            0 if oldest is None else oldest / 1000,
+        ),
+        gauge(
+            "asnackq_queue_expired_leases",
+            "Leased jobs whose lease has expired: awaiting reclaim.",
+            stats["expired_leases"],
+        ),
     ]
 
 
 # --- a running Dispatcher (``work --metrics-port``) ------------------------------------
+
 
 @dataclass
 class Histogram:
     """Cumulative-bucket histogram of durations in seconds."""
 
     bounds: tuple[float, ...] = SEND_BUCKETS
-    counts: list[int] = field(default_factory=list)    # per bucket, +Inf last
+    counts: list[int] = field(default_factory=list)  # per bucket, +Inf last
     sum: float = 0.0
 
     def __post_init__(self) -> None:
@@ -138,8 +160,7 @@ class Histogram:
         seen = 0
         for bound, count in zip([*self.bounds, math.inf], self.counts, strict=True):
             seen += count
-            samples.append(("_bucket", {"le": "+Inf" if math.isinf(bound) else repr(bound)},
-                            seen))
+            samples.append(("_bucket", {"le": "+Inf" if math.isinf(bound) else repr(bound)}, seen))
         samples += [("_sum", {}, self.sum), ("_count", {}, seen)]
         return Family(name, "histogram", text, samples)
 
@@ -162,21 +183,33 @@ WORKER_COUNTERS = {
 }
 
 
-def dispatcher_families(counts: dict[str, int], owner: str, paused: bool,
-                        latency: Histogram) -> list[Family]:
+def dispatcher_families(
+    counts: dict[str, int], owner: str, paused: bool, latency: Histogram
+) -> list[Family]:
     """A Dispatcher's counters (``Dispatcher.snapshot``), its breaker and its send latency."""
-    families = [gauge("asnackq_worker_info", "The worker's lease owner name.", 1,
-                      {"owner": owner})]
-    families += [counter(f"asnackq_worker_{name}_total", text, counts[key])
-                 for key, (name, text) in WORKER_COUNTERS.items()]
+    families = [gauge("asnackq_worker_info", "The worker's lease owner name.", 1, {"owner": owner})]
     families += [
-        labelled("asnackq_worker_dead_total", "counter", "Jobs ended dead, by reason.", "reason",
-                 {reason: counts[f"dead_{reason}"] for reason in REASONS}),
-        counter("asnackq_worker_breaker_paused_seconds_total",
-                "Time the circuit breaker kept the run paused.", counts["paused_ms"] / 1000),
+        counter(f"asnackq_worker_{name}_total", text, counts[key])
+        for key, (name, text) in WORKER_COUNTERS.items()
+    ]
+    families += [
+        labelled(
+            "asnackq_worker_dead_total",
+            "counter",
+            "Jobs ended dead, by reason.",
+            "reason",
+            {reason: counts[f"dead_{reason}"] for reason in REASONS},
+        ),
+        counter(
+            "asnackq_worker_breaker_paused_seconds_total",
+            "Time the circuit breaker kept the run paused.",
+            counts["paused_ms"] / 1000,
+        ),
         gauge("asnackq_worker_breaker_open", "1 while the circuit breaker is open.", int(paused)),
-        latency.family("asnackq_worker_send_duration_seconds",
-                       "Duration of each send to the sink, answered or failed."),
+        latency.family(
+            "asnackq_worker_send_duration_seconds",
+            "Duration of each send to the sink, answered or failed.",
+        ),
     ]
     return families
 
@@ -186,13 +219,13 @@ class TimedSend:
 
     def __init__(self, send: AsyncSend, histogram: Histogram) -> None:
         self.send, self.histogram = send, histogram
-        self.timeout_s = getattr(send, "timeout_s", None)   # the Dispatcher checks it
+        self.timeout_s = getattr(send, "timeout_s", None)  # the Dispatcher checks it
 
     async def __call__(self, event: dict[str, Any], token: int) -> object:
         started = time.perf_counter()
         try:
             ack = await self.send(event, token)
-        except Exception:                    # (a cancelled send is no duration)
+        except Exception:  # (a cancelled send is no duration)
             self.histogram.observe(time.perf_counter() - started)
             raise
         self.histogram.observe(time.perf_counter() - started)
@@ -200,6 +233,7 @@ class TimedSend:
 
 
 # --- serving ------------------------------------------------------------------------------
+
 
 def port(text: str) -> int:
     """An ``argparse`` type: a TCP port, 0..65535 (0 picks a free one)."""
@@ -220,9 +254,13 @@ def check_host(host: str, allow_remote: bool) -> None:
 def exposition(text: str) -> web.Response:
     from aiohttp import web  # imported when served: the command line stays light
 
-    return web.Response(body=text.encode(CHARSET), headers={
-        "Content-Type": f"{CONTENT_TYPE}; version={FORMAT}; charset={CHARSET}",
-        "Cache-Control": "no-store"})
+    return web.Response(
+        body=text.encode(CHARSET),
+        headers={
+            "Content-Type": f"{CONTENT_TYPE}; version={FORMAT}; charset={CHARSET}",
+            "Cache-Control": "no-store",
+        },
+    )
 
 
 @contextlib.asynccontextmanager
@@ -265,8 +303,11 @@ class WorkerMetrics:
         dispatcher = self.dispatcher
         if dispatcher is None:
             return render([])
-        return render(dispatcher_families(dispatcher.snapshot(), dispatcher.settings.owner,
-                                          dispatcher.paused, self.latency))
+        return render(
+            dispatcher_families(
+                dispatcher.snapshot(), dispatcher.settings.owner, dispatcher.paused, self.latency
+            )
+        )
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         return exposition(self.render())
@@ -281,16 +322,27 @@ class WorkerMetrics:
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                        trace: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         await self._stack.aclose()
 
 
 def add_metrics_options(work: argparse.ArgumentParser) -> None:
     """``work``'s metrics flags."""
-    work.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
-                      help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
-                      "run goes on (0: any free port; the URL is printed on stderr)")
-    work.add_argument("--metrics-host", default="127.0.0.1",
-                      help="address for --metrics-port (default 127.0.0.1; another needs "
-                      "--allow-remote)")
+    work.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
+        "run goes on (0: any free port; the URL is printed on stderr)",
+    )
+    work.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address for --metrics-port (default 127.0.0.1; another needs --allow-remote)",
+    )

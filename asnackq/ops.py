@@ -20,16 +20,25 @@ from asnackq.core import worker as w
 from asnackq.stores import Reader, Store
 from asnackq.targets import Target, is_url
 
-__all__ = ["AUDIT_SQL", "audit", "dead", "enqueue_all", "history", "read_only",
-           "redrive_by_reason", "stats"]
+__all__ = [
+    "AUDIT_SQL",
+    "audit",
+    "dead",
+    "enqueue_all",
+    "history",
+    "read_only",
+    "redrive_by_reason",
+    "stats",
+]
 
 REASONS = ("exhausted", "deadline", "permanent")
-CHUNK = 1000             # intakes per transaction in a bulk enqueue
+CHUNK = 1000  # intakes per transaction in a bulk enqueue
 Intake = tuple[dict[str, Any], int, int]
 
 
-def enqueue_all(path: Target, items: list[Intake],
-                advance: Callable[[int], object] | None = None) -> list[bool | w.Conflict]:
+def enqueue_all(
+    path: Target, items: list[Intake], advance: Callable[[int], object] | None = None
+) -> list[bool | w.Conflict]:
     """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
@@ -38,9 +47,10 @@ def enqueue_all(path: Target, items: list[Intake],
     results: list[bool | w.Conflict] = []
     with stores.open_queue(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
-            chunk = items[start:start + CHUNK]
-            results += store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(),
-                                         limits=w.PRODUCT))
+            chunk = items[start : start + CHUNK]
+            results += store.run(
+                partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
+            )
             if advance is not None:
                 advance(len(chunk))
     return results
@@ -49,8 +59,10 @@ def enqueue_all(path: Target, items: list[Intake],
 def hint(error: sqlite3.Error) -> str:
     """What a read-only reader can say about an error it cannot fix itself."""
     if error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK":
-        return (" (a writer died mid-transaction: its journal is rolled back by the next "
-                "writer that opens the file)")
+        return (
+            " (a writer died mid-transaction: its journal is rolled back by the next "
+            "writer that opens the file)"
+        )
     return ""
 
 
@@ -68,11 +80,12 @@ def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-    kind = what.removesuffix(" DB")                 # "sink DB" -> "is not a sink DB"
+    kind = what.removesuffix(" DB")  # "sink DB" -> "is not a sink DB"
     try:
         try:
-            found = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                (table,)).fetchone()
+            found = con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
         except sqlite3.OperationalError as error:
             raise ValueError(f"cannot read {path} now: {error}{hint(error)}") from None
         except sqlite3.DatabaseError as error:
@@ -88,46 +101,72 @@ def stats(con: Reader, now_ms: int) -> dict[str, Any]:
     """Jobs by status and dead reason, queue lag, attempts, and expired leases at ``now_ms``."""
     by_status = {status: 0 for status in ("pending", "leased", "done", "dead")}
     by_status.update(con.execute("SELECT status, count(*) FROM jobs GROUP BY status"))
-    reasons = dict(con.execute(
-        "SELECT reason, count(*) FROM jobs WHERE status = 'dead' GROUP BY reason"))
-    attempts = {str(n): count for n, count in con.execute(
-        "SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts")}
-    (oldest,) = con.execute("SELECT min(available_at) FROM jobs WHERE status = 'pending'"
-                            " AND available_at <= ?", (now_ms,)).fetchone()
-    expired = [{"id": job_id, "owner": owner, "token": token, "expired_ms": now_ms - until}
-               for job_id, owner, token, until in con.execute(
-                   "SELECT id, owner, token, lease_until FROM jobs WHERE status = 'leased'"
-                   " AND lease_until <= ? ORDER BY lease_until", (now_ms,))]
+    reasons = dict(
+        con.execute("SELECT reason, count(*) FROM jobs WHERE status = 'dead' GROUP BY reason")
+    )
+    attempts = {
+        str(n): count
+        for n, count in con.execute(
+            "SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts"
+        )
+    }
+    (oldest,) = con.execute(
+        "SELECT min(available_at) FROM jobs WHERE status = 'pending' AND available_at <= ?",
+        (now_ms,),
+    ).fetchone()
+    expired = [
+        {"id": job_id, "owner": owner, "token": token, "expired_ms": now_ms - until}
+        for job_id, owner, token, until in con.execute(
+            "SELECT id, owner, token, lease_until FROM jobs WHERE status = 'leased'"
+            " AND lease_until <= ? ORDER BY lease_until",
+            (now_ms,),
+        )
+    ]
     return {
-        "jobs": sum(by_status.values()), "by_status": by_status, "dead_by_reason": reasons,
+        "jobs": sum(by_status.values()),
+        "by_status": by_status,
+        "dead_by_reason": reasons,
         # How long the oldest claimable job has been waiting (since it became available).
         "oldest_pending_ms": None if oldest is None else now_ms - oldest,
-        "attempts": attempts, "expired_leases": len(expired), "expired": expired[:20],
+        "attempts": attempts,
+        "expired_leases": len(expired),
+        "expired": expired[:20],
     }
 
 
 def dead(con: Reader, reason: str | None = None) -> list[dict[str, Any]]:
     """The dead jobs in seq order (optionally only one reason)."""
-    sql = ("SELECT id, qty, reason, attempts, max_attempts, token FROM jobs"
-           " WHERE status = 'dead' AND (:reason IS NULL OR reason = :reason) ORDER BY seq")
+    sql = (
+        "SELECT id, qty, reason, attempts, max_attempts, token FROM jobs"
+        " WHERE status = 'dead' AND (:reason IS NULL OR reason = :reason) ORDER BY seq"
+    )
     keys = ("id", "qty", "reason", "attempts", "max_attempts", "token")
-    return [dict(zip(keys, row, strict=True))
-            for row in con.execute(sql, {"reason": reason})]
+    return [dict(zip(keys, row, strict=True)) for row in con.execute(sql, {"reason": reason})]
 
 
 def history(con: Reader, job_id: str) -> dict[str, Any]:
     """A job's current row and its redrive records, oldest first."""
     w.check_identifier(job_id, "job_id")
-    row = con.execute("SELECT status, reason, attempts, token FROM jobs WHERE id = ?",
-                      (job_id,)).fetchone()
+    row = con.execute(
+        "SELECT status, reason, attempts, token FROM jobs WHERE id = ?", (job_id,)
+    ).fetchone()
     if row is None:
         raise ValueError(f"no job {job_id!r}")
-    redrives = [{"token": token, "at_ms": at_ms, "note": note} for token, at_ms, note in
-                con.execute("SELECT token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq",
-                            (job_id,))]
+    redrives = [
+        {"token": token, "at_ms": at_ms, "note": note}
+        for token, at_ms, note in con.execute(
+            "SELECT token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq", (job_id,)
+        )
+    ]
     status, reason, attempts, token = row
-    return {"id": job_id, "status": status, "reason": reason, "attempts": attempts,
-            "token": token, "redrives": redrives}
+    return {
+        "id": job_id,
+        "status": status,
+        "reason": reason,
+        "attempts": attempts,
+        "token": token,
+        "redrives": redrives,
+    }
 
 
 def redrive(store: Store, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
@@ -135,18 +174,19 @@ def redrive(store: Store, job_id: str, now_ms: int, ttl_ms: int, note: str) -> N
     store.run(partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
 
 
-def redrive_by_reason(path: Target, reason: str, now_ms: int, ttl_ms: int,
-                      note: str) -> list[dict[str, Any]]:
+def redrive_by_reason(
+    path: Target, reason: str, now_ms: int, ttl_ms: int, note: str
+) -> list[dict[str, Any]]:
     """Redrive every dead job with ``reason``, each in its own audited transaction."""
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
-    w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)        # validate before any change
+    w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)  # validate before any change
     with stores.open_queue(path) as store:
         done = []
         for job in dead(store, reason):
             try:
                 redrive(store, job["id"], now_ms, ttl_ms, note)
-            except ValueError as error:     # redriven or changed by someone else meanwhile
+            except ValueError as error:  # redriven or changed by someone else meanwhile
                 done.append({"id": job["id"], "redriven": False, "why": str(error)})
             else:
                 done.append({"id": job["id"], "redriven": True})
@@ -224,22 +264,38 @@ def judge(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> list[str
 def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[str, Any]:
     job_id, qty, status, reason, token, owner, lease_until = job
     inbox_id, inbox_qty, first_token, last_token, deliveries = inbox
-    entry: dict[str, Any] = {"id": job_id or inbox_id, "stage": stage(job, inbox, now_ms)
-                             if job_id is not None else "orphan",
-                             "flags": judge(job, inbox, now_ms)}
+    entry: dict[str, Any] = {
+        "id": job_id or inbox_id,
+        "stage": stage(job, inbox, now_ms) if job_id is not None else "orphan",
+        "flags": judge(job, inbox, now_ms),
+    }
     if job_id is not None:
-        entry["job"] = {"qty": qty, "status": status, "reason": reason, "token": token,
-                        "owner": owner, "lease_until": lease_until}
-    entry["inbox"] = None if inbox_id is None else {
-        "qty": inbox_qty, "first_token": first_token, "last_token": last_token,
-        "deliveries": deliveries}
+        entry["job"] = {
+            "qty": qty,
+            "status": status,
+            "reason": reason,
+            "token": token,
+            "owner": owner,
+            "lease_until": lease_until,
+        }
+    entry["inbox"] = (
+        None
+        if inbox_id is None
+        else {
+            "qty": inbox_qty,
+            "first_token": first_token,
+            "last_token": last_token,
+            "deliveries": deliveries,
+        }
+    )
     return entry
 
 
-def audit(queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = None,
-          limit: int = 50) -> dict[str, Any]:
+def audit(
+    queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = None, limit: int = 50
+) -> dict[str, Any]:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
-    if is_url(queue) or is_url(sink_db):        # the same audit, on local copies
+    if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
         with stores.local_copies(queue, sink_db) as (queue_copy, sink_copy):
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
@@ -269,5 +325,12 @@ def audit(queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = N
     if job_id is not None and selected is None:
         raise ValueError(f"no job {job_id!r} in the queue or the sink")
     violations = sum(flags[name] for name in VIOLATIONS)
-    return {"stages": stages, "flags": flags, "violations": violations, "stock": stock,
-            "inbox_qty_sum": inbox_sum, "listed": listed, "job": selected}
+    return {
+        "stages": stages,
+        "flags": flags,
+        "violations": violations,
+        "stock": stock,
+        "inbox_qty_sum": inbox_sum,
+        "listed": listed,
+        "job": selected,
+    }

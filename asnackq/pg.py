@@ -31,11 +31,19 @@ from asnackq.core import worker as w
 from asnackq.pg_sql import SCHEMAS, Params, plan_open, text, translate
 from asnackq.targets import one_line, shown
 
-__all__ = ["AsyncStore", "Unreachable", "aconnect", "apump", "client_cursor", "connect",
-           "drive", "translate"]
+__all__ = [
+    "AsyncStore",
+    "Unreachable",
+    "aconnect",
+    "apump",
+    "client_cursor",
+    "connect",
+    "drive",
+    "translate",
+]
 
 Make = Callable[[], w.Plan[Any]]
-Hooks = Callable[[w.Fault, str], None]    # how an async layer calls a fault hook
+Hooks = Callable[[w.Fault, str], None]  # how an async layer calls a fault hook
 
 
 class Unreachable(ConnectionError):
@@ -44,12 +52,12 @@ class Unreachable(ConnectionError):
 
 # --- conflicts and sessions -------------------------------------------------------
 
+
 def _conflict(error: BaseException) -> bool:
     """Whether a transaction failed only because another one ran at the same time."""
     if isinstance(error, errors.DeadlockDetected | errors.SerializationFailure):
         return True
-    return isinstance(error, errors.UniqueViolation) and \
-        error.diag.constraint_name in CONFLICT_KEYS
+    return isinstance(error, errors.UniqueViolation) and error.diag.constraint_name in CONFLICT_KEYS
 
 
 # Unique keys a concurrent intake may hit first (the plan read before the other committed).
@@ -76,8 +84,10 @@ def _refused(url: str, error: psycopg.Error) -> Exception:
 
 # --- the sync driver ----------------------------------------------------------------
 
-def connect(url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True,
-            read_only: bool = False) -> psycopg.Connection[Any]:
+
+def connect(
+    url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True, read_only: bool = False
+) -> psycopg.Connection[Any]:
     """A session on ``url`` with ``schema`` (the core's tuple) checked or created."""
     try:
         con = psycopg.connect(url, autocommit=True, connect_timeout=10)
@@ -94,15 +104,20 @@ def connect(url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True
     return con
 
 
-def drive(con: psycopg.Connection[Any], make: Make, fault: w.Fault = None,
-          attempts: int = 8, first: w.Plan[Any] | None = None) -> Any:
+def drive(
+    con: psycopg.Connection[Any],
+    make: Make,
+    fault: w.Fault = None,
+    attempts: int = 8,
+    first: w.Plan[Any] | None = None,
+) -> Any:
     """Run the plan ``first`` (default: ``make()``) in one transaction on ``con``.
 
     A conflict with a concurrent transaction rolls back and runs ``make()`` again.
     """
-    plan = make() if first is None else first    # validated before anything is sent
+    plan = make() if first is None else first  # validated before anything is sent
     for attempt in range(attempts):
-        con.execute("BEGIN")           # outside the try: a failed BEGIN owns no transaction
+        con.execute("BEGIN")  # outside the try: a failed BEGIN owns no transaction
         try:
             result, changed = _run(con, plan, fault)
             con.execute("COMMIT")
@@ -157,8 +172,10 @@ def _rollback(con: psycopg.Connection[Any]) -> None:
 
 # --- the async driver ---------------------------------------------------------------
 
-async def aconnect(url: str, schema: tuple[str, ...] = w.SCHEMA, *,
-                   create: bool = True) -> psycopg.AsyncConnection[Any]:
+
+async def aconnect(
+    url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True
+) -> psycopg.AsyncConnection[Any]:
     """The async twin of ``connect``."""
     try:
         con = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
@@ -173,9 +190,14 @@ async def aconnect(url: str, schema: tuple[str, ...] = w.SCHEMA, *,
     return con
 
 
-async def apump(con: psycopg.AsyncConnection[Any], make: Make, fault: w.Fault = None,
-                attempts: int = 8, first: w.Plan[Any] | None = None,
-                call: Hooks | None = None) -> Any:
+async def apump(
+    con: psycopg.AsyncConnection[Any],
+    make: Make,
+    fault: w.Fault = None,
+    attempts: int = 8,
+    first: w.Plan[Any] | None = None,
+    call: Hooks | None = None,
+) -> Any:
     """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain)."""
     call = call or _call
     plan = make() if first is None else first
@@ -202,8 +224,9 @@ def _call(fault: w.Fault, point: str) -> None:
         fault(point)
 
 
-async def _arun(con: psycopg.AsyncConnection[Any], plan: w.Plan[Any], fault: w.Fault,
-                call: Hooks) -> tuple[Any, bool]:
+async def _arun(
+    con: psycopg.AsyncConnection[Any], plan: w.Plan[Any], fault: w.Fault, call: Hooks
+) -> tuple[Any, bool]:
     reply: list[tuple[Any, ...]] | None = None
     count = 0
     while True:
@@ -251,4 +274,3 @@ class AsyncStore:
 
     async def close(self) -> None:
         await self.con.close()
-

@@ -46,8 +46,9 @@ class Binaries:
         return ["runuser", "-u", "postgres", "--", *line] if self.as_root else line
 
     def run(self, name: str, *args: str) -> None:
-        done = subprocess.run(self.command(name, *args), capture_output=True, text=True,
-                              timeout=120, check=False)
+        done = subprocess.run(
+            self.command(name, *args), capture_output=True, text=True, timeout=120, check=False
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{name} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
 
@@ -105,19 +106,33 @@ class LocalServer:
         return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{dbname}"
 
     def start(self, settings: dict[str, str]) -> None:
-        options = {"listen_addresses": "127.0.0.1", "port": str(self.port),
-                   "unix_socket_directories": str(self.root), "max_connections": "300",
-                   **settings}
+        options = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.root),
+            "max_connections": "300",
+            **settings,
+        }
         line = " ".join(f"-c {key}={value}" for key, value in options.items())
-        self.binaries.run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
-                          "-w", "-t", "60", "-o", line, "start")
+        self.binaries.run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            line,
+            "start",
+        )
 
     def stop(self) -> None:
         """Stop the server at once and remove its directory (idempotent)."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             if (self.data / "postmaster.pid").exists():
-                self.binaries.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w",
-                                  "stop")
+                self.binaries.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -135,14 +150,24 @@ def create(binaries: Binaries, settings: dict[str, str]) -> LocalServer:
             user = _postgres_user()
             assert user is not None
             os.chown(root, user.pw_uid, user.pw_gid)
-        binaries.run("initdb", "-D", str(server.data), "-U", SUPERUSER, "--auth-local=trust",
-                     "--auth-host=scram-sha-256", "-E", "UTF8", "--no-instructions")
+        binaries.run(
+            "initdb",
+            "-D",
+            str(server.data),
+            "-U",
+            SUPERUSER,
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        )
         (server.data / "pg_hba.conf").write_text(HBA, encoding="utf-8")
         for attempt in range(3):
             try:
                 server.start(settings)
                 break
-            except RuntimeError:             # the port was taken meanwhile: another one
+            except RuntimeError:  # the port was taken meanwhile: another one
                 if attempt == 2:
                     raise
                 server.port = free_port()

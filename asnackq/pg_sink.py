@@ -37,20 +37,29 @@ BEGIN
   RETURN QUERY SELECT inbox.id, inbox.qty FROM inbox WHERE inbox.id = ANY(ids);
 END $$"""
 
-SINK = pg_sql.Schema("sink", 1, ("inbox", "stock"), (
-    """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
+SINK = pg_sql.Schema(
+    "sink",
+    1,
+    ("inbox", "stock"),
+    (
+        """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
   first_token BIGINT, last_token BIGINT, deliveries INTEGER NOT NULL,
   applied_at_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
-    "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
-    " total BIGINT NOT NULL)",
-    "INSERT INTO stock (one, total) VALUES (1, 0) ON CONFLICT (one) DO NOTHING",
-    SQL_KNOWN_FUNCTION,
-))
+        "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " total BIGINT NOT NULL)",
+        "INSERT INTO stock (one, total) VALUES (1, 0) ON CONFLICT (one) DO NOTHING",
+        SQL_KNOWN_FUNCTION,
+    ),
+)
 
 pg_sql.SCHEMAS[SINK_SCHEMA] = SINK
-pg_sql.register({
-    SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known(%s)",
-    **{sql: pg_sql.placeholders(sql) for sql in (SQL_APPLY, SQL_SEEN_AGAIN, SQL_ADD_STOCK,
-                                             SQL_STOCK, SQL_RECORD)},
-    **{sql: sql for sql in SINK.ddl},
-})
+pg_sql.register(
+    {
+        SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known(%s)",
+        **{
+            sql: pg_sql.placeholders(sql)
+            for sql in (SQL_APPLY, SQL_SEEN_AGAIN, SQL_ADD_STOCK, SQL_STOCK, SQL_RECORD)
+        },
+        **{sql: sql for sql in SINK.ddl},
+    }
+)

@@ -27,8 +27,18 @@ from typing import Any, NamedTuple
 
 from asnackq.core import worker as w
 
-__all__ = ["QUEUE", "SCHEMAS", "STATEMENTS", "Missing", "Schema", "placeholders", "plan_open",
-           "register", "text", "translate"]
+__all__ = [
+    "QUEUE",
+    "SCHEMAS",
+    "STATEMENTS",
+    "Missing",
+    "Schema",
+    "placeholders",
+    "plan_open",
+    "register",
+    "text",
+    "translate",
+]
 
 Params = tuple[Any, ...] | dict[str, Any]
 
@@ -77,16 +87,25 @@ WHERE seq = ANY(%s) AND status IN ('pending', 'leased')"""
 # Each core statement (or ``{marks}`` template) -> its PostgreSQL text.  In a template's
 # text the IN-list becomes one array parameter.
 STATEMENTS: dict[str, str] = {
-    w.SQL_QUARANTINE_DEADLINE: _QUARANTINE.format(spent="deadline <= %(now)s",
-                                                  reason="deadline"),
-    w.SQL_QUARANTINE_EXHAUSTED: _QUARANTINE.format(spent="attempts >= max_attempts",
-                                                   reason="exhausted"),
+    w.SQL_QUARANTINE_DEADLINE: _QUARANTINE.format(spent="deadline <= %(now)s", reason="deadline"),
+    w.SQL_QUARANTINE_EXHAUSTED: _QUARANTINE.format(
+        spent="attempts >= max_attempts", reason="exhausted"
+    ),
     w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
     w.SQL_JOBS: PG_JOBS,
     w.SQL_JOB: PG_JOB,
     w.SQL_LEASE: PG_LEASE,
-    **{sql: placeholders(sql) for sql in (w.SQL_INSERT_JOB, w.SQL_FINISH, w.SQL_EXTEND,
-                                          w.SQL_AUDIT, w.SQL_REDRIVE, w.SQL_ACTIVE)},
+    **{
+        sql: placeholders(sql)
+        for sql in (
+            w.SQL_INSERT_JOB,
+            w.SQL_FINISH,
+            w.SQL_EXTEND,
+            w.SQL_AUDIT,
+            w.SQL_REDRIVE,
+            w.SQL_ACTIVE,
+        )
+    },
 }
 
 _IN_LIST = re.compile(r"IN \(\?(?:,\?)*\)")
@@ -108,7 +127,7 @@ def text(sql: str) -> tuple[str, int | None]:
         return found, None
     marks = _IN_LIST.search(sql)
     if marks is not None:
-        found = STATEMENTS.get(f"{sql[:marks.start()]}IN ({{marks}}){sql[marks.end():]}")
+        found = STATEMENTS.get(f"{sql[: marks.start()]}IN ({{marks}}){sql[marks.end() :]}")
         if found is not None:
             return found, sql.count("?", 0, marks.start())
     raise KeyError(f"no PostgreSQL text for the statement {' '.join(sql.split())[:90]!r}")
@@ -125,6 +144,7 @@ def translate(sql: str, params: Params) -> tuple[str, Params]:
 
 # --- schemas ------------------------------------------------------------------------
 
+
 class Missing(ValueError):
     """Raised when a database holds no such part (no ``jobs`` table, say) and none is made."""
 
@@ -134,39 +154,50 @@ class Schema(NamedTuple):
 
     part: str
     version: int
-    tables: tuple[str, ...]     # every table it creates; the first one marks its presence
+    tables: tuple[str, ...]  # every table it creates; the first one marks its presence
     ddl: tuple[str, ...]
 
 
-QUEUE = Schema("queue", 1, ("jobs", "redrives"), (
-    """CREATE TABLE IF NOT EXISTS jobs (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+QUEUE = Schema(
+    "queue",
+    1,
+    ("jobs", "redrives"),
+    (
+        """CREATE TABLE IF NOT EXISTS jobs (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   id TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL,
   status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
   attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token BIGINT NOT NULL,
   available_at BIGINT NOT NULL, deadline BIGINT NOT NULL,
   owner TEXT, lease_until BIGINT, reason TEXT)""",
-    """CREATE TABLE IF NOT EXISTS redrives (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        """CREATE TABLE IF NOT EXISTS redrives (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   id TEXT NOT NULL, token BIGINT NOT NULL, at_ms BIGINT NOT NULL, note TEXT NOT NULL)""",
-    # As on SQLite, claims never visit done/dead rows: pending jobs in seq order, leases
-    # by their end, deadlines by status, spent budgets in a partial index.
-    "CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq)",
-    "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (status, deadline)",
-    "CREATE INDEX IF NOT EXISTS jobs_by_lease ON jobs (lease_until) WHERE status = 'leased'",
-    "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs (status) WHERE attempts >= max_attempts",
-))
+        # As on SQLite, claims never visit done/dead rows: pending jobs in seq order, leases
+        # by their end, deadlines by status, spent budgets in a partial index.
+        "CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq)",
+        "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (status, deadline)",
+        "CREATE INDEX IF NOT EXISTS jobs_by_lease ON jobs (lease_until) WHERE status = 'leased'",
+        "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs (status) WHERE attempts >= max_attempts",
+    ),
+)
 
 # The core's schema (and, registered, the sink's) -> its PostgreSQL schema.
 SCHEMAS: dict[tuple[str, ...], Schema] = {w.SCHEMA: QUEUE}
 
-SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"   # every opener, in turn
+SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"
 SQL_VERSIONS = """CREATE TABLE IF NOT EXISTS asnackq_schema (part TEXT PRIMARY KEY,
   version INTEGER NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
 SQL_VERSION = "SELECT version FROM asnackq_schema WHERE part = %s"
 SQL_RECORD_VERSION = """INSERT INTO asnackq_schema (part, version) VALUES (%s, %s)
 ON CONFLICT (part) DO NOTHING"""
-for _native in (SQL_LOCK_SCHEMA, SQL_PRESENT, SQL_VERSIONS, SQL_VERSION, SQL_RECORD_VERSION,
-                *QUEUE.ddl):
+for _native in (
+    SQL_LOCK_SCHEMA,
+    SQL_PRESENT,
+    SQL_VERSIONS,
+    SQL_VERSION,
+    SQL_RECORD_VERSION,
+    *QUEUE.ddl,
+):
     STATEMENTS[_native] = _native
 
 
@@ -183,8 +214,10 @@ def plan_open(schema: Schema, create: bool) -> Generator[w.Step, Any, tuple[None
         rows = yield w.Sql(SQL_VERSION, (schema.part,))
         version = rows[0][0] if rows else None
     if version is not None and version > schema.version:
-        raise ValueError(f"the {schema.part} schema is at version {version}, newer than this "
-                         f"asnackq knows ({schema.version}): upgrade asnackq")
+        raise ValueError(
+            f"the {schema.part} schema is at version {version}, newer than this "
+            f"asnackq knows ({schema.version}): upgrade asnackq"
+        )
     if version == schema.version:
         return None, False
     if not create:

@@ -31,10 +31,22 @@ from typing import IO, Any
 from asnackq.core.worker import epoch_ms
 from asnackq.targets import Target
 
-__all__ = ["Replicas", "Workers", "command", "exit_on_sigterm", "kill", "sink_process",
-           "sink_stats", "start", "start_sink", "started", "stop", "worker"]
+__all__ = [
+    "Replicas",
+    "Workers",
+    "command",
+    "exit_on_sigterm",
+    "kill",
+    "sink_process",
+    "sink_stats",
+    "start",
+    "start_sink",
+    "started",
+    "stop",
+    "worker",
+]
 
-STOP_S = 30              # how long a SIGTERMed child has to exit before it is SIGKILLed
+STOP_S = 30  # how long a SIGTERMed child has to exit before it is SIGKILLed
 PIPE = subprocess.PIPE
 Stream = IO[Any] | int | None
 Proc = subprocess.Popen[str]
@@ -45,8 +57,9 @@ def command(*args: object) -> list[str]:
     return [sys.executable, "-m", "asnackq", *map(str, args)]
 
 
-def start(argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None,
-          stderr: Stream = None) -> Proc:
+def start(
+    argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None, stderr: Stream = None
+) -> Proc:
     """Start ``argv`` (text pipes); the caller stops it with ``stop`` or ``kill``."""
     return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True)
 
@@ -83,8 +96,9 @@ def stop(*procs: Proc, timeout_s: float = STOP_S) -> list[int]:
 
 
 @contextlib.contextmanager
-def started(argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None,
-            stderr: Stream = None) -> Iterator[Proc]:
+def started(
+    argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None, stderr: Stream = None
+) -> Iterator[Proc]:
     """``with started(argv) as proc:`` - ``stop(proc)`` on the way out."""
     proc = start(argv, stdin=stdin, stdout=stdout, stderr=stderr)
     try:
@@ -93,19 +107,19 @@ def started(argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None,
         stop(proc)
 
 
-def worker(queue: Target, url: str, *options: object, stdout: Stream = None,
-           stderr: Stream = None) -> Proc:
+def worker(
+    queue: Target, url: str, *options: object, stdout: Stream = None, stderr: Stream = None
+) -> Proc:
     """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process)."""
-    return start(command("work", queue, "--sink", url, *options), stdout=stdout,
-                 stderr=stderr)
+    return start(command("work", queue, "--sink", url, *options), stdout=stdout, stderr=stderr)
 
 
-def start_sink(db: Target, *options: object, port: int | str = 0,
-               stderr: Stream = None) -> tuple[Proc, str]:
+def start_sink(
+    db: Target, *options: object, port: int | str = 0, stderr: Stream = None
+) -> tuple[Proc, str]:
     """Start ``asnackq sink --db DB --port PORT OPTIONS``; return it with its URL once it
     listens.  A sink that does not start is stopped, and ``RuntimeError`` says its line."""
-    proc = start(command("sink", "--db", db, "--port", port, *options), stdout=PIPE,
-                 stderr=stderr)
+    proc = start(command("sink", "--db", db, "--port", port, *options), stdout=PIPE, stderr=stderr)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("asnackq sink listening on "):
@@ -139,8 +153,7 @@ class Replicas:
     The counters of a killed process die with it: ``counters()`` sums the live ones.
     """
 
-    def __init__(self, db: Target, count: int, *options: object,
-                 stderr: Stream = None) -> None:
+    def __init__(self, db: Target, count: int, *options: object, stderr: Stream = None) -> None:
         self.db, self.count, self.options, self.stderr = db, count, options, stderr
         self.procs: list[Proc] = []
         self.urls: list[str] = []
@@ -175,7 +188,7 @@ class Replicas:
         totals: dict[str, int] = {}
         for url in self.urls:
             for key, value in sink_stats(url).items():
-                if key != "stock":                  # one stock, shared: not a counter
+                if key != "stock":  # one stock, shared: not a counter
                     totals[key] = totals.get(key, 0) + value
         return totals
 
@@ -191,8 +204,8 @@ class Workers:
 
     root: Path
     queue: Target
-    urls: list[str]                  # the sinks; worker N sends to urls[N % len(urls)]
-    options: Sequence[object]        # every worker's options (concurrency, lease, ...)
+    urls: list[str]  # the sinks; worker N sends to urls[N % len(urls)]
+    options: Sequence[object]  # every worker's options (concurrency, lease, ...)
     procs: dict[str, Proc] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     started: int = 0
@@ -205,12 +218,24 @@ class Workers:
         self.started += 1
         owner = f"lab-w{self.started}"
         self.events.append({"at": epoch_ms(), "e": "start", "owner": owner})
-        with open(self.root / f"{owner}.out", "w") as out, \
-                open(self.root / f"{owner}.err", "w") as err:
+        with (
+            open(self.root / f"{owner}.out", "w") as out,
+            open(self.root / f"{owner}.err", "w") as err,
+        ):
             self.procs[owner] = worker(
-                self.queue, self.urls[self.started % len(self.urls)], "--owner", owner,
-                "--trace", self.root / f"{owner}.trace", "--until-empty", "--json",
-                *self.options, *extra, stdout=out, stderr=err)
+                self.queue,
+                self.urls[self.started % len(self.urls)],
+                "--owner",
+                owner,
+                "--trace",
+                self.root / f"{owner}.trace",
+                "--until-empty",
+                "--json",
+                *self.options,
+                *extra,
+                stdout=out,
+                stderr=err,
+            )
         return owner
 
     def killed(self, owner: str) -> None:
@@ -231,8 +256,11 @@ class Workers:
     def exited(self) -> list[tuple[str, int]]:
         """The workers that exited since the last call (reaped), with their exit codes; an
         exit other than 0 or SIGKILL is recorded in ``failures`` with the end of its errors."""
-        ended = [(owner, code) for owner, proc in self.procs.items()
-                 if owner not in self.reaped and (code := proc.poll()) is not None]
+        ended = [
+            (owner, code)
+            for owner, proc in self.procs.items()
+            if owner not in self.reaped and (code := proc.poll()) is not None
+        ]
         for owner, code in ended:
             reap(self.procs[owner])
             self.reaped.add(owner)
@@ -257,12 +285,13 @@ def exit_on_sigterm() -> Iterator[None]:
 
     Only the main thread can install a handler; elsewhere this changes nothing.
     """
+
     def handler(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:                  # not the main thread
+    except ValueError:  # not the main thread
         yield
         return
     try:

@@ -27,9 +27,18 @@ __all__ = ["FIGURES", "check_target", "figures", "render", "require", "write"]
 
 INSTALL = "--report needs plotly: pip install 'asnackq[report]'"
 FIGURES = ("throughput", "latency", "sink", "statuses")
-COLORS = {"done": "#2a9d8f", "dead": "#e63946", "retried": "#e9c46a", "kill": "#d62828",
-          "start": "#457b9d", "pending": "#a8dadc", "leased": "#f4a261", "requests": "#457b9d",
-          "applied": "#2a9d8f", "duplicates": "#e76f51"}
+COLORS = {
+    "done": "#2a9d8f",
+    "dead": "#e63946",
+    "retried": "#e9c46a",
+    "kill": "#d62828",
+    "start": "#457b9d",
+    "pending": "#a8dadc",
+    "leased": "#f4a261",
+    "requests": "#457b9d",
+    "applied": "#2a9d8f",
+    "duplicates": "#e76f51",
+}
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
     "traces), retries as a line; every worker start and SIGKILL is a vertical line. Jobs a "
@@ -57,8 +66,7 @@ def require() -> Any:
 def check_target(directory: Path) -> None:
     """Refuse a report directory that cannot be one, before the run starts (creating none)."""
     require()
-    existing = next(path for path in (directory, *directory.absolute().parents)
-                    if path.exists())
+    existing = next(path for path in (directory, *directory.absolute().parents) if path.exists())
     if not existing.is_dir():
         raise ValueError(f"--report {directory}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -69,14 +77,22 @@ def check_target(directory: Path) -> None:
 
 # --- the figures (plotly's JSON figure format) --------------------------------------------
 
+
 def layout(title: str, xaxis: dict[str, Any], yaxis: str, **more: Any) -> dict[str, Any]:
-    return {"title": {"text": title}, "xaxis": xaxis, "yaxis": {"title": {"text": yaxis}},
-            "legend": {"orientation": "h", "y": -0.25}, "margin": {"t": 50, "r": 20},
-            "height": 380, **more}
+    return {
+        "title": {"text": title},
+        "xaxis": xaxis,
+        "yaxis": {"title": {"text": yaxis}},
+        "legend": {"orientation": "h", "y": -0.25},
+        "margin": {"t": 50, "r": 20},
+        "height": 380,
+        **more,
+    }
 
 
-def vertical(name: str, xs: list[float], top: float, labels: list[str],
-             color: str, dash: str) -> dict[str, Any]:
+def vertical(
+    name: str, xs: list[float], top: float, labels: list[str], color: str, dash: str
+) -> dict[str, Any]:
     """One trace of vertical lines at ``xs`` (``None`` breaks the line between them)."""
     x: list[float | None] = []
     y: list[float | None] = []
@@ -85,9 +101,16 @@ def vertical(name: str, xs: list[float], top: float, labels: list[str],
         x += [at, at, None]
         y += [0, top, None]
         text += [label, label, None]
-    return {"type": "scatter", "mode": "lines", "name": name, "x": x, "y": y, "text": text,
-            "hovertemplate": "%{text} at %{x:.3f} s<extra></extra>",
-            "line": {"color": color, "dash": dash, "width": 1.5}}
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": name,
+        "x": x,
+        "y": y,
+        "text": text,
+        "hovertemplate": "%{text} at %{x:.3f} s<extra></extra>",
+        "line": {"color": color, "dash": dash, "width": 1.5},
+    }
 
 
 def throughput(series: dict[str, Any]) -> dict[str, Any]:
@@ -95,53 +118,138 @@ def throughput(series: dict[str, Any]) -> dict[str, Any]:
     bars = series["finished"]
     width = bars["interval_s"]
     data: list[dict[str, Any]] = [
-        {"type": "bar", "name": name, "x": bars["t_s"], "y": bars[name], "width": width,
-         "offset": 0, "marker": {"color": COLORS[name]}} for name in ("done", "dead")]
-    data.append({"type": "scatter", "mode": "lines", "name": "retried", "x": bars["t_s"],
-                 "y": bars["retried"], "line": {"color": COLORS["retried"], "shape": "hv"}})
-    top = max([1, *(d + x for d, x in zip(bars["done"], bars["dead"], strict=True)),
-               *bars["retried"]])
+        {
+            "type": "bar",
+            "name": name,
+            "x": bars["t_s"],
+            "y": bars[name],
+            "width": width,
+            "offset": 0,
+            "marker": {"color": COLORS[name]},
+        }
+        for name in ("done", "dead")
+    ]
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "retried",
+            "x": bars["t_s"],
+            "y": bars["retried"],
+            "line": {"color": COLORS["retried"], "shape": "hv"},
+        }
+    )
+    top = max(
+        [1, *(d + x for d, x in zip(bars["done"], bars["dead"], strict=True)), *bars["retried"]]
+    )
     for kind, name, dash in (("kill", "SIGKILL", "dash"), ("start", "worker start", "dot")):
         events = [e for e in series["events"] if e["e"] == kind]
-        data.append(vertical(name, [e["t_s"] for e in events], top,
-                             [f"{name} {e['owner']}" for e in events], COLORS[kind], dash))
-    return {"data": data, "layout": layout(f"Jobs finished per {width:g} s", AXIS_S, "jobs",
-                                           barmode="stack", bargap=0)}
+        data.append(
+            vertical(
+                name,
+                [e["t_s"] for e in events],
+                top,
+                [f"{name} {e['owner']}" for e in events],
+                COLORS[kind],
+                dash,
+            )
+        )
+    return {
+        "data": data,
+        "layout": layout(
+            f"Jobs finished per {width:g} s", AXIS_S, "jobs", barmode="stack", bargap=0
+        ),
+    }
 
 
 def latency(figures: dict[str, Any]) -> dict[str, Any]:
     """The claim-to-finish latency histogram with p50, p90 and p99 marked."""
     histogram = figures["histogram"]
     data: list[dict[str, Any]] = [
-        {"type": "bar", "name": "jobs", "x": histogram["start_ms"], "y": histogram["count"],
-         "width": histogram["bin_ms"], "offset": 0, "marker": {"color": COLORS["done"]}}]
+        {
+            "type": "bar",
+            "name": "jobs",
+            "x": histogram["start_ms"],
+            "y": histogram["count"],
+            "width": histogram["bin_ms"],
+            "offset": 0,
+            "marker": {"color": COLORS["done"]},
+        }
+    ]
     top = max([1, *histogram["count"]])
     for name, dash in PERCENTILE_DASH.items():
         if figures[name] is not None:
-            data.append(vertical(f"{name} {figures[name]} ms", [figures[name]], top, [name],
-                                 "#1d3557", dash))
+            data.append(
+                vertical(
+                    f"{name} {figures[name]} ms", [figures[name]], top, [name], "#1d3557", dash
+                )
+            )
     axis = {"title": {"text": "claim to finish (ms)"}, "rangemode": "tozero"}
-    empty = [] if figures["samples"] else [{"text": "no finish was traced", "showarrow": False,
-                                            "xref": "paper", "yref": "paper", "x": 0.5,
-                                            "y": 0.5}]
-    return {"data": data, "layout": layout(
-        f"Claim-to-finish latency ({figures['samples']} finishes)", axis, "jobs", bargap=0,
-        annotations=empty)}
+    empty = (
+        []
+        if figures["samples"]
+        else [
+            {
+                "text": "no finish was traced",
+                "showarrow": False,
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0.5,
+                "y": 0.5,
+            }
+        ]
+    )
+    return {
+        "data": data,
+        "layout": layout(
+            f"Claim-to-finish latency ({figures['samples']} finishes)",
+            axis,
+            "jobs",
+            bargap=0,
+            annotations=empty,
+        ),
+    }
 
 
 def kill_marks(series: dict[str, Any]) -> list[dict[str, Any]]:
     """Every SIGKILL as a thin vertical line across a time plot."""
-    return [{"type": "line", "xref": "x", "yref": "paper", "x0": e["t_s"], "x1": e["t_s"],
-             "y0": 0, "y1": 1, "line": {"color": COLORS["kill"], "width": 1, "dash": "dash"}}
-            for e in series["events"] if e["e"] == "kill"]
+    return [
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": e["t_s"],
+            "x1": e["t_s"],
+            "y0": 0,
+            "y1": 1,
+            "line": {"color": COLORS["kill"], "width": 1, "dash": "dash"},
+        }
+        for e in series["events"]
+        if e["e"] == "kill"
+    ]
 
 
-def lines(series: dict[str, Any], table: str, names: tuple[str, ...], title: str, yaxis: str,
-          stacked: bool = False) -> dict[str, Any]:
+def lines(
+    series: dict[str, Any],
+    table: str,
+    names: tuple[str, ...],
+    title: str,
+    yaxis: str,
+    stacked: bool = False,
+) -> dict[str, Any]:
     columns = series[table]
-    data = [{"type": "scatter", "mode": "lines", "name": name, "x": columns["t_s"],
-             "y": columns[name], "line": {"color": COLORS[name]},
-             **({"stackgroup": "jobs"} if stacked else {})} for name in names]
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": name,
+            "x": columns["t_s"],
+            "y": columns[name],
+            "line": {"color": COLORS[name]},
+            **({"stackgroup": "jobs"} if stacked else {}),
+        }
+        for name in names
+    ]
     return {"data": data, "layout": layout(title, AXIS_S, yaxis, shapes=kill_marks(series))}
 
 
@@ -151,15 +259,26 @@ def figures(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "throughput": throughput(series),
         "latency": latency(result["latency_ms"]),
-        "sink": lines(series, "sink", ("requests", "applied", "duplicates"),
-                      "Sink: requests, effects applied, duplicates absorbed (SIGKILLs dashed)",
-                      "count since start"),
-        "statuses": lines(series, "statuses", ("done", "dead", "leased", "pending"),
-                          "Jobs by status (SIGKILLs dashed)", "jobs", stacked=True),
+        "sink": lines(
+            series,
+            "sink",
+            ("requests", "applied", "duplicates"),
+            "Sink: requests, effects applied, duplicates absorbed (SIGKILLs dashed)",
+            "count since start",
+        ),
+        "statuses": lines(
+            series,
+            "statuses",
+            ("done", "dead", "leased", "pending"),
+            "Jobs by status (SIGKILLs dashed)",
+            "jobs",
+            stacked=True,
+        ),
     }
 
 
 # --- the page -----------------------------------------------------------------------------
+
 
 def embedded(figure: dict[str, Any]) -> str:
     """A figure as JSON that cannot close its ``<script>`` element."""
@@ -168,8 +287,10 @@ def embedded(figure: dict[str, Any]) -> str:
 
 
 def table(rows: list[tuple[str, object]], css: str) -> str:
-    cells = "".join(f"<tr><th>{html.escape(str(key))}</th><td>{html.escape(str(value))}</td>"
-                    "</tr>" for key, value in rows)
+    cells = "".join(
+        f"<tr><th>{html.escape(str(key))}</th><td>{html.escape(str(value))}</td></tr>"
+        for key, value in rows
+    )
     return f'<table class="{css}">{cells}</table>'
 
 
@@ -177,9 +298,13 @@ def invariants_table(result: dict[str, Any]) -> str:
     cells = "".join(
         f'<tr class="{row["verdict"]}"><th>{html.escape(row["name"])}</th>'
         f'<td>{html.escape(row["description"])}</td><td class="verdict">{row["verdict"]}</td>'
-        f'<td>{row["violations"]}</td></tr>' for row in result["invariants"])
-    return ('<table class="invariants"><tr><th>invariant</th><th>what it says</th>'
-            f"<th>verdict</th><th>violations</th></tr>{cells}</table>")
+        f"<td>{row['violations']}</td></tr>"
+        for row in result["invariants"]
+    )
+    return (
+        '<table class="invariants"><tr><th>invariant</th><th>what it says</th>'
+        f"<th>verdict</th><th>violations</th></tr>{cells}</table>"
+    )
 
 
 def verdict(result: dict[str, Any]) -> tuple[str, str]:
@@ -192,11 +317,13 @@ def verdict(result: dict[str, Any]) -> tuple[str, str]:
 def plots(result: dict[str, Any], plotly: Any) -> str:
     parts = []
     for name, figure in figures(result).items():
-        plotly.graph_objects.Figure(figure)             # checks every property's name and type
-        parts.append(f'<figure><div class="plot" id="plot-{name}"></div>'
-                     f"<figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure>"
-                     f'<script type="application/json" class="figure" data-plot="plot-{name}">'
-                     f"{embedded(figure)}</script>")
+        plotly.graph_objects.Figure(figure)  # checks every property's name and type
+        parts.append(
+            f'<figure><div class="plot" id="plot-{name}"></div>'
+            f"<figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure>"
+            f'<script type="application/json" class="figure" data-plot="plot-{name}">'
+            f"{embedded(figure)}</script>"
+        )
     return "\n".join(parts)
 
 
@@ -205,15 +332,23 @@ def render(result: dict[str, Any]) -> str:
     plotly = require()
     started = datetime.datetime.fromtimestamp(result["series"]["t0_ms"] / 1000, datetime.UTC)
     css, text = verdict(result)
-    problems = "".join(f"<li>{html.escape(line)}</li>" for line in
-                       [*result["violations"][:100], *result["liveness_failures"]])
+    problems = "".join(
+        f"<li>{html.escape(line)}</li>"
+        for line in [*result["violations"][:100], *result["liveness_failures"]]
+    )
     config = [(key, "-" if value is None else value) for key, value in result["config"].items()]
     return PAGE.format(
-        started=started.isoformat(timespec="seconds"), css=css, verdict=html.escape(text),
-        plots=plots(result, plotly), summary=table(report_rows(result), "summary"),
-        invariants=invariants_table(result), config=table(config, "config"),
+        started=started.isoformat(timespec="seconds"),
+        css=css,
+        verdict=html.escape(text),
+        plots=plots(result, plotly),
+        summary=table(report_rows(result), "summary"),
+        invariants=invariants_table(result),
+        config=table(config, "config"),
         problems=f"<h2>Violations</h2><ul>{problems}</ul>" if problems else "",
-        plotly=plotly.offline.get_plotlyjs(), draw=DRAW)
+        plotly=plotly.offline.get_plotlyjs(),
+        draw=DRAW,
+    )
 
 
 def write(result: dict[str, Any], directory: Path) -> Path:

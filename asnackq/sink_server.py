@@ -30,17 +30,18 @@ from asnackq.http_sink import BUSY, LOG, STATS, SinkConfig, as_json, make_app
 
 __all__ = ["serve"]
 
-BACKLOG = 128            # asyncio accepts up to this many sockets before admitting any
-FD_RESERVE = 64          # descriptors kept for the DB, its journal and the listening socket
-LINGER_S = 2.0           # how long an unread request body is drained before the close
-MAX_LINE = 4096          # bytes in the request line, and in each header line
+BACKLOG = 128  # asyncio accepts up to this many sockets before admitting any
+FD_RESERVE = 64  # descriptors kept for the DB, its journal and the listening socket
+LINGER_S = 2.0  # how long an unread request body is drained before the close
+MAX_LINE = 4096  # bytes in the request line, and in each header line
 MAX_HEADERS = 32
 UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 TOO_MANY_BODY = b'{"status": "too many connections"}'
-TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (len(TOO_MANY_BODY), TOO_MANY_BODY))
+TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(TOO_MANY_BODY), TOO_MANY_BODY)
+)
 
 
 class Refused(asyncio.Protocol):
@@ -64,7 +65,7 @@ class Gate:
     def __init__(self, app: web.Application, limit: int) -> None:
         self.app = app
         self.limit = limit
-        self.server: web.Server | None = None        # set once the runner is set up
+        self.server: web.Server | None = None  # set once the runner is set up
 
     def __call__(self) -> asyncio.BaseProtocol:
         assert self.server is not None
@@ -77,7 +78,7 @@ class Gate:
         assert self.server is not None
         live = [handler for handler in self.server.connections if handler.transport is not None]
         excess = len(live) + 1 - self.limit
-        idle = [handler for handler in live if handler not in self.app[BUSY]][:max(excess, 0)]
+        idle = [handler for handler in live if handler not in self.app[BUSY]][: max(excess, 0)]
         for handler in idle:
             handler.force_close()
         self.app[STATS]["evicted"] += len(idle)
@@ -93,12 +94,15 @@ def screen_expect(handler: RequestHandler) -> RequestHandler:
     aiohttp's own expect handler echoes the header into its 417: a byte that is not UTF-8
     made that a 500, on every path and method (found by the fuzz test).
     """
+
     async def screened(request: web.BaseRequest) -> web.StreamResponse:
         expect = request.headers.get("Expect")
         if expect and expect.lower() != "100-continue":
-            raise as_json(request, web.HTTPExpectationFailed(
-                text="only 'Expect: 100-continue' is understood"))
+            raise as_json(
+                request, web.HTTPExpectationFailed(text="only 'Expect: 100-continue' is understood")
+            )
         return await handler(request)
+
     return screened
 
 
@@ -157,12 +161,19 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
     app = make_app(config)
     gate = Gate(app, connection_limit(config.max_connections))
     listener = await loop.create_server(gate, host, port, backlog=BACKLOG, start_serving=False)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=LOG,
-                           keepalive_timeout=config.idle_timeout_s, lingering_time=LINGER_S,
-                           max_line_size=MAX_LINE, max_field_size=MAX_LINE,
-                           max_headers=MAX_HEADERS)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        logger=LOG,
+        keepalive_timeout=config.idle_timeout_s,
+        lingering_time=LINGER_S,
+        max_line_size=MAX_LINE,
+        max_field_size=MAX_LINE,
+        max_headers=MAX_HEADERS,
+    )
     try:
-        await runner.setup()                 # opens (or creates) the DB
+        await runner.setup()  # opens (or creates) the DB
     except BaseException:
         listener.close()
         raise
@@ -177,4 +188,4 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
         await stop.wait()
     finally:
         listener.close()
-        await runner.cleanup()            # in-flight requests are answered, then the DB closes
+        await runner.cleanup()  # in-flight requests are answered, then the DB closes

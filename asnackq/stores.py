@@ -25,8 +25,16 @@ from asnackq.core import worker as w
 from asnackq.pg_sql import Missing
 from asnackq.targets import Target, is_url, shown
 
-__all__ = ["Reader", "Store", "database_error", "init", "local_copies", "open_queue",
-           "pg_read_only", "require"]
+__all__ = [
+    "Reader",
+    "Store",
+    "database_error",
+    "init",
+    "local_copies",
+    "open_queue",
+    "pg_read_only",
+    "require",
+]
 
 Make = Callable[[], w.Plan[Any]]
 
@@ -110,8 +118,9 @@ def require(where: Target, what: str = "queue") -> None:
         try:
             _pg(str(where), w.SCHEMA, create=False).close()
         except Missing:
-            raise ValueError(f"no {what} at {shown(where)} (create one with: asnackq init "
-                             f"{shown(where)})") from None
+            raise ValueError(
+                f"no {what} at {shown(where)} (create one with: asnackq init {shown(where)})"
+            ) from None
     elif not Path(where).is_file():
         raise ValueError(f"no {what} at {where} (create one with: asnackq init {where})")
 
@@ -160,12 +169,15 @@ def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
     with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
         copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
         for (source, table, what), target, schema in zip(
-                [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")], copies,
-                [w.SCHEMA, _sink_schema()], strict=True):
+            [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")],
+            copies,
+            [w.SCHEMA, _sink_schema()],
+            strict=True,
+        ):
             copy = w.open_db(target, schema)
             try:
                 with ops.read_only(source, table, what) as con:
-                    for name in ((table, "stock") if table == "inbox" else (table,)):
+                    for name in (table, "stock") if table == "inbox" else (table,):
                         _copy(con, copy, name)
             finally:
                 copy.close()

@@ -12,23 +12,23 @@ class Summary:
     """What a dispatcher run did."""
 
     claimed: int = 0
-    commits: int = 0           # transactions (cycles) run
+    commits: int = 0  # transactions (cycles) run
     done: int = 0
     retried: int = 0
-    dead: int = 0              # every job that ended dead in this run's transactions:
-    dead_permanent: int = 0    # rejected by the sink,
-    dead_exhausted: int = 0    # out of attempts,
-    dead_deadline: int = 0     # or past its deadline (finished, or by a claim's quarantine)
+    dead: int = 0  # every job that ended dead in this run's transactions:
+    dead_permanent: int = 0  # rejected by the sink,
+    dead_exhausted: int = 0  # out of attempts,
+    dead_deadline: int = 0  # or past its deadline (finished, or by a claim's quarantine)
     stale: int = 0
-    lost: int = 0              # held tickets whose extension came back stale: never finished
+    lost: int = 0  # held tickets whose extension came back stale: never finished
     bad_acks: int = 0
     errors: int = 0
     requests: int = 0
-    resent: int = 0            # sends repeated under the same lease: the sink was not there
+    resent: int = 0  # sends repeated under the same lease: the sink was not there
     extended: int = 0
-    outages: int = 0           # the circuit breaker: times it opened,
-    probes: int = 0            # sends it let through while open,
-    paused_ms: int = 0         # and the time it was open
+    outages: int = 0  # the circuit breaker: times it opened,
+    probes: int = 0  # sends it let through while open,
+    paused_ms: int = 0  # and the time it was open
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

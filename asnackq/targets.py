@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["Target", "is_url", "one_line", "shown", "target"]
 
 SCHEMES = ("postgresql://", "postgres://")
-Target = Path | str        # a Path is a file; a str here is always a URL
+Target = Path | str  # a Path is a file; a str here is always a URL
 
 
 def is_url(value: Any) -> bool:
@@ -36,8 +36,9 @@ def target(text: str) -> Target:
     if is_url(text):
         return text
     if text.lower().startswith(("postgres:", "postgresql:")):
-        raise argparse.ArgumentTypeError("not a PostgreSQL URL (expected "
-                                         "postgresql://USER:PASSWORD@HOST:PORT/DATABASE)")
+        raise argparse.ArgumentTypeError(
+            "not a PostgreSQL URL (expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE)"
+        )
     return Path(text)
 
 
@@ -50,5 +51,6 @@ def shown(value: Target | os.PathLike[str]) -> str:
 
 def one_line(error: BaseException) -> str:
     """An error's first non-empty line (libpq's messages span several)."""
-    return next((line.strip() for line in str(error).splitlines() if line.strip()),
-                type(error).__name__)
+    return next(
+        (line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__
+    )

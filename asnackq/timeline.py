@@ -23,7 +23,7 @@ MAX_BUCKETS = 120
 HISTOGRAM_BINS = 40
 STATUSES = ("pending", "leased", "done", "dead")
 SINK_COUNTERS = ("requests", "applied", "duplicates")
-FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}   # finish status -> series
+FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}  # finish status -> series
 
 
 def percentile(values: list[int], share: float) -> int | None:
@@ -41,11 +41,18 @@ def latency(samples_ms: list[int]) -> dict[str, Any]:
     counts = [0] * (top // width + 1) if samples_ms else []
     for sample in samples_ms:
         counts[sample // width] += 1
-    return {"p50": percentile(samples_ms, 0.5), "p90": percentile(samples_ms, 0.9),
-            "p99": percentile(samples_ms, 0.99), "max": top if samples_ms else None,
-            "samples": len(samples_ms),
-            "histogram": {"bin_ms": width, "start_ms": [i * width for i in range(len(counts))],
-                          "count": counts}}
+    return {
+        "p50": percentile(samples_ms, 0.5),
+        "p90": percentile(samples_ms, 0.9),
+        "p99": percentile(samples_ms, 0.99),
+        "max": top if samples_ms else None,
+        "samples": len(samples_ms),
+        "histogram": {
+            "bin_ms": width,
+            "start_ms": [i * width for i in range(len(counts))],
+            "count": counts,
+        },
+    }
 
 
 def round_up(value: float) -> int:
@@ -87,17 +94,25 @@ def columns(samples: list[dict[str, Any]], keys: tuple[str, ...], t0_ms: int) ->
     return table
 
 
-def series(t0_ms: int, traces: list[dict[str, Any]], events: list[dict[str, Any]],
-           statuses: list[dict[str, Any]], sink: list[dict[str, Any]]) -> dict[str, Any]:
+def series(
+    t0_ms: int,
+    traces: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    statuses: list[dict[str, Any]],
+    sink: list[dict[str, Any]],
+) -> dict[str, Any]:
     """Every time series of a run: finishes per interval, worker starts and kills, jobs by
     status and the sink's counters over time."""
     stamps = [r["at"] for r in traces] + [s["at"] for s in (*statuses, *sink, *events)]
     end_ms = max(stamps, default=t0_ms)
     return {
-        "t0_ms": t0_ms, "seconds": seconds(end_ms, t0_ms),
+        "t0_ms": t0_ms,
+        "seconds": seconds(end_ms, t0_ms),
         "finished": finished(traces, t0_ms, end_ms),
-        "events": [{"t_s": seconds(e["at"], t0_ms), "e": e["e"], "owner": e["owner"]}
-                   for e in sorted(events, key=lambda e: e["at"])],
+        "events": [
+            {"t_s": seconds(e["at"], t0_ms), "e": e["e"], "owner": e["owner"]}
+            for e in sorted(events, key=lambda e: e["at"])
+        ],
         "statuses": columns(statuses, STATUSES, t0_ms),
         "sink": columns(sink, SINK_COUNTERS, t0_ms),
     }

@@ -23,10 +23,16 @@ class Tracer:
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
 
-    def __call__(self, kind: str, ticket: dict[str, Any], at_ms: int,
-                 status: str | bool | None) -> None:
-        record = {"e": kind, "id": ticket["id"], "token": ticket["token"],
-                  "owner": ticket["owner"], "at": at_ms}
+    def __call__(
+        self, kind: str, ticket: dict[str, Any], at_ms: int, status: str | bool | None
+    ) -> None:
+        record = {
+            "e": kind,
+            "id": ticket["id"],
+            "token": ticket["token"],
+            "owner": ticket["owner"],
+            "at": at_ms,
+        }
         if kind == "finish":
             record["status"] = status
         self.file.write(json.dumps(record) + "\n")

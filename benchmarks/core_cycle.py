@@ -39,18 +39,21 @@ def raw_commit_rate(path: Path, commits: int) -> float:
     return commits / elapsed
 
 
-def prefill(con: sqlite3.Connection, jobs: int, history: int, now: int = T0,
-            prefix: str = "job") -> None:
+def prefill(
+    con: sqlite3.Connection, jobs: int, history: int, now: int = T0, prefix: str = "job"
+) -> None:
     """``history`` done rows, then ``jobs`` pending rows from ``now``, in one transaction."""
     con.execute("BEGIN IMMEDIATE")
     con.executemany(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
         " deadline) VALUES (?, 1, 'done', 1, 3, 1, ?, ?)",
-        ((f"old-{i}", now, now + 60_000) for i in range(history)))
+        ((f"old-{i}", now, now + 60_000) for i in range(history)),
+    )
     con.executemany(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
         " deadline) VALUES (?, 1, 'pending', 0, 3, 0, ?, ?)",
-        ((f"{prefix}-{i}", now, now + 60_000) for i in range(jobs)))
+        ((f"{prefix}-{i}", now, now + 60_000) for i in range(jobs)),
+    )
     con.execute("COMMIT")
 
 

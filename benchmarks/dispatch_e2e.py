@@ -56,6 +56,7 @@ def sync_loop(path: Path, url: str, jobs: int) -> float:
 async def sender_load(url: str, requests: int, concurrency: int, prefix: str) -> float:
     """Requests/s of the Dispatcher's sender alone: ``concurrency`` coroutines, new ids."""
     async with AsyncHttpSender(url, limit=concurrency) as send:
+
         async def post(i: int) -> None:
             assert await send({"id": f"{prefix}-{i}", "qty": 1}, i + 1) is True
 
@@ -66,8 +67,9 @@ async def dispatcher(path: Path, url: str, jobs: int, concurrency: int) -> float
     fill(path, jobs, f"c{concurrency}")
     async with AsyncQueue.open(path) as queue, AsyncHttpSender(url) as send:
         start_at = time.perf_counter()
-        summary = await Dispatcher(queue, send, owner="bench", concurrency=concurrency,
-                                   lease_ms=5000).run()
+        summary = await Dispatcher(
+            queue, send, owner="bench", concurrency=concurrency, lease_ms=5000
+        ).run()
         elapsed = time.perf_counter() - start_at
     assert summary.done == jobs, summary
     return jobs / elapsed
@@ -94,22 +96,26 @@ def main() -> None:
             for r in range(args.rounds):
                 for c in levels:
                     raw[c].append(asyncio.run(load(null_url, args.jobs, c, f"r{r}c{c}")))
-                    ceiling[c].append(asyncio.run(
-                        sender_load(null_url, args.jobs, c, f"s{r}c{c}")))
-                    rates[c].append(asyncio.run(
-                        dispatcher(root / f"r{r}q{c}.db", url, args.jobs, c)))
+                    ceiling[c].append(asyncio.run(sender_load(null_url, args.jobs, c, f"s{r}c{c}")))
+                    rates[c].append(
+                        asyncio.run(dispatcher(root / f"r{r}q{c}.db", url, args.jobs, c))
+                    )
         finally:
             for proc in (null, sink):
                 proc.terminate()
                 proc.wait(timeout=30)
     print(f"sync run_once loop + HttpSender: {sync:8.0f} jobs/s")
     print(f"medians of {args.rounds} rounds of {args.jobs} jobs (ratio ranges in brackets)")
-    print(f"{'concurrency':>11} {'dispatcher':>11} {'http-only':>10} {'raw':>6} {'vs sync':>8} "
-          f"{'vs http-only':>19} {'vs raw':>19}")
+    print(
+        f"{'concurrency':>11} {'dispatcher':>11} {'http-only':>10} {'raw':>6} {'vs sync':>8} "
+        f"{'vs http-only':>19} {'vs raw':>19}"
+    )
     for c in levels:
-        print(f"{c:>11} {median(rates[c]):>11.0f} {median(ceiling[c]):>10.0f} "
-              f"{median(raw[c]):>6.0f} {median(rates[c]) / sync:>8.2f} "
-              f"{spread(rates[c], ceiling[c]):>19} {spread(rates[c], raw[c]):>19}")
+        print(
+            f"{c:>11} {median(rates[c]):>11.0f} {median(ceiling[c]):>10.0f} "
+            f"{median(raw[c]):>6.0f} {median(rates[c]) / sync:>8.2f} "
+            f"{spread(rates[c], ceiling[c]):>19} {spread(rates[c], raw[c]):>19}"
+        )
     print("targets at concurrency 64: vs sync >= 5.0, vs http-only >= 0.5")
 
 

@@ -47,11 +47,20 @@ from asnackq.http_send import AsyncHttpSender
 from asnackq.pg_server import DURABLE, local_server
 from asnackq.procs import sink_process
 
-SETTINGS = ("server_version", "fsync", "synchronous_commit", "wal_sync_method",
-            "full_page_writes", "shared_buffers", "max_connections", "commit_delay")
+SETTINGS = (
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "wal_sync_method",
+    "full_page_writes",
+    "shared_buffers",
+    "max_connections",
+    "commit_delay",
+)
 
 
 # --- children: one measured worker process each ----------------------------------------
+
 
 async def asnackq_child(target: str, owner: str, concurrency: int, sink: str) -> dict[str, Any]:
     async def null(event: dict[str, Any], token: int) -> bool:
@@ -59,11 +68,17 @@ async def asnackq_child(target: str, owner: str, concurrency: int, sink: str) ->
 
     async with contextlib.AsyncExitStack() as stack:
         queue = await stack.enter_async_context(AsyncQueue.open(target))
-        send = null if sink == "-" else await stack.enter_async_context(
-            AsyncHttpSender(sink, timeout_s=2.0, limit=concurrency))
+        send = (
+            null
+            if sink == "-"
+            else await stack.enter_async_context(
+                AsyncHttpSender(sink, timeout_s=2.0, limit=concurrency)
+            )
+        )
         began = await ready()
-        summary = await Dispatcher(queue, send, owner=owner, concurrency=concurrency,
-                                   lease_ms=10_000).run(until_empty=True)
+        summary = await Dispatcher(
+            queue, send, owner=owner, concurrency=concurrency, lease_ms=10_000
+        ).run(until_empty=True)
         return {"began": began, "ended": time.time(), "done": summary.done}
 
 
@@ -78,9 +93,10 @@ async def procrastinate_child(url: str, concurrency: int) -> dict[str, Any]:
 def procrastinate_app(url: str, concurrency: int) -> Any:
     import procrastinate
 
-    logging.getLogger("procrastinate").setLevel(logging.ERROR)   # "App in __main__" notes
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
-        conninfo=url, min_size=4, max_size=concurrency + 4))
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App in __main__" notes
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=url, min_size=4, max_size=concurrency + 4)
+    )
 
     @app.task(name="noop")
     async def noop() -> None:
@@ -98,10 +114,13 @@ async def ready() -> float:
 
 # --- the parent -------------------------------------------------------------------------
 
+
 def run_children(commands: list[list[str]]) -> list[dict[str, Any]]:
     """Start every child, let them all go at once, return their reports."""
-    procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for c in commands]
+    procs = [
+        subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for c in commands
+    ]
     try:
         for proc in procs:
             line = proc.stdout.readline() if proc.stdout is not None else ""
@@ -141,15 +160,17 @@ def database(admin_url: str, name: str) -> Iterator[str]:
 
 
 def fill(target: str | Path, jobs: int, prefix: str) -> None:
-    ops.enqueue_all(target, [({"id": f"{prefix}-{i}", "qty": i % 9 + 1}, 3_600_000, 3)
-                             for i in range(jobs)])
+    ops.enqueue_all(
+        target, [({"id": f"{prefix}-{i}", "qty": i % 9 + 1}, 3_600_000, 3) for i in range(jobs)]
+    )
 
 
 def queue_only(admin: str, jobs: int, processes: int, concurrency: int) -> float:
     with database(admin, "bench_asnackq") as url:
         fill(url, jobs, "q")
-        reports = run_children([child("asnackq", url, f"p{n}", concurrency, "-")
-                                for n in range(processes)])
+        reports = run_children(
+            [child("asnackq", url, f"p{n}", concurrency, "-") for n in range(processes)]
+        )
         assert sum(r["done"] for r in reports) == jobs, reports
     return rate(reports, jobs)
 
@@ -157,11 +178,11 @@ def queue_only(admin: str, jobs: int, processes: int, concurrency: int) -> float
 def procrastinate_only(admin: str, jobs: int, processes: int, concurrency: int) -> float:
     with database(admin, "bench_procrastinate") as url:
         asyncio.run(procrastinate_fill(url, jobs))
-        reports = run_children([child("procrastinate", url, concurrency)
-                                for _ in range(processes)])
+        reports = run_children([child("procrastinate", url, concurrency) for _ in range(processes)])
         with psycopg.connect(url) as con:
-            (done,) = con.execute("SELECT count(*) FROM procrastinate_jobs"
-                                  " WHERE status = 'succeeded'").fetchone() or (0,)
+            (done,) = con.execute(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+            ).fetchone() or (0,)
         assert done == jobs, (done, jobs)
     return rate(reports, jobs)
 
@@ -175,14 +196,16 @@ async def procrastinate_fill(url: str, jobs: int) -> None:
             await task.batch_defer_async(*({} for _ in range(start, min(jobs, start + 1000))))
 
 
-def end_to_end(target: str | Path, sink_dbs: list[str | Path], jobs: int,
-               concurrency: int) -> float:
+def end_to_end(
+    target: str | Path, sink_dbs: list[str | Path], jobs: int, concurrency: int
+) -> float:
     """2 worker processes through the sinks (worker n sends to sink n mod K)."""
     fill(target, jobs, "e")
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(sink_process(db)) for db in sink_dbs]
-        reports = run_children([child("asnackq", target, f"w{n}", concurrency,
-                                      urls[n % len(urls)]) for n in range(2)])
+        reports = run_children(
+            [child("asnackq", target, f"w{n}", concurrency, urls[n % len(urls)]) for n in range(2)]
+        )
     assert sum(r["done"] for r in reports) == jobs, reports
     return rate(reports, jobs)
 
@@ -200,8 +223,10 @@ def e2e_sqlite(jobs: int, concurrency: int) -> float:
 
 def show_settings(admin: str) -> None:
     with psycopg.connect(admin) as con:
-        values = {name: con.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                  for name in SETTINGS}
+        values = {
+            name: con.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in SETTINGS
+        }
     print("server: " + ", ".join(f"{k}={v}" for k, v in values.items()))
     print(f"machine: {os.cpu_count()} cores; client, workers, sinks and server share them")
 
@@ -225,8 +250,10 @@ def measure(admin: str, args: argparse.Namespace) -> None:
         if args.e2e_jobs:
             e2e["pg"].append(e2e_pg(admin, args.e2e_jobs, args.concurrency))
             e2e["sqlite"].append(e2e_sqlite(args.e2e_jobs, args.concurrency))
-    print(f"queue only, null send, concurrency {args.concurrency}, {args.jobs} jobs, "
-          f"medians of {args.rounds} rounds (ratio ranges in brackets)")
+    print(
+        f"queue only, null send, concurrency {args.concurrency}, {args.jobs} jobs, "
+        f"medians of {args.rounds} rounds (ratio ranges in brackets)"
+    )
     print(f"{'processes':>9} {'asnackq jobs/s':>15} {'procrastinate':>14} {'ratio':>20}")
     for p in levels:
         line = f"{p:>9} {median(mine[p]):>15.0f}"
@@ -234,9 +261,11 @@ def measure(admin: str, args: argparse.Namespace) -> None:
             line += f" {median(peer[p]):>14.0f} {spread(mine[p], peer[p]):>20}"
         print(line)
     if e2e["pg"]:
-        print(f"end to end, 2 workers x {args.concurrency}, {args.e2e_jobs} jobs: PostgreSQL "
-              f"queue + 2 sink replicas {median(e2e['pg']):.0f} jobs/s, SQLite queue + sink "
-              f"{median(e2e['sqlite']):.0f} jobs/s, ratio {spread(e2e['pg'], e2e['sqlite'])}")
+        print(
+            f"end to end, 2 workers x {args.concurrency}, {args.e2e_jobs} jobs: PostgreSQL "
+            f"queue + 2 sink replicas {median(e2e['pg']):.0f} jobs/s, SQLite queue + sink "
+            f"{median(e2e['sqlite']):.0f} jobs/s, ratio {spread(e2e['pg'], e2e['sqlite'])}"
+        )
     print("target: queue only >= 10 x procrastinate")
 
 

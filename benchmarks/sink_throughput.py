@@ -70,6 +70,7 @@ async def load(url: str, requests: int, concurrency: int, prefix: str) -> float:
     """Requests/s for ``requests`` POSTs of new ids from ``concurrency`` coroutines."""
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def post(i: int) -> None:
             async with session.post(url, json={"id": f"{prefix}-{i}", "qty": 1}) as response:
                 assert response.status == 200, await response.text()
@@ -92,25 +93,38 @@ def main() -> None:
         servers = {
             "ceiling": [sys.executable, __file__, "--serve-null"],
             "sink": [sys.executable, "-m", "asnackq", "sink", "--db", f"{tmp}/group.db"],
-            "per-req": [sys.executable, "-m", "asnackq", "sink", "--db", f"{tmp}/single.db",
-                        "--batch-max", "1"],
+            "per-req": [
+                sys.executable,
+                "-m",
+                "asnackq",
+                "sink",
+                "--db",
+                f"{tmp}/single.db",
+                "--batch-max",
+                "1",
+            ],
         }
         results: dict[str, dict[int, float]] = {}
         for name, command in servers.items():
             proc, url = start(command)
             try:
                 asyncio.run(load(url, 200, 16, "warm"))
-                results[name] = {c: asyncio.run(load(url, args.requests, c, f"c{c}"))
-                                 for c in levels}
+                results[name] = {
+                    c: asyncio.run(load(url, args.requests, c, f"c{c}")) for c in levels
+                }
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-    print(f"{'concurrency':>11} {'ceiling':>9} {'sink':>9} {'per-req':>9} "
-          f"{'sink/ceiling':>13} {'sink/per-req':>13}")
+    print(
+        f"{'concurrency':>11} {'ceiling':>9} {'sink':>9} {'per-req':>9} "
+        f"{'sink/ceiling':>13} {'sink/per-req':>13}"
+    )
     for c in levels:
         ceiling, group, single = (results[n][c] for n in ("ceiling", "sink", "per-req"))
-        print(f"{c:>11} {ceiling:>9.0f} {group:>9.0f} {single:>9.0f} "
-              f"{group / ceiling:>13.2f} {group / single:>13.2f}")
+        print(
+            f"{c:>11} {ceiling:>9.0f} {group:>9.0f} {single:>9.0f} "
+            f"{group / ceiling:>13.2f} {group / single:>13.2f}"
+        )
     print("targets at concurrency 64: sink/ceiling >= 0.60, sink/per-req >= 5.0")
 
 

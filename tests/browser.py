@@ -17,11 +17,22 @@ from typing import Any
 import pytest
 
 INSTALL = "apt-get install chromium chromium-driver"
-CSS, ID = "css selector", "id"           # Selenium's locator strategies (``By``)
-FLAGS = ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-         "--window-size=1280,900", "--no-first-run", "--no-default-browser-check",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--hide-scrollbars", "--force-device-scale-factor=1")
+CSS, ID = "css selector", "id"  # Selenium's locator strategies (``By``)
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-gpu",
+    "--window-size=1280,900",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--force-device-scale-factor=1",
+)
 
 
 def found() -> tuple[str, str] | str:
@@ -58,8 +69,9 @@ def screenshot(driver: Any, directory: Path, name: str) -> Path:
     """The whole page as ``directory/name`` (and in ``$ASNACKQ_SCREENSHOTS``); its path."""
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
-        "format": "png", "captureBeyondViewport": True, "clip": clip})
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
     path = directory / name
     path.write_bytes(base64.b64decode(shot["data"]))
     keep = os.environ.get("ASNACKQ_SCREENSHOTS")

@@ -49,8 +49,11 @@ class Hooks:
 def rows(path: Path | str) -> list[tuple[Any, ...]]:
     """Every job and audit row, read through a separate connection."""
     if is_url(path):
-        return [*pgdb.query(path, "SELECT * FROM jobs ORDER BY seq"), ("--",),
-                *pgdb.query(path, "SELECT * FROM redrives ORDER BY seq")]
+        return [
+            *pgdb.query(path, "SELECT * FROM jobs ORDER BY seq"),
+            ("--",),
+            *pgdb.query(path, "SELECT * FROM redrives ORDER BY seq"),
+        ]
     con = sqlite3.connect(path)
     try:
         jobs = con.execute("SELECT * FROM jobs ORDER BY seq").fetchall()

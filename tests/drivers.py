@@ -82,8 +82,9 @@ class PgCon:
 
     def run(self, name: str, *args: Any, fault: w.Fault = None) -> Any:
         """The core's ``NAME(con, *args)``: its plan, with the contract's limits."""
-        return pg.drive(self.con, partial(getattr(w, f"plan_{name}"), *args, limits=w.CONTRACT),
-                        fault)
+        return pg.drive(
+            self.con, partial(getattr(w, f"plan_{name}"), *args, limits=w.CONTRACT), fault
+        )
 
     def close(self) -> None:
         self.con.close()
@@ -99,6 +100,7 @@ class Operations:
             if isinstance(con, PgCon):
                 return con.run(name, *args, **kwargs)
             return getattr(w, name)(con, *args, **kwargs)
+
         return call
 
 

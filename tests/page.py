@@ -11,10 +11,10 @@ class Page(HTMLParser):
 
     def __init__(self, text: str) -> None:
         super().__init__(convert_charrefs=True)
-        self.tables: dict[str, list[list[str]]] = {}     # class -> rows of cell texts
+        self.tables: dict[str, list[list[str]]] = {}  # class -> rows of cell texts
         self.scripts: list[tuple[dict[str, Any], str]] = []
         self.ids: set[str] = set()
-        self.references: list[str] = []                 # src / href values
+        self.references: list[str] = []  # src / href values
         self.open: list[str] = []
         self._table: list[list[str]] | None = None
         self._cell: list[str] | None = None

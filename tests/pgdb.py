@@ -64,8 +64,11 @@ class Pool:
         return name
 
     def give_back(self, name: str) -> None:
-        self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                           " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
         self.admin.execute(f"ALTER DATABASE {name} OWNER TO {SUPERUSER}")
         with psycopg.connect(self.server.url(name), autocommit=True) as con:
             con.execute("DROP SCHEMA public CASCADE")
@@ -133,12 +136,12 @@ def dict_row(url: str, sql: str, params: tuple[Any, ...]) -> dict[str, Any] | No
         if row is None:
             return None
         assert cursor.description is not None
-        return {column.name: value for column, value in zip(cursor.description, row,
-                                                              strict=True)}
+        return {column.name: value for column, value in zip(cursor.description, row, strict=True)}
 
 
 def tracing(callback: Callable[[str], object]) -> tuple[type, type]:
     """Cursor classes (sync, async) that show each statement to ``callback`` first."""
+
     class Traced(psycopg.Cursor[Any]):
         def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
             callback(str(query))

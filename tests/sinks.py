@@ -56,8 +56,10 @@ def peer(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web
 def sink_state(db: Path | str) -> tuple[int, list[tuple[Any, ...]]]:
     """(stock, [(id, qty, deliveries)]) read through a separate connection."""
     if is_url(db):
-        return (query(db, "SELECT total FROM stock")[0][0],
-                query(db, "SELECT id, qty, deliveries FROM inbox ORDER BY id COLLATE \"C\""))
+        return (
+            query(db, "SELECT total FROM stock")[0][0],
+            query(db, 'SELECT id, qty, deliveries FROM inbox ORDER BY id COLLATE "C"'),
+        )
     con = sqlite3.connect(db)
     try:
         total = con.execute("SELECT total FROM stock").fetchone()[0]

@@ -30,8 +30,12 @@ async def queue(db):
 
 async def fill(queue, count, **options):
     for i in range(count):
-        await queue.enqueue({"id": f"job-{i}", "qty": i % 7 + 1}, options.get("now", T0),
-                            options.get("ttl", 60_000), options.get("max_attempts", 3))
+        await queue.enqueue(
+            {"id": f"job-{i}", "qty": i % 7 + 1},
+            options.get("now", T0),
+            options.get("ttl", 60_000),
+            options.get("max_attempts", 3),
+        )
 
 
 async def test_a_coroutine_fault_is_refused(queue, db):
@@ -63,12 +67,16 @@ async def test_run_once_sends_outside_any_transaction(queue, db):
         return True
 
     assert await queue.run_once("w1", Clock(T0, T0 + 5), send, 0.5) == {
-        "id": "job-0", "token": 1, "status": "done"}
+        "id": "job-0",
+        "token": 1,
+        "status": "done",
+    }
     assert seen == [({"id": "job-0", "qty": 1}, False)]
 
 
-@pytest.mark.parametrize(("answer", "status"), [
-    (w.Retryable("503"), "pending"), (w.Permanent("400"), "dead")])
+@pytest.mark.parametrize(
+    ("answer", "status"), [(w.Retryable("503"), "pending"), (w.Permanent("400"), "dead")]
+)
 async def test_run_once_classifies_like_the_core(queue, db, answer, status):
     await fill(queue, 1)
 
@@ -99,15 +107,15 @@ async def test_cancelling_a_caller_never_splits_a_batch(queue, db):
     await fill(queue, 300)
     for _ in range(20):
         task = asyncio.ensure_future(queue.claim_many("w1", T0, 1000, 50))
-        for _ in range(3):                      # the transaction is handed to its thread
+        for _ in range(3):  # the transaction is handed to its thread
             await asyncio.sleep(0)
-        assert not task.done()                  # cancel while the transaction is in flight
+        assert not task.done()  # cancel while the transaction is in flight
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not queue.in_transaction
         leased = [r for r in rows(db) if len(r) > 3 and r[3] == "leased"]
-        assert len(leased) % 50 == 0          # whole batches only: the shield let it commit
+        assert len(leased) % 50 == 0  # whole batches only: the shield let it commit
     # Abandoned tickets stay leased and are reclaimed after the lease: none is lost.
     reclaimed = await queue.claim_many("w2", T0 + 1000, 1000, 1000)
     assert len(reclaimed) == 300
@@ -149,7 +157,7 @@ async def test_claims_per_transaction_follow_demand_unless_prefetch_is_fixed(que
     await fill(queue, 300, now=epoch_ms())
     claimed_at = []
 
-    async def quick(event, token):            # sends far quicker than a durable commit
+    async def quick(event, token):  # sends far quicker than a durable commit
         await asyncio.sleep(0)
         return True
 
@@ -157,12 +165,13 @@ async def test_claims_per_transaction_follow_demand_unless_prefetch_is_fixed(que
         if kind == "claim":
             claimed_at.append(at)
 
-    ticking = functools.partial(next, itertools.count(epoch_ms()))   # one reading per call
-    summary = await Dispatcher(queue, quick, owner="d1", concurrency=2, clock=ticking,
-                               trace=trace, prefetch=prefetch).run()
+    ticking = functools.partial(next, itertools.count(epoch_ms()))  # one reading per call
+    summary = await Dispatcher(
+        queue, quick, owner="d1", concurrency=2, clock=ticking, trace=trace, prefetch=prefetch
+    ).run()
     assert summary.done == summary.claimed == 300
-    largest = max(collections.Counter(claimed_at).values())       # tickets of one transaction
-    if prefetch is None:        # twice what 2 coroutines took during one commit: up to 8 each
+    largest = max(collections.Counter(claimed_at).values())  # tickets of one transaction
+    if prefetch is None:  # twice what 2 coroutines took during one commit: up to 8 each
         assert 2 + 2 * 2 < largest <= 2 + 8 * 2
     else:
         assert largest <= 2 + prefetch
@@ -184,7 +193,7 @@ async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queu
     dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, idle_ms=5, trace=trace)
     task = asyncio.ensure_future(dispatcher.run(follow=True))
     finished, _ = await asyncio.wait([task], timeout=0.1)
-    assert not finished and seen == []            # an empty queue does not end a follower
+    assert not finished and seen == []  # an empty queue does not end a follower
     await fill(queue, 3, now=epoch_ms())
     await asyncio.wait_for(three_done.wait(), 10)
     task.cancel()
@@ -192,8 +201,9 @@ async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queu
         await task
     assert dispatcher.summary.done == 3
     claims = {(t["id"], t["token"]): at for kind, t, at, status in seen if kind == "claim"}
-    finishes = [(t["id"], t["token"], at, status) for kind, t, at, status in seen
-                if kind == "finish"]
+    finishes = [
+        (t["id"], t["token"], at, status) for kind, t, at, status in seen if kind == "finish"
+    ]
     assert sorted(claims) == [(f"job-{i}", 1) for i in range(3)]
     assert all(status == "done" and at >= claims[(i, k)] for i, k, at, status in finishes)
 
@@ -213,23 +223,42 @@ async def test_cancelling_the_dispatcher_loses_no_job(queue, db):
         await task
     assert not queue.in_transaction
     statuses = [r[3] for r in rows(db) if len(r) > 3]
-    assert set(statuses) <= {"done", "pending"}      # in-flight sends finished in the grace
+    assert set(statuses) <= {"done", "pending"}  # in-flight sends finished in the grace
     assert statuses.count("done") == dispatcher.summary.done
     rest = await Dispatcher(queue, slow, owner="d2", concurrency=8).run()
     assert dispatcher.summary.done + rest.done == 100
 
 
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("enqueue"), st.sampled_from("abcd"), st.integers(1, 3),
-              st.integers(0, 50), st.integers(1, 200), st.integers(1, 3)),
-    st.tuples(st.just("claim"), st.sampled_from(["w1", "w2"]), st.integers(0, 400),
-              st.integers(1, 150)),
-    st.tuples(st.just("finish"), st.integers(0, 5), st.sampled_from(w.OUTCOMES),
-              st.integers(0, 400), st.integers(0, 100)),
-    st.tuples(st.just("redrive"), st.sampled_from("abcd"), st.integers(0, 400),
-              st.integers(1, 200)),
-    st.tuples(st.just("extend"), st.integers(0, 5), st.integers(0, 400), st.integers(1, 150)),
-), max_size=25)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("enqueue"),
+            st.sampled_from("abcd"),
+            st.integers(1, 3),
+            st.integers(0, 50),
+            st.integers(1, 200),
+            st.integers(1, 3),
+        ),
+        st.tuples(
+            st.just("claim"),
+            st.sampled_from(["w1", "w2"]),
+            st.integers(0, 400),
+            st.integers(1, 150),
+        ),
+        st.tuples(
+            st.just("finish"),
+            st.integers(0, 5),
+            st.sampled_from(w.OUTCOMES),
+            st.integers(0, 400),
+            st.integers(0, 100),
+        ),
+        st.tuples(
+            st.just("redrive"), st.sampled_from("abcd"), st.integers(0, 400), st.integers(1, 200)
+        ),
+        st.tuples(st.just("extend"), st.integers(0, 5), st.integers(0, 400), st.integers(1, 150)),
+    ),
+    max_size=25,
+)
 
 
 def apply(con, operations, call, more=None):
@@ -272,6 +301,7 @@ def test_both_drivers_agree_on_random_operation_sequences(tmp_path_factory, oper
     sync_con = w.open_queue(root / "sync.db")
     bridge = AioBridge(root / "aio.db")
     try:
+
         def call(con, name, *args):
             return getattr(q, name)(con, *args)
 
@@ -287,7 +317,7 @@ async def test_a_lock_held_beyond_the_retry_bound_surfaces_as_queue_busy(db):
         await fill(queue, 1, now=T0)
         before = rows(db)
         other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")          # another process holds the write lock
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         try:
             with pytest.raises(QueueBusy, match="after 3 attempts"):
                 await queue.claim("w1", T0)
@@ -296,7 +326,7 @@ async def test_a_lock_held_beyond_the_retry_bound_surfaces_as_queue_busy(db):
             other.execute("ROLLBACK")
             other.close()
         assert rows(db) == before
-        assert (await queue.claim("w1", T0))["id"] == "job-0"     # free again: it works
+        assert (await queue.claim("w1", T0))["id"] == "job-0"  # free again: it works
 
 
 async def test_a_lock_released_during_the_backoff_is_waited_out(db):

@@ -36,11 +36,14 @@ def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp
     con.executemany(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
         " deadline) VALUES (?, ?, 'pending', 0, 5, 0, ?, ?)",
-        [(i, q, now, now + 60_000) for i, q in qty.items()])
+        [(i, q, now, now + 60_000) for i, q in qty.items()],
+    )
     con.execute("COMMIT")
     with sink_process(sink_db, "--fail-rate", "0.1", "--drop-rate", "0.1", "--seed", "7") as url:
-        workers = [start([sys.executable, "-c", WORKER, str(db), url, owner], stdout=PIPE)
-                   for owner in ("p1", "p2")]
+        workers = [
+            start([sys.executable, "-c", WORKER, str(db), url, owner], stdout=PIPE)
+            for owner in ("p1", "p2")
+        ]
         try:
             summaries = [json.loads(p.communicate(timeout=240)[0]) for p in workers]
         finally:

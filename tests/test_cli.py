@@ -26,8 +26,15 @@ from .sinks import serving
 
 
 def asnackq(*args, stdin=None, timeout=60):
-    return subprocess.run(procs.command(*args), input=stdin, capture_output=True, text=True,
-                          timeout=timeout, check=False, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        procs.command(*args),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def ok(*args, **kwargs):
@@ -67,11 +74,23 @@ def sink_proc(tmp_path):
 
 # --- init and enqueue --------------------------------------------------------------------
 
+
 def test_help_everywhere_and_usage_errors_exit_2():
-    for command in ("init", "enqueue", "work", "stats", "dead", "redrive", "history", "audit",
-                    "lab", "sink", "demo"):
+    for command in (
+        "init",
+        "enqueue",
+        "work",
+        "stats",
+        "dead",
+        "redrive",
+        "history",
+        "audit",
+        "lab",
+        "sink",
+        "demo",
+    ):
         assert "usage: asnackq" in ok(command, "--help")
-    fails("work", code=2)                 # QUEUE and --sink missing
+    fails("work", code=2)  # QUEUE and --sink missing
     fails("stats", "q.db", "--bogus", code=2)
 
 
@@ -90,24 +109,40 @@ def test_enqueue_one_then_duplicate_then_conflict(queue):
 
 def test_enqueue_json_lines_from_a_file_and_stdin_with_options(queue, tmp_path):
     source = tmp_path / "in.jsonl"
-    source.write_text(lines(*({"id": f"j{i}", "qty": i % 9 + 1} for i in range(1500)),
-                            {"id": "x", "qty": 1, "ttl_ms": 500, "max_attempts": 9}) + "\n")
+    source.write_text(
+        lines(
+            *({"id": f"j{i}", "qty": i % 9 + 1} for i in range(1500)),
+            {"id": "x", "qty": 1, "ttl_ms": 500, "max_attempts": 9},
+        )
+        + "\n"
+    )
     assert ok("enqueue", queue, source, "--max-attempts", "4", "--json") == {
-        "inserted": 1501, "present": 0, "conflicts": 0, "conflicting": []}
+        "inserted": 1501,
+        "present": 0,
+        "conflicts": 0,
+        "conflicting": [],
+    }
     con = sqlite3.connect(queue)
-    assert con.execute("SELECT max_attempts, deadline - available_at FROM jobs WHERE id = 'x'"
-                       ).fetchone() == (9, 500)
+    assert con.execute(
+        "SELECT max_attempts, deadline - available_at FROM jobs WHERE id = 'x'"
+    ).fetchone() == (9, 500)
     assert con.execute("SELECT max_attempts FROM jobs WHERE id = 'j7'").fetchone() == (4,)
     con.close()
-    got = ok("enqueue", queue, "-", "--json", stdin=lines({"id": "j1", "qty": 2},
-                                                          {"id": "new", "qty": 5}))
+    got = ok(
+        "enqueue",
+        queue,
+        "-",
+        "--json",
+        stdin=lines({"id": "j1", "qty": 2}, {"id": "new", "qty": 5}),
+    )
     assert got == {"inserted": 1, "present": 1, "conflicts": 0, "conflicting": []}
 
 
 def test_enqueue_reports_conflicts_with_exit_1_and_inserts_the_rest(queue):
     ok("enqueue", queue, "--id", "a", "--qty", "2")
-    run = asnackq("enqueue", queue, "-", "--json",
-                  stdin=lines({"id": "a", "qty": 9}, {"id": "b", "qty": 1}))
+    run = asnackq(
+        "enqueue", queue, "-", "--json", stdin=lines({"id": "a", "qty": 9}, {"id": "b", "qty": 1})
+    )
     assert run.returncode == 1
     assert json.loads(run.stdout)["inserted"] == 1 and json.loads(run.stdout)["conflicts"] == 1
     assert "conflict: job 'a' exists with qty 2, not 9" in run.stderr
@@ -117,13 +152,16 @@ def test_enqueue_reports_conflicts_with_exit_1_and_inserts_the_rest(queue):
     con.close()
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ('{"id": "ok", "qty": 1}\n{"id": "b c", "qty": 1}\n', "stdin:2: event id"),
-    ('{"id": "ok", "qty": 1}\nnot json\n', "stdin:2:"),
-    ('[1, 2]\n', "stdin:1: each line must be a JSON object"),
-    ('{"id": "a", "qty": 1, "qtty": 2}\n', "stdin:1: unknown keys ['qtty']"),
-    ('{"id": "a", "qty": 1, "ttl_ms": 0}\n', "stdin:1: ttl_ms"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"id": "ok", "qty": 1}\n{"id": "b c", "qty": 1}\n', "stdin:2: event id"),
+        ('{"id": "ok", "qty": 1}\nnot json\n', "stdin:2:"),
+        ("[1, 2]\n", "stdin:1: each line must be a JSON object"),
+        ('{"id": "a", "qty": 1, "qtty": 2}\n', "stdin:1: unknown keys ['qtty']"),
+        ('{"id": "a", "qty": 1, "ttl_ms": 0}\n', "stdin:1: ttl_ms"),
+    ],
+)
 def test_enqueue_bad_line_changes_nothing(queue, text, why):
     before = rows(queue)
     assert why in fails("enqueue", queue, "-", stdin=text)
@@ -145,6 +183,7 @@ def test_commands_on_a_missing_or_foreign_file_fail_clearly(tmp_path):
 
 
 # --- stats, dead, redrive, history ----------------------------------------------------------
+
 
 def make_dead(queue):
     """Three dead jobs: two exhausted, one by deadline; one done and one pending."""
@@ -168,7 +207,10 @@ def test_stats_and_dead(queue):
     assert stats["oldest_pending_ms"] >= 10_000 and stats["expired_leases"] == 0
     dead = ok("dead", queue, "--json")
     assert [(d["id"], d["reason"], d["attempts"], d["token"]) for d in dead] == [
-        ("e1", "exhausted", 1, 1), ("e2", "exhausted", 1, 1), ("late", "deadline", 0, 0)]
+        ("e1", "exhausted", 1, 1),
+        ("e2", "exhausted", 1, 1),
+        ("late", "deadline", 0, 0),
+    ]
     assert [d["id"] for d in ok("dead", queue, "--reason", "deadline", "--json")] == ["late"]
     assert "exhausted" in ok("dead", queue) and "dead: deadline" in ok("stats", queue)
 
@@ -186,17 +228,23 @@ def test_stats_shows_expired_leases(queue):
 
 def test_redrive_one_and_by_reason_each_audited(queue):
     make_dead(queue)
-    assert ok("redrive", queue, "late", "--ttl-ms", "5000", "--note", "fixed-clock",
-              "--json") == {"redriven": 1, "jobs": [{"id": "late", "redriven": True}]}
-    got = ok("redrive", queue, "--reason", "exhausted", "--ttl-ms", "5000", "--note", "bulk",
-             "--json")
+    assert ok("redrive", queue, "late", "--ttl-ms", "5000", "--note", "fixed-clock", "--json") == {
+        "redriven": 1,
+        "jobs": [{"id": "late", "redriven": True}],
+    }
+    got = ok(
+        "redrive", queue, "--reason", "exhausted", "--ttl-ms", "5000", "--note", "bulk", "--json"
+    )
     assert got["redriven"] == 2
     history = ok("history", queue, "e2", "--json")
     assert history["status"] == "pending" and history["token"] == 1
     assert [(r["token"], r["note"]) for r in history["redrives"]] == [(1, "bulk")]
     con = sqlite3.connect(queue)
     assert con.execute("SELECT id, note FROM redrives ORDER BY seq").fetchall() == [
-        ("late", "fixed-clock"), ("e1", "bulk"), ("e2", "bulk")]
+        ("late", "fixed-clock"),
+        ("e1", "bulk"),
+        ("e2", "bulk"),
+    ]
     con.close()
     assert "bulk" in ok("history", queue, "e1")
 
@@ -204,13 +252,16 @@ def test_redrive_one_and_by_reason_each_audited(queue):
 def test_redrive_errors_change_nothing(queue):
     make_dead(queue)
     before = rows(queue)
-    assert "is pending, not dead" in fails("redrive", queue, "wait", "--ttl-ms", "10",
-                                           "--note", "x")
+    assert "is pending, not dead" in fails(
+        "redrive", queue, "wait", "--ttl-ms", "10", "--note", "x"
+    )
     assert "no job 'ghost'" in fails("redrive", queue, "ghost", "--ttl-ms", "10", "--note", "x")
-    assert "give either one job ID or --reason" in fails("redrive", queue, "--ttl-ms", "10",
-                                                         "--note", "x", code=2)
-    assert "note" in fails("redrive", queue, "--reason", "exhausted", "--ttl-ms", "10",
-                           "--note", "two words")
+    assert "give either one job ID or --reason" in fails(
+        "redrive", queue, "--ttl-ms", "10", "--note", "x", code=2
+    )
+    assert "note" in fails(
+        "redrive", queue, "--reason", "exhausted", "--ttl-ms", "10", "--note", "two words"
+    )
     assert "ttl_ms" in fails("redrive", queue, "e1", "--ttl-ms", "0", "--note", "x")
     fails("redrive", queue, "--reason", "tired", "--ttl-ms", "10", "--note", "x", code=2)
     assert "no job 'ghost'" in fails("history", queue, "ghost")
@@ -219,12 +270,24 @@ def test_redrive_errors_change_nothing(queue):
 
 # --- work and audit, with a real sink process ------------------------------------------------
 
+
 def test_work_until_empty_then_audit_is_clean(queue, sink_proc, tmp_path):
     url, sink_db = sink_proc
-    ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": i % 5 + 1}
-                                            for i in range(200))))
-    summary = ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "16",
-                 "--owner", "cli-1", "--trace", tmp_path / "t.jsonl", "--json")
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": i % 5 + 1} for i in range(200))))
+    summary = ok(
+        "work",
+        queue,
+        "--sink",
+        url,
+        "--until-empty",
+        "--concurrency",
+        "16",
+        "--owner",
+        "cli-1",
+        "--trace",
+        tmp_path / "t.jsonl",
+        "--json",
+    )
     assert summary["done"] == 200 and summary["claimed"] == 200 and summary["owner"] == "cli-1"
     assert summary["stopped_by_signal"] is False
     trace = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
@@ -243,7 +306,7 @@ def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc)
     url, sink_db = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 2} for i in range(20))))
     ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "4")
-    con = w.open_queue(queue)          # one job leased and applied, its ACK not yet in
+    con = w.open_queue(queue)  # one job leased and applied, its ACK not yet in
     now = time.time_ns() // 1_000_000
     w.enqueue(con, {"id": "later", "qty": 1}, now, 60_000)
     assert w.claim(con, "slow", now, 60_000)["token"] == 1
@@ -288,8 +351,12 @@ def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path)
     run = asnackq("audit", queue, "--sink-db", sink_db, "--json")
     assert run.returncode == 1
     flags = json.loads(run.stdout)["flags"]
-    assert (flags["qty-mismatch"], flags["orphan-inbox-row"], flags["token-never-issued"],
-            flags["stock-mismatch"]) == (1, 1, 2, 0)
+    assert (
+        flags["qty-mismatch"],
+        flags["orphan-inbox-row"],
+        flags["token-never-issued"],
+        flags["stock-mismatch"],
+    ) == (1, 1, 2, 0)
     assert "no sink DB at" in fails("audit", queue, "--sink-db", tmp_path / "none.db")
 
 
@@ -313,11 +380,15 @@ async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
 
     app = make_app(SinkConfig(tmp_path / "sink.db"))
     app.middlewares.append(hold)
-    await asyncio.to_thread(ok, "enqueue", queue, "-", stdin=lines(
-        *({"id": f"j{i}", "qty": 1} for i in range(500))))
+    await asyncio.to_thread(
+        ok, "enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 1} for i in range(500)))
+    )
     async with serving(app) as sink:
-        with procs.started(procs.command("work", queue, "--sink", sink.url, "--concurrency",
-                                         "8", "--json"), stdout=PIPE, stderr=PIPE) as work:
+        with procs.started(
+            procs.command("work", queue, "--sink", sink.url, "--concurrency", "8", "--json"),
+            stdout=PIPE,
+            stderr=PIPE,
+        ) as work:
             await asyncio.wait_for(in_flight.wait(), 30)
             work.send_signal(signum)
             gate.set()
@@ -327,19 +398,22 @@ async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
     assert summary["stopped_by_signal"] is True and summary["errors"] == 0
     assert summary["claimed"] == summary["done"] < 500
     stats = await asyncio.to_thread(ok, "stats", queue, "--json")
-    assert stats["by_status"]["leased"] == 0          # in-flight sends were finished
+    assert stats["by_status"]["leased"] == 0  # in-flight sends were finished
     assert stats["by_status"]["done"] == summary["done"]
 
 
 def test_work_refuses_a_timeout_longer_than_the_lease(queue):
-    assert "must be below the lease" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
-                                              "--lease-ms", "1000", "--timeout-s", "2")
+    assert "must be below the lease" in fails(
+        "work", queue, "--sink", "http://127.0.0.1:9/e", "--lease-ms", "1000", "--timeout-s", "2"
+    )
     assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events")
-    assert "prefetch must be" in fails("work", queue, "--sink", "http://127.0.0.1:9/e",
-                                       "--prefetch", "-1")
+    assert "prefetch must be" in fails(
+        "work", queue, "--sink", "http://127.0.0.1:9/e", "--prefetch", "-1"
+    )
     for bad in ("-1", "1001", "0.5", "ten"):
         assert "--gather-ms: must be an int in 0..1000" in fails(
-            "work", queue, "--sink", "http://127.0.0.1:9/e", "--gather-ms", bad, code=2)
+            "work", queue, "--sink", "http://127.0.0.1:9/e", "--gather-ms", bad, code=2
+        )
 
 
 def test_work_without_gathering(queue, sink_proc):
@@ -352,19 +426,52 @@ def test_work_without_gathering(queue, sink_proc):
 def test_work_with_a_fixed_prefetch(queue, sink_proc):
     url, _ = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"p{i}", "qty": 1} for i in range(30))))
-    summary = ok("work", queue, "--sink", url, "--until-empty", "--concurrency", "3",
-                 "--prefetch", "0", "--json")
+    summary = ok(
+        "work",
+        queue,
+        "--sink",
+        url,
+        "--until-empty",
+        "--concurrency",
+        "3",
+        "--prefetch",
+        "0",
+        "--json",
+    )
     assert summary["done"] == summary["claimed"] == 30
 
 
 # --- lab --------------------------------------------------------------------------------
 
+
 def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
     out = tmp_path / "lab.json"
-    run = asnackq("lab", "--jobs", "300", "--processes", "2", "--concurrency", "16",
-                  "--fail-rate", "0.1", "--drop-rate", "0.1", "--kill-every", "0.4",
-                  "--seed", "7", "--lease-ms", "800", "--send-timeout-s", "0.4",
-                  "--dir", tmp_path / "lab", "--json", out, timeout=120)
+    run = asnackq(
+        "lab",
+        "--jobs",
+        "300",
+        "--processes",
+        "2",
+        "--concurrency",
+        "16",
+        "--fail-rate",
+        "0.1",
+        "--drop-rate",
+        "0.1",
+        "--kill-every",
+        "0.4",
+        "--seed",
+        "7",
+        "--lease-ms",
+        "800",
+        "--send-timeout-s",
+        "0.4",
+        "--dir",
+        tmp_path / "lab",
+        "--json",
+        out,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["violations"] == []
@@ -393,8 +500,13 @@ def test_lab_verification_catches_a_lost_effect(tmp_path):
     con.close()
     traces = read_traces(directory)
     traces.append({**next(r for r in traces if r["e"] == "claim"), "owner": "ghost"})
-    found = verify(directory / "queue.db", directory / "sink.db", qty, traces,
-                   {"applied": 50, "requests": 50, "duplicates": 0})
+    found = verify(
+        directory / "queue.db",
+        directory / "sink.db",
+        qty,
+        traces,
+        {"applied": 50, "requests": 50, "duplicates": 0},
+    )
     text = "\n".join(found["violations"])
     assert "done-without-inbox-row" in text and "token reused" in text
     assert "applied 50 times for 49 inbox rows" in text

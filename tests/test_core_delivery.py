@@ -45,7 +45,7 @@ def test_ok_delivery_sends_a_fresh_id_qty_dict_outside_any_transaction(con, db):
     def during(event):
         other = sqlite3.connect(db, timeout=0)
         try:
-            other.execute("BEGIN IMMEDIATE")   # the write lock is free during the send
+            other.execute("BEGIN IMMEDIATE")  # the write lock is free during the send
             other.execute("ROLLBACK")
         finally:
             other.close()
@@ -54,7 +54,10 @@ def test_ok_delivery_sends_a_fresh_id_qty_dict_outside_any_transaction(con, db):
 
     send = Sender(True, during)
     assert w.run_once(con, "w1", Clock(T0, T0 + 10), send, 0.5) == {
-        "id": "a", "token": 1, "status": "done"}
+        "id": "a",
+        "token": 1,
+        "status": "done",
+    }
     assert send.calls == [{"id": "a", "qty": 4}]
     assert seen == {"in_transaction": False, "type": dict}
     assert job(db, "a")["status"] == "done"
@@ -83,7 +86,10 @@ def test_a_send_that_enqueues_elsewhere_does_not_confuse_finish(con, db):
             other.close()
 
     assert w.run_once(con, "w1", Clock(T0, T0 + 1), Sender(True, enqueue_more), 1) == {
-        "id": "a", "token": 1, "status": "done"}
+        "id": "a",
+        "token": 1,
+        "status": "done",
+    }
     assert job(db, "new")["status"] == "pending"
 
 
@@ -100,15 +106,19 @@ class Flaky(w.Retryable):
     pass
 
 
-@pytest.mark.parametrize(("jitter", "error"), [
-    (1, w.Retryable("503")), (0.5, Flaky("reset")), (0, w.Retryable()), (0.29, w.Retryable())])
+@pytest.mark.parametrize(
+    ("jitter", "error"),
+    [(1, w.Retryable("503")), (0.5, Flaky("reset")), (0, w.Retryable()), (0.29, w.Retryable())],
+)
 def test_retryable_retries_with_capped_jittered_delay(con, db, jitter, error):
     put(con)
     result = w.run_once(con, "w1", Clock(T0, T0 + 20), Sender(error), jitter)
     assert result == {"id": "a", "token": 1, "status": "pending"}
     row = job(db, "a")
     assert (row["reason"], row["available_at"]) == (
-        "retry", T0 + 20 + w.retry_delay(1, 100, 1000, jitter))
+        "retry",
+        T0 + 20 + w.retry_delay(1, 100, 1000, jitter),
+    )
 
 
 def test_retry_delay_grows_with_the_attempt(con, db):
@@ -135,9 +145,16 @@ def test_permanent_is_dead_permanent(con, db):
     assert job(db, "a")["reason"] == "permanent"
 
 
-@pytest.mark.parametrize("error", [
-    RuntimeError("boom"), TimeoutError("slow"), w.BadAck("wrong id"), w.Conflict("?"),
-    KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("boom"),
+        TimeoutError("slow"),
+        w.BadAck("wrong id"),
+        w.Conflict("?"),
+        KeyboardInterrupt(),
+    ],
+)
 def test_unclassified_errors_propagate_unchanged_and_the_lease_stays(con, db, error):
     put(con)
     clock = Clock(T0, T0 + 1)
@@ -173,7 +190,7 @@ def test_stale_when_the_lease_ran_out_during_the_send(con, db):
     put(con)
     result = w.run_once(con, "w1", Clock(T0, T0 + 100), Sender(True), 1, lease_ms=100)
     assert result == {"id": "a", "token": 1, "status": "stale"}
-    assert job(db, "a")["status"] == "leased"   # a late result never touches the job
+    assert job(db, "a")["status"] == "leased"  # a late result never touches the job
 
 
 def test_stale_when_another_worker_took_over(con, db):
@@ -200,12 +217,20 @@ def test_jitter_is_validated_before_the_clock(con, db, jitter):
     assert clock.calls == 0
 
 
-@pytest.mark.parametrize(("owner", "clock", "send", "lease"), [
-    ("bad owner", Clock(T0), Sender(), 1000), ("w1", None, Sender(), 1000),
-    ("w1", Clock(T0), "send", 1000), ("w1", Clock(T0), Sender(), 0),
-    ("w1", Clock(T0), Sender(), 60_001), ("w1", Clock(T0), Sender(), False)])
-def test_run_once_rejects_bad_arguments_before_reading_the_clock(con, db, owner, clock, send,
-                                                                 lease):
+@pytest.mark.parametrize(
+    ("owner", "clock", "send", "lease"),
+    [
+        ("bad owner", Clock(T0), Sender(), 1000),
+        ("w1", None, Sender(), 1000),
+        ("w1", Clock(T0), "send", 1000),
+        ("w1", Clock(T0), Sender(), 0),
+        ("w1", Clock(T0), Sender(), 60_001),
+        ("w1", Clock(T0), Sender(), False),
+    ],
+)
+def test_run_once_rejects_bad_arguments_before_reading_the_clock(
+    con, db, owner, clock, send, lease
+):
     put(con)
     with pytest.raises(ValueError):
         w.run_once(con, owner, clock, send, 0.5, lease)
@@ -214,6 +239,7 @@ def test_run_once_rejects_bad_arguments_before_reading_the_clock(con, db, owner,
 
 
 # --- run_file ------------------------------------------------------------------------------
+
 
 def test_run_file_refuses_a_missing_file_and_creates_nothing(tmp_path):
     with pytest.raises(FileNotFoundError):
@@ -250,7 +276,10 @@ def opened(monkeypatch):
 def test_run_file_owns_and_closes_its_connection(con, db, opened):
     put(con, qty=2)
     assert w.run_file(db, "w1", Clock(T0, T0 + 1), Sender(True), 1) == {
-        "id": "a", "token": 1, "status": "done"}
+        "id": "a",
+        "token": 1,
+        "status": "done",
+    }
     assert w.run_file(str(db), "w1", Clock(T0 + 2), Sender(True), 1) is None
     assert len(opened) == 2
     for connection in opened:

@@ -28,15 +28,20 @@ spec = importlib.util.spec_from_file_location("worker", {WORKER!r})
 w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)
 """
 
-RACE = PRELUDE + """
+RACE = (
+    PRELUDE
+    + """
 db, owner, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = w.open_queue(db)
 print("ready", flush=True)
 sys.stdin.read(1)             # the barrier: both are released by one write each
 print(json.dumps(w.claim(con, owner, now)))
 """
+)
 
-CRASH = PRELUDE + """
+CRASH = (
+    PRELUDE
+    + """
 db, action, point, now = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 def fault(p):
     if p == point:
@@ -49,8 +54,11 @@ elif action == "finish":
 else:
     w.redrive(con, "a", now, 1000, "ops", fault)
 """
+)
 
-DELIVERER = PRELUDE + """
+DELIVERER = (
+    PRELUDE
+    + """
 import urllib.request
 db, port, now, owner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 def send(event):
@@ -61,6 +69,7 @@ def send(event):
         return json.load(response).get("id") == event["id"]
 print(json.dumps(w.run_file(db, owner, lambda: now, send, 1.0, 1000)))
 """
+)
 
 
 def child(script: str, *args: object) -> list[str]:
@@ -70,8 +79,7 @@ def child(script: str, *args: object) -> list[str]:
 @pytest.mark.parametrize("round_", range(3))
 def test_two_processes_released_together_claim_one_job_once(con, db, round_):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
-    racers = [start(child(RACE, db, owner, T0), stdin=PIPE, stdout=PIPE)
-              for owner in ("p1", "p2")]
+    racers = [start(child(RACE, db, owner, T0), stdin=PIPE, stdout=PIPE) for owner in ("p1", "p2")]
     try:
         assert [p.stdout.readline() for p in racers] == ["ready\n", "ready\n"]  # connected
         for p in racers:
@@ -85,14 +93,15 @@ def test_two_processes_released_together_claim_one_job_once(con, db, round_):
     assert job(db, "a")["owner"] == winners[0]["owner"]
 
 
-@pytest.mark.parametrize(("point", "status", "token"), [
-    ("after-claim", "pending", 0), ("after-commit", "leased", 1)])
+@pytest.mark.parametrize(
+    ("point", "status", "token"), [("after-claim", "pending", 0), ("after-commit", "leased", 1)]
+)
 def test_exit_inside_a_claim_hook_is_atomic(con, db, point, status, token):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
-    w.enqueue(con, {"id": "old", "qty": 1}, T0, 5)   # quarantined by the same transaction
+    w.enqueue(con, {"id": "old", "qty": 1}, T0, 5)  # quarantined by the same transaction
     run = subprocess.run(child(CRASH, db, "claim", point, T0 + 5), timeout=30, check=False)
     assert run.returncode == 17
-    again = w.open_queue(db)   # the hot journal, if any, is rolled back here
+    again = w.open_queue(db)  # the hot journal, if any, is rolled back here
     try:
         assert (job(db, "a")["status"], job(db, "a")["token"]) == (status, token)
         assert job(db, "old")["status"] == ("pending" if token == 0 else "dead")
@@ -100,20 +109,24 @@ def test_exit_inside_a_claim_hook_is_atomic(con, db, point, status, token):
         again.close()
 
 
-@pytest.mark.parametrize(("point", "status"), [("after-finish", "leased"),
-                                               ("after-commit", "done")])
+@pytest.mark.parametrize(
+    ("point", "status"), [("after-finish", "leased"), ("after-commit", "done")]
+)
 def test_exit_inside_a_finish_hook_is_atomic(con, db, point, status):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
     ticket = w.claim(con, "w1", T0)
-    run = subprocess.run(child(CRASH, db, "finish", point, T0 + 1, json.dumps(ticket)),
-                         timeout=30, check=False)
+    run = subprocess.run(
+        child(CRASH, db, "finish", point, T0 + 1, json.dumps(ticket)), timeout=30, check=False
+    )
     assert run.returncode == 17
     w.open_queue(db).close()
     assert job(db, "a")["status"] == status
 
 
-@pytest.mark.parametrize(("point", "status", "audits"), [
-    ("after-audit", "dead", 0), ("after-redrive", "dead", 0), ("after-commit", "pending", 1)])
+@pytest.mark.parametrize(
+    ("point", "status", "audits"),
+    [("after-audit", "dead", 0), ("after-redrive", "dead", 0), ("after-commit", "pending", 1)],
+)
 def test_exit_inside_a_redrive_hook_is_atomic(con, db, point, status, audits):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 1)
     w.claim(con, "w1", T0 + 1)
@@ -137,9 +150,11 @@ class KillingSink(ThreadingHTTPServer):
         self.requests: list[str] = []
         self.kill_first = True
         con = sqlite3.connect(db)
-        con.executescript("CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL);"
-                          "CREATE TABLE stock (total INTEGER NOT NULL);"
-                          "INSERT INTO stock VALUES (0);")
+        con.executescript(
+            "CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL);"
+            "CREATE TABLE stock (total INTEGER NOT NULL);"
+            "INSERT INTO stock VALUES (0);"
+        )
         con.close()
 
 
@@ -159,7 +174,7 @@ class SinkHandler(BaseHTTPRequestHandler):
             con.execute("UPDATE stock SET total = total + ?", (event["qty"],))
         con.execute("COMMIT")
         con.close()
-        if self.server.kill_first:          # the effect is committed; the ACK never arrives
+        if self.server.kill_first:  # the effect is committed; the ACK never arrives
             self.server.kill_first = False
             os.kill(int(self.headers["X-Pid"]), signal.SIGKILL)
             return
@@ -177,13 +192,19 @@ def test_a_deliverer_killed_after_the_effect_is_recovered_by_another_process(con
     thread.start()
     try:
         port = sink.server_address[1]
-        first = subprocess.run(child(DELIVERER, db, port, T0, "alpha"), capture_output=True,
-                               timeout=30, check=False)
+        first = subprocess.run(
+            child(DELIVERER, db, port, T0, "alpha"), capture_output=True, timeout=30, check=False
+        )
         assert first.returncode == -signal.SIGKILL
         assert (job(db, "snack-7")["status"], job(db, "snack-7")["owner"]) == ("leased", "alpha")
         # A second process after the lease expired: it re-sends, the inbox absorbs it.
-        second = subprocess.run(child(DELIVERER, db, port, T0 + 1000, "beta"),
-                                capture_output=True, text=True, timeout=30, check=True)
+        second = subprocess.run(
+            child(DELIVERER, db, port, T0 + 1000, "beta"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         assert json.loads(second.stdout) == {"id": "snack-7", "token": 2, "status": "done"}
     finally:
         sink.shutdown()

@@ -58,6 +58,7 @@ def visible_status(db, job_id):
 
 # --- open_queue ----------------------------------------------------------------
 
+
 def test_open_queue_settings_schema_and_indexes(file_db):
     con = w.open_queue(file_db)
     try:
@@ -87,9 +88,10 @@ def test_open_queue_keeps_rows_across_reopen(driver, db):
 
 def test_claim_plan_does_not_scan_finished_rows(file_db):
     con = w.open_queue(file_db)
-    plans = [" ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
-             for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED,
-                        w.SQL_NEXT_CLAIMABLE)]
+    plans = [
+        " ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
+        for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED, w.SQL_NEXT_CLAIMABLE)
+    ]
     con.close()
     for plan in plans:
         assert "SCAN jobs" not in plan, plan
@@ -97,12 +99,23 @@ def test_claim_plan_does_not_scan_finished_rows(file_db):
 
 # --- enqueue ---------------------------------------------------------------------
 
+
 def test_enqueue_inserts_pending_row(con, db):
     put(con, "a", qty=7, ttl=500, max_attempts=5)
-    assert job(db, "a") == {"seq": 1, "id": "a", "qty": 7, "status": "pending", "attempts": 0,
-                            "max_attempts": 5, "token": 0, "available_at": T0,
-                            "deadline": T0 + 500, "owner": None, "lease_until": None,
-                            "reason": None}
+    assert job(db, "a") == {
+        "seq": 1,
+        "id": "a",
+        "qty": 7,
+        "status": "pending",
+        "attempts": 0,
+        "max_attempts": 5,
+        "token": 0,
+        "available_at": T0,
+        "deadline": T0 + 500,
+        "owner": None,
+        "lease_until": None,
+        "reason": None,
+    }
 
 
 def test_duplicate_intake_keeps_whole_row(con, db):
@@ -129,8 +142,19 @@ def test_every_operation_is_one_immediate_transaction(con, statements, begin):
         lambda: q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000),
         lambda: q.claim(con, "w1", T0),
         lambda: q.claim(con, "w1", T0),
-        lambda: q.finish(con, {"id": "a", "qty": 1, "owner": "w1", "token": 1, "attempt": 1,
-                               "lease_until": T0 + 1000}, "permanent", T0 + 1),
+        lambda: q.finish(
+            con,
+            {
+                "id": "a",
+                "qty": 1,
+                "owner": "w1",
+                "token": 1,
+                "attempt": 1,
+                "lease_until": T0 + 1000,
+            },
+            "permanent",
+            T0 + 1,
+        ),
         lambda: q.redrive(con, "a", T0 + 2, 1000, "ops"),
     ]
     for call in calls:
@@ -143,14 +167,26 @@ def test_every_operation_is_one_immediate_transaction(con, statements, begin):
 
 # --- claim -------------------------------------------------------------------------
 
+
 def test_claim_returns_exact_ticket_and_leases(con, db):
     put(con, "a", qty=5)
     got = q.claim(con, "w1", T0 + 10, 250)
-    assert got == {"id": "a", "qty": 5, "owner": "w1", "token": 1, "attempt": 1,
-                   "lease_until": T0 + 260}
+    assert got == {
+        "id": "a",
+        "qty": 5,
+        "owner": "w1",
+        "token": 1,
+        "attempt": 1,
+        "lease_until": T0 + 260,
+    }
     row = job(db, "a")
     assert (row["status"], row["attempts"], row["token"], row["owner"], row["lease_until"]) == (
-        "leased", 1, 1, "w1", T0 + 260)
+        "leased",
+        1,
+        1,
+        "w1",
+        T0 + 260,
+    )
 
 
 def test_claim_caps_lease_at_deadline_and_defaults_to_1000(con):
@@ -188,9 +224,9 @@ def test_claim_takes_over_an_expired_lease_at_equality(con, db):
 def test_claim_interleaves_pending_and_expired_leases_by_seq(con):
     put(con, "a")
     put(con, "b")
-    q.claim(con, "w1", T0, 10)           # a leased until T0+10
+    q.claim(con, "w1", T0, 10)  # a leased until T0+10
     put(con, "c")
-    assert q.claim(con, "w2", T0 + 10)["id"] == "a"   # expired a before pending b
+    assert q.claim(con, "w2", T0 + 10)["id"] == "a"  # expired a before pending b
     assert q.claim(con, "w2", T0 + 10)["id"] == "b"
 
 
@@ -198,14 +234,18 @@ def test_claim_quarantines_deadline_before_exhausted(con, db):
     put(con, "late", ttl=100)
     put(con, "spent", ttl=10_000, max_attempts=1)
     put(con, "both", ttl=100, max_attempts=1)
-    q.claim(con, "w1", T0, 50)   # late
-    q.claim(con, "w1", T0, 50)   # spent (attempt 1 of 1)
-    q.claim(con, "w1", T0, 50)   # both
+    q.claim(con, "w1", T0, 50)  # late
+    q.claim(con, "w1", T0, 50)  # spent (attempt 1 of 1)
+    q.claim(con, "w1", T0, 50)  # both
     assert q.claim(con, "w1", T0 + 100) is None
-    assert [(job(db, i)["status"], job(db, i)["reason"], job(db, i)["owner"],
-             job(db, i)["lease_until"]) for i in ("late", "spent", "both")] == [
-        ("dead", "deadline", None, None), ("dead", "exhausted", None, None),
-        ("dead", "deadline", None, None)]
+    assert [
+        (job(db, i)["status"], job(db, i)["reason"], job(db, i)["owner"], job(db, i)["lease_until"])
+        for i in ("late", "spent", "both")
+    ] == [
+        ("dead", "deadline", None, None),
+        ("dead", "exhausted", None, None),
+        ("dead", "deadline", None, None),
+    ]
 
 
 def test_claim_quarantines_pending_at_deadline_equality(con, db):
@@ -216,7 +256,7 @@ def test_claim_quarantines_pending_at_deadline_equality(con, db):
 
 def test_claim_never_quarantines_a_live_lease(con, db):
     put(con, "a", ttl=100, max_attempts=1)
-    q.claim(con, "w1", T0, 100)      # lease_until = deadline = T0+100, attempts = max
+    q.claim(con, "w1", T0, 100)  # lease_until = deadline = T0+100, attempts = max
     assert q.claim(con, "w2", T0 + 99) is None
     assert job(db, "a")["status"] == "leased"
 
@@ -265,18 +305,22 @@ def test_claim_fault_after_commit_keeps_the_claim(con, db):
 
 # --- finish ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def leased(con):
     put(con, "a", qty=2, ttl=10_000, max_attempts=3)
     return q.claim(con, "w1", T0, 1000)
 
 
-@pytest.mark.parametrize(("outcome", "delay", "expected"), [
-    ("ok", 0, ("done", None, T0 + 7)),
-    ("ok", 500, ("done", None, T0 + 7)),
-    ("permanent", 500, ("dead", "permanent", T0 + 7)),
-    ("retry", 500, ("pending", "retry", T0 + 507)),
-])
+@pytest.mark.parametrize(
+    ("outcome", "delay", "expected"),
+    [
+        ("ok", 0, ("done", None, T0 + 7)),
+        ("ok", 500, ("done", None, T0 + 7)),
+        ("permanent", 500, ("dead", "permanent", T0 + 7)),
+        ("retry", 500, ("pending", "retry", T0 + 507)),
+    ],
+)
 def test_finish_outcomes(con, db, leased, outcome, delay, expected):
     before = job(db, "a")
     assert q.finish(con, leased, outcome, T0 + 7, delay) == expected[0]
@@ -308,9 +352,17 @@ def test_finish_retry_exhausted_wins_over_deadline(con, db):
     assert job(db, "e")["reason"] == "exhausted"
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("id", "b"), ("qty", 3), ("owner", "w2"), ("token", 2), ("attempt", 2),
-    ("lease_until", T0 + 999)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("id", "b"),
+        ("qty", 3),
+        ("owner", "w2"),
+        ("token", 2),
+        ("attempt", 2),
+        ("lease_until", T0 + 999),
+    ],
+)
 def test_finish_rejects_any_ticket_mismatch(con, db, leased, field, value):
     put(con, "b", qty=2)
     before = rows(db)
@@ -323,7 +375,7 @@ def test_finish_rejects_at_lease_end_and_at_deadline(con, db, leased):
     hooks = Hooks()
     assert q.finish(con, leased, "ok", T0 + 1000, fault=hooks) is False
     put(con, "short", ttl=300)
-    short = q.claim(con, "w1", T0, 1000)    # lease capped at the deadline
+    short = q.claim(con, "w1", T0, 1000)  # lease capped at the deadline
     assert q.finish(con, {**short, "lease_until": T0 + 300}, "ok", T0 + 300) is False
     assert hooks.points == []
     assert rows(db)[0] == before[0]
@@ -334,7 +386,7 @@ def test_stale_same_owner_cannot_finish_a_newer_lease(con, db, leased):
     assert newer["token"] == 2
     assert q.finish(con, leased, "ok", T0 + 1001) is False
     assert q.finish(con, newer, "ok", T0 + 1001) == "done"
-    assert q.finish(con, newer, "ok", T0 + 1002) is False    # not leased any more
+    assert q.finish(con, newer, "ok", T0 + 1002) is False  # not leased any more
 
 
 def test_finish_hooks_and_faults(con, db, leased):
@@ -352,12 +404,19 @@ def test_finish_hooks_and_faults(con, db, leased):
 
 def test_finish_hook_positions(con, db, leased):
     seen = []
-    q.finish(con, leased, "retry", T0 + 1, 10,
-             fault=lambda p: seen.append((p, con.in_transaction, visible_status(db, "a"))))
+    q.finish(
+        con,
+        leased,
+        "retry",
+        T0 + 1,
+        10,
+        fault=lambda p: seen.append((p, con.in_transaction, visible_status(db, "a"))),
+    )
     assert seen == [("after-finish", True, "leased"), ("after-commit", False, "pending")]
 
 
 # --- redrive ------------------------------------------------------------------------------
+
 
 def test_redrive_renews_budget_keeps_token_and_audits(con, db):
     put(con, "a", qty=9, ttl=10_000, max_attempts=2)
@@ -368,11 +427,20 @@ def test_redrive_renews_budget_keeps_token_and_audits(con, db):
     assert hooks.points == ["after-audit", "after-redrive", "after-commit"]
     row = job(db, "a")
     assert {k: row[k] for k in row if k != "seq"} == {
-        "id": "a", "qty": 9, "status": "pending", "attempts": 0, "max_attempts": 2, "token": 1,
-        "available_at": T0 + 50, "deadline": T0 + 750, "owner": None, "lease_until": None,
-        "reason": None}
+        "id": "a",
+        "qty": 9,
+        "status": "pending",
+        "attempts": 0,
+        "max_attempts": 2,
+        "token": 1,
+        "available_at": T0 + 50,
+        "deadline": T0 + 750,
+        "owner": None,
+        "lease_until": None,
+        "reason": None,
+    }
     assert rows(db)[-1] == (1, "a", 1, T0 + 50, "ops-fix")
-    assert q.claim(con, "w2", T0 + 50)["token"] == 2      # never a reused generation
+    assert q.claim(con, "w2", T0 + 50)["token"] == 2  # never a reused generation
 
 
 @pytest.mark.parametrize("state", ["missing", "pending", "leased", "done"])
@@ -408,22 +476,28 @@ def test_redrive_hook_positions_and_after_commit_fault(con, db):
         return len(rows(db)) - rows(db).index(("--",)) - 1
 
     seen = []
-    hooks = Hooks(fail_at="after-commit",
-                  action=lambda p: seen.append((p, visible_status(db, "a"), audit_rows())))
+    hooks = Hooks(
+        fail_at="after-commit",
+        action=lambda p: seen.append((p, visible_status(db, "a"), audit_rows())),
+    )
     with pytest.raises(RuntimeError, match="after-commit"):
         q.redrive(con, "a", T0 + 2, 1000, "ops", fault=hooks)
-    assert seen == [("after-audit", "dead", 0), ("after-redrive", "dead", 0),
-                    ("after-commit", "pending", 1)]
+    assert seen == [
+        ("after-audit", "dead", 0),
+        ("after-redrive", "dead", 0),
+        ("after-commit", "pending", 1),
+    ]
 
 
 # --- additions: extend and batches ------------------------------------------------------------
+
 
 def test_extend_is_fenced_and_capped_at_the_deadline(con, db):
     put(con, "a", ttl=3000)
     issued = q.claim(con, "w1", T0, 1000)
     longer = q.extend(con, issued, T0 + 500, 2000)
     assert longer == {**issued, "lease_until": T0 + 2500}
-    assert q.extend(con, issued, T0 + 600, 2000) is False          # old ticket is stale
+    assert q.extend(con, issued, T0 + 600, 2000) is False  # old ticket is stale
     capped = q.extend(con, longer, T0 + 2000, 60_000)
     assert capped["lease_until"] == T0 + 3000
     assert q.finish(con, capped, "ok", T0 + 2999) == "done"
@@ -461,17 +535,28 @@ def test_finish_many_fences_each_ticket_on_its_own(con, db):
         put(con, job_id)
     tickets = q.claim_many(con, "w1", T0, 1000, 3)
     stale = {**tickets[1], "token": 9}
-    got = q.finish_many(con, [(tickets[0], "ok", T0 + 1, 0), (stale, "ok", T0 + 1, 0),
-                              (tickets[2], "retry", T0 + 1, 100)])
+    got = q.finish_many(
+        con,
+        [
+            (tickets[0], "ok", T0 + 1, 0),
+            (stale, "ok", T0 + 1, 0),
+            (tickets[2], "retry", T0 + 1, 100),
+        ],
+    )
     assert got == ["done", False, "pending"]
     assert [job(db, i)["status"] for i in "abc"] == ["done", "leased", "pending"]
 
 
 def test_enqueue_many_judges_each_item_like_sequential_enqueues(con, db):
     put(con, "old", qty=5)
-    items = [({"id": "a", "qty": 1}, 1000, 3), ({"id": "old", "qty": 5}, 1000, 3),
-             ({"id": "old", "qty": 6}, 1000, 3), ({"id": "a", "qty": 1}, 9000, 7),
-             ({"id": "a", "qty": 2}, 1000, 3), ({"id": "b", "qty": 3}, 2000, 16)]
+    items = [
+        ({"id": "a", "qty": 1}, 1000, 3),
+        ({"id": "old", "qty": 5}, 1000, 3),
+        ({"id": "old", "qty": 6}, 1000, 3),
+        ({"id": "a", "qty": 1}, 9000, 7),
+        ({"id": "a", "qty": 2}, 1000, 3),
+        ({"id": "b", "qty": 3}, 2000, 16),
+    ]
     got = q.enqueue_many(con, items, T0 + 1)
     assert got[:2] == [True, False] and got[3] is False and got[5] is True
     assert [type(r) for r in (got[2], got[4])] == [w.Conflict, w.Conflict]
@@ -483,8 +568,7 @@ def test_enqueue_many_judges_each_item_like_sequential_enqueues(con, db):
 def test_enqueue_many_validates_every_item_before_any_change(con, db):
     before = rows(db)
     with pytest.raises(ValueError):
-        q.enqueue_many(con, [({"id": "a", "qty": 1}, 1000, 3), ({"id": "b", "qty": 1}, 0, 3)],
-                       T0)
+        q.enqueue_many(con, [({"id": "a", "qty": 1}, 1000, 3), ({"id": "b", "qty": 1}, 0, 3)], T0)
     with pytest.raises(ValueError):
         q.enqueue_many(con, [], T0)
     assert rows(db) == before
@@ -502,12 +586,15 @@ def test_finish_and_claim_is_finish_many_then_claim_many(driver, place):
     one, both = fill(where["one"]), fill(where["both"])
     tickets = q.claim_many(one, "w1", T0, 500, 3)
     assert q.claim_many(both, "w1", T0, 500, 3) == tickets
-    results = [(tickets[0], "ok", T0 + 1, 0), ({**tickets[1], "token": 7}, "ok", T0 + 1, 0),
-               (tickets[2], "retry", T0 + 1, 0)]
+    results = [
+        (tickets[0], "ok", T0 + 1, 0),
+        ({**tickets[1], "token": 7}, "ok", T0 + 1, 0),
+        (tickets[2], "retry", T0 + 1, 0),
+    ]
     expected = (q.finish_many(one, results), q.claim_many(one, "w2", T0 + 2, 500, 3))
     got = q.finish_and_claim(both, results, "w2", T0 + 2, 500, 3)
     assert got == expected and expected[0] == ["done", False, "pending"]
-    assert [t["id"] for t in got[1]] == ["j2", "j3", "j4"]      # the retried job comes first
+    assert [t["id"] for t in got[1]] == ["j2", "j3", "j4"]  # the retried job comes first
     assert rows(where["one"]) == rows(where["both"])
     only_claims = q.finish_and_claim(both, [], "w2", T0 + 3, 500, 2)
     assert only_claims == ([], q.claim_many(one, "w2", T0 + 3, 500, 2))
@@ -518,36 +605,53 @@ def test_finish_and_claim_is_finish_many_then_claim_many(driver, place):
 
 def test_batches_over_one_chunk_equal_sequential_calls(driver, place):
     where = {"one": place("one"), "many": place("many")}
-    count = w.CHUNK + 37                         # two set-based lease statements
+    count = w.CHUNK + 37  # two set-based lease statements
 
     def fill(path):
         con = open_con(driver, path)
-        assert all(q.enqueue_many(con, [         # some deadlines fall inside the lease
-            ({"id": f"j{i}", "qty": i % 9 + 1}, 300 if i % 11 == 0 else 10_000,
-             1 if i % 13 == 0 else 3) for i in range(count)], T0))
-        assert len(q.claim_many(con, "w0", T0, 100, 50)) == 50       # expire, then reclaimed
+        assert all(
+            q.enqueue_many(
+                con,
+                [  # some deadlines fall inside the lease
+                    (
+                        {"id": f"j{i}", "qty": i % 9 + 1},
+                        300 if i % 11 == 0 else 10_000,
+                        1 if i % 13 == 0 else 3,
+                    )
+                    for i in range(count)
+                ],
+                T0,
+            )
+        )
+        assert len(q.claim_many(con, "w0", T0, 100, 50)) == 50  # expire, then reclaimed
         return con
 
     one, many = fill(where["one"]), fill(where["many"])
     sequential = [q.claim(one, "w1", T0 + 100, 700) for _ in range(count)]
-    sequential = sequential[:sequential.index(None)]   # the jobs whose budget is spent are dead
+    sequential = sequential[: sequential.index(None)]  # the jobs whose budget is spent are dead
     assert len(sequential) > w.CHUNK
     assert q.claim_many(many, "w1", T0 + 100, 700, count) == sequential
     assert rows(where["one"]) == rows(where["many"])
-    for ticket in sequential:                    # each row is exactly the lease its ticket names
+    for ticket in sequential:  # each row is exactly the lease its ticket names
         row = job(where["many"], ticket["id"])
-        assert (row["status"], row["owner"], row["token"], row["attempts"], row["lease_until"]) \
-            == ("leased", "w1", ticket["token"], ticket["attempt"], ticket["lease_until"])
-    assert {t["lease_until"] for t in sequential} == {T0 + 300, T0 + 800}   # capped: deadline
+        assert (row["status"], row["owner"], row["token"], row["attempts"], row["lease_until"]) == (
+            "leased",
+            "w1",
+            ticket["token"],
+            ticket["attempt"],
+            ticket["lease_until"],
+        )
+    assert {t["lease_until"] for t in sequential} == {T0 + 300, T0 + 800}  # capped: deadline
     results = []
     for i, ticket in enumerate(sequential):
         results.append((ticket, ("ok", "retry", "permanent")[i % 3], T0 + 200 + i % 500, i % 4))
-        if i % 17 == 0:                                  # a replay and a forged token: stale
+        if i % 17 == 0:  # a replay and a forged token: stale
             results += [(ticket, "ok", T0 + 201, 0), ({**ticket, "token": 99}, "ok", T0 + 201, 0)]
     expected = [q.finish(one, *result) for result in results]
     assert q.finish_many(many, results) == expected
     assert expected.count(False) > 2 * len(results) // 17 and {"done", "pending", "dead"} <= {
-        *expected}
+        *expected
+    }
     assert rows(where["one"]) == rows(where["many"])
     one.close()
     many.close()
@@ -566,10 +670,12 @@ def test_finish_and_claim_validates_everything_before_any_change(con, db):
 
 def test_extend_many_is_identical_to_sequential_extends(driver, place):
     where = {"one": place("one"), "many": place("many")}
+
     def fill(path):
         con = open_con(driver, path)
-        q.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 450 if i == 3 else 10_000, 3)
-                             for i in range(6)], T0)
+        q.enqueue_many(
+            con, [({"id": f"j{i}", "qty": 1}, 450 if i == 3 else 10_000, 3) for i in range(6)], T0
+        )
         return con, q.claim_many(con, "w1", T0, 500, 6)
 
     (one, tickets), (many, same) = fill(where["one"]), fill(where["many"])
@@ -577,14 +683,28 @@ def test_extend_many_is_identical_to_sequential_extends(driver, place):
     forged = {**tickets[1], "token": 5}
     # A replay of an extended ticket, a forged token, a lease capped at its deadline twice
     # (sequentially both extends land), a ticket already expired, a missing job.
-    batch = [tickets[0], tickets[0], forged, tickets[3], tickets[3], tickets[4],
-             {**tickets[5], "id": "ghost"}]
+    batch = [
+        tickets[0],
+        tickets[0],
+        forged,
+        tickets[3],
+        tickets[3],
+        tickets[4],
+        {**tickets[5], "id": "ghost"},
+    ]
     expected = [q.extend(one, t, T0 + 400, 500) for t in batch]
     assert q.extend_many(many, batch, T0 + 400, 500) == expected
     assert [x if x is False else x["lease_until"] for x in expected] == [
-        T0 + 900, False, False, T0 + 450, T0 + 450, T0 + 900, False]
+        T0 + 900,
+        False,
+        False,
+        T0 + 450,
+        T0 + 450,
+        T0 + 900,
+        False,
+    ]
     assert rows(where["one"]) == rows(where["many"])
-    assert q.extend_many(many, [tickets[2]], T0 + 500, 500) == [False]   # lease end: stale
+    assert q.extend_many(many, [tickets[2]], T0 + 500, 500) == [False]  # lease end: stale
     with pytest.raises(ValueError):
         q.extend_many(many, [], T0, 500)
     one.close()
@@ -593,17 +713,25 @@ def test_extend_many_is_identical_to_sequential_extends(driver, place):
 
 def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
     where = {"one": place("one"), "many": place("many")}
+
     def fill(path):
         con = open_con(driver, path)
         q.enqueue_many(con, [({"id": f"j{i}", "qty": i + 1}, 10_000, 2) for i in range(8)], T0)
         return con, q.claim_many(con, "w1", T0, 500, 5)
 
     (one, tickets), (many, _) = fill(where["one"]), fill(where["many"])
-    results = [(tickets[0], "ok", T0 + 1, 0), (tickets[1], "retry", T0 + 1, 0),
-               ({**tickets[2], "owner": "w9"}, "ok", T0 + 1, 0)]
-    held = [tickets[2], tickets[3], tickets[0]]          # j0 was just finished: stale
-    expected = (q.finish_many(one, results), q.extend_many(one, held, T0 + 300, 500),
-                q.claim_many(one, "w2", T0 + 300, 500, 3), {})
+    results = [
+        (tickets[0], "ok", T0 + 1, 0),
+        (tickets[1], "retry", T0 + 1, 0),
+        ({**tickets[2], "owner": "w9"}, "ok", T0 + 1, 0),
+    ]
+    held = [tickets[2], tickets[3], tickets[0]]  # j0 was just finished: stale
+    expected = (
+        q.finish_many(one, results),
+        q.extend_many(one, held, T0 + 300, 500),
+        q.claim_many(one, "w2", T0 + 300, 500, 3),
+        {},
+    )
     got = q.cycle(many, results, held, "w2", T0 + 300, 500, 3)
     assert got == expected and expected[0] == ["done", "pending", False]
     assert [x if x is False else x["lease_until"] for x in got[1]] == [T0 + 800, T0 + 800, False]
@@ -611,8 +739,10 @@ def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
     assert rows(where["one"]) == rows(where["many"])
     assert q.cycle(many, [], [], "w2", T0 + 301, 500, 0) == ([], [], [], {})
     before = rows(where["many"])
-    for bad in ([(tickets[4], "ok", T0, 0)], [], "w2", T0, 500, -1), \
-               ([], [{**tickets[4], "qty": 0}], "w2", T0, 500, 1):
+    for bad in (
+        ([(tickets[4], "ok", T0, 0)], [], "w2", T0, 500, -1),
+        ([], [{**tickets[4], "qty": 0}], "w2", T0, 500, 1),
+    ):
         with pytest.raises(ValueError):
             q.cycle(many, *bad)
     assert rows(where["many"]) == before

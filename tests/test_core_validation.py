@@ -35,25 +35,55 @@ GOOD_IDS = ["a", "a" * 64, "A-z_0-9", "-", "_"]
 BAD_TIMES = [-1, w.MAX_NOW + 1, True, False, 1.0, "1", None, MyInt(5)]
 
 
-@pytest.mark.parametrize(("attempt", "base", "cap", "jitter", "expected"), [
-    (1, 100, 1000, 1, 100), (2, 100, 1000, 1, 200), (4, 100, 1000, 1, 800),
-    (5, 100, 1000, 1, 1000), (16, 100, 1000, 1.0, 1000), (16, 60_000, 60_000, 1, 60_000),
-    (3, 100, 1000, 0.5, 200), (1, 100, 1000, 0, 0), (1, 1, 1, 0.999, 0),
-    (2, 100, 1000, 0.29, 57), (5, 100, 1000, 0.29, 290), (1, 100, 100, 0.3333, 33),
-])
+@pytest.mark.parametrize(
+    ("attempt", "base", "cap", "jitter", "expected"),
+    [
+        (1, 100, 1000, 1, 100),
+        (2, 100, 1000, 1, 200),
+        (4, 100, 1000, 1, 800),
+        (5, 100, 1000, 1, 1000),
+        (16, 100, 1000, 1.0, 1000),
+        (16, 60_000, 60_000, 1, 60_000),
+        (3, 100, 1000, 0.5, 200),
+        (1, 100, 1000, 0, 0),
+        (1, 1, 1, 0.999, 0),
+        (2, 100, 1000, 0.29, 57),
+        (5, 100, 1000, 0.29, 290),
+        (1, 100, 100, 0.3333, 33),
+    ],
+)
 def test_retry_delay_caps_first_then_applies_jitter(attempt, base, cap, jitter, expected):
     # The contract's formula in float arithmetic: 200 * 0.29 == 57.99999999999999 -> 57.
     assert w.retry_delay(attempt, base, cap, jitter) == expected
 
 
-@pytest.mark.parametrize("args", [
-    (0, 100, 1000, 1), (17, 100, 1000, 1), (True, 100, 1000, 1), (1.0, 100, 1000, 1),
-    (1, 0, 1000, 1), (1, 60_001, 60_001, 1), (1, True, 1000, 1), (1, MyInt(1), 1000, 1),
-    (1, 100, 99, 1), (1, 100, 60_001, 1), (1, 100, True, 1), (Level.ONE, 100, 1000, 1),
-    (1, 100, 1000, -0.0001), (1, 100, 1000, 1.0001), (1, 100, 1000, 2), (1, 100, 1000, True),
-    (1, 100, 1000, False), (1, 100, 1000, float("nan")), (1, 100, 1000, float("inf")),
-    (1, 100, 1000, "0.5"), (1, 100, 1000, None), (1, 100, 1000, 10**400),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 100, 1000, 1),
+        (17, 100, 1000, 1),
+        (True, 100, 1000, 1),
+        (1.0, 100, 1000, 1),
+        (1, 0, 1000, 1),
+        (1, 60_001, 60_001, 1),
+        (1, True, 1000, 1),
+        (1, MyInt(1), 1000, 1),
+        (1, 100, 99, 1),
+        (1, 100, 60_001, 1),
+        (1, 100, True, 1),
+        (Level.ONE, 100, 1000, 1),
+        (1, 100, 1000, -0.0001),
+        (1, 100, 1000, 1.0001),
+        (1, 100, 1000, 2),
+        (1, 100, 1000, True),
+        (1, 100, 1000, False),
+        (1, 100, 1000, float("nan")),
+        (1, 100, 1000, float("inf")),
+        (1, 100, 1000, "0.5"),
+        (1, 100, 1000, None),
+        (1, 100, 1000, 10**400),
+    ],
+)
 def test_retry_delay_rejects_bad_input(args):
     with pytest.raises(ValueError):
         w.retry_delay(*args)
@@ -92,21 +122,40 @@ def test_identifier_rule_accepts(con, good):
     assert q.claim(con, good, T0)["owner"] == good
 
 
-@pytest.mark.parametrize("event", [
-    {"id": "a"}, {"qty": 1}, {"id": "a", "qty": 1, "extra": 0}, MyDict(id="a", qty=1),
-    [("id", "a"), ("qty", 1)], None, {"id": "a", "qty": 0}, {"id": "a", "qty": 1001},
-    {"id": "a", "qty": True}, {"id": "a", "qty": 1.0}, {"id": "a", "qty": MyInt(1)},
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"id": "a"},
+        {"qty": 1},
+        {"id": "a", "qty": 1, "extra": 0},
+        MyDict(id="a", qty=1),
+        [("id", "a"), ("qty", 1)],
+        None,
+        {"id": "a", "qty": 0},
+        {"id": "a", "qty": 1001},
+        {"id": "a", "qty": True},
+        {"id": "a", "qty": 1.0},
+        {"id": "a", "qty": MyInt(1)},
+    ],
+)
 def test_enqueue_rejects_bad_events(con, db, event):
     with pytest.raises(ValueError):
         q.enqueue(con, event, T0, 1000)
     assert rows(db) == [("--",)]
 
 
-@pytest.mark.parametrize(("now", "ttl", "max_attempts"), [
-    *[(bad, 1000, 3) for bad in BAD_TIMES],
-    (T0, 0, 3), (T0, 60_001, 3), (T0, True, 3), (T0, 1000, 0), (T0, 1000, 17), (T0, 1000, True),
-])
+@pytest.mark.parametrize(
+    ("now", "ttl", "max_attempts"),
+    [
+        *[(bad, 1000, 3) for bad in BAD_TIMES],
+        (T0, 0, 3),
+        (T0, 60_001, 3),
+        (T0, True, 3),
+        (T0, 1000, 0),
+        (T0, 1000, 17),
+        (T0, 1000, True),
+    ],
+)
 def test_enqueue_rejects_bad_numbers(con, db, now, ttl, max_attempts):
     with pytest.raises(ValueError):
         q.enqueue(con, {"id": "a", "qty": 1}, now, ttl, max_attempts)
@@ -116,15 +165,21 @@ def test_enqueue_rejects_bad_numbers(con, db, now, ttl, max_attempts):
 def test_enqueue_accepts_every_inclusive_bound(con, db):
     assert q.enqueue(con, {"id": "lo", "qty": 1}, 0, 1, 1)
     assert q.enqueue(con, {"id": "hi", "qty": 1000}, w.MAX_NOW, 60_000, 16)
-    assert rows(db)[1][1:] == ("hi", 1000, "pending", 0, 16, 0, w.MAX_NOW, 10**15,
-                               None, None, None)
+    assert rows(db)[1][1:] == ("hi", 1000, "pending", 0, 16, 0, w.MAX_NOW, 10**15, None, None, None)
 
 
-@pytest.mark.parametrize(("now", "lease", "fault"), [
-    *[(bad, 1000, None) for bad in BAD_TIMES],
-    (T0, 0, None), (T0, 60_001, None), (T0, True, None), (T0, 1000.0, None),
-    (T0, 1000, "after-claim"), (T0, 1000, 1),
-])
+@pytest.mark.parametrize(
+    ("now", "lease", "fault"),
+    [
+        *[(bad, 1000, None) for bad in BAD_TIMES],
+        (T0, 0, None),
+        (T0, 60_001, None),
+        (T0, True, None),
+        (T0, 1000.0, None),
+        (T0, 1000, "after-claim"),
+        (T0, 1000, 1),
+    ],
+)
 def test_claim_rejects_bad_arguments_before_quarantine(con, db, now, lease, fault):
     q.enqueue(con, {"id": "a", "qty": 1}, T0 - 10, 1)  # quarantine-ready
     before = rows(db)
@@ -138,13 +193,30 @@ def ticket(**change):
     return {**base, **change}
 
 
-@pytest.mark.parametrize("bad", [
-    {}, {k: v for k, v in ticket().items() if k != "attempt"}, {**ticket(), "extra": 1},
-    MyDict(ticket()), ticket(id="a b"), ticket(owner=""), ticket(qty=0), ticket(qty=1001),
-    ticket(qty=True), ticket(token=0), ticket(token=10**15 + 1), ticket(token=True),
-    ticket(attempt=0), ticket(attempt=17), ticket(attempt=1.0), ticket(lease_until=0),
-    ticket(lease_until=10**15 + 1), ticket(lease_until=False), None,
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {k: v for k, v in ticket().items() if k != "attempt"},
+        {**ticket(), "extra": 1},
+        MyDict(ticket()),
+        ticket(id="a b"),
+        ticket(owner=""),
+        ticket(qty=0),
+        ticket(qty=1001),
+        ticket(qty=True),
+        ticket(token=0),
+        ticket(token=10**15 + 1),
+        ticket(token=True),
+        ticket(attempt=0),
+        ticket(attempt=17),
+        ticket(attempt=1.0),
+        ticket(lease_until=0),
+        ticket(lease_until=10**15 + 1),
+        ticket(lease_until=False),
+        None,
+    ],
+)
 def test_finish_rejects_bad_tickets(con, db, bad):
     q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
     q.claim(con, "w1", T0)
@@ -154,11 +226,21 @@ def test_finish_rejects_bad_tickets(con, db, bad):
     assert rows(db) == before
 
 
-@pytest.mark.parametrize(("outcome", "now", "delay", "fault"), [
-    ("OK", T0, 0, None), ("done", T0, 0, None), (MyStr("ok"), T0, 0, None), (None, T0, 0, None),
-    ("ok", -1, 0, None), ("ok", True, 0, None), ("ok", T0, -1, None), ("ok", T0, 60_001, None),
-    ("ok", T0, True, None), ("ok", T0, 0, "hook"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "now", "delay", "fault"),
+    [
+        ("OK", T0, 0, None),
+        ("done", T0, 0, None),
+        (MyStr("ok"), T0, 0, None),
+        (None, T0, 0, None),
+        ("ok", -1, 0, None),
+        ("ok", True, 0, None),
+        ("ok", T0, -1, None),
+        ("ok", T0, 60_001, None),
+        ("ok", T0, True, None),
+        ("ok", T0, 0, "hook"),
+    ],
+)
 def test_finish_rejects_bad_arguments(con, db, outcome, now, delay, fault):
     q.enqueue(con, {"id": "a", "qty": 1}, T0, 1000)
     issued = q.claim(con, "w1", T0)
@@ -176,11 +258,18 @@ def test_finish_accepts_ticket_bounds(con):
     assert q.finish(con, ticket(lease_until=1), "retry", 0, 60_000) is False
 
 
-@pytest.mark.parametrize(("job_id", "now", "ttl", "note"), [
-    ("a", -1, 1000, "ops"), ("a", T0, 0, "ops"), ("a", T0, 60_001, "ops"),
-    ("a", T0, True, "ops"), ("a", T0, 1000, "two words"), ("a", T0, 1000, ""),
-    ("a", T0, 1000, None),
-])
+@pytest.mark.parametrize(
+    ("job_id", "now", "ttl", "note"),
+    [
+        ("a", -1, 1000, "ops"),
+        ("a", T0, 0, "ops"),
+        ("a", T0, 60_001, "ops"),
+        ("a", T0, True, "ops"),
+        ("a", T0, 1000, "two words"),
+        ("a", T0, 1000, ""),
+        ("a", T0, 1000, None),
+    ],
+)
 def test_redrive_rejects_bad_arguments(con, db, job_id, now, ttl, note):
     q.enqueue(con, {"id": "a", "qty": 1}, T0, 1, 1)
     q.claim(con, "w1", T0 + 1)  # quarantines "a" as dead/deadline
@@ -241,9 +330,16 @@ def test_core_loads_by_path_with_the_standard_library_alone():
     import sys
 
     path = Path(w.__file__)
-    code = ("import importlib.util as u, sys; s = u.spec_from_file_location('w', sys.argv[1]); "
-            "m = u.module_from_spec(s); s.loader.exec_module(m); "
-            "print(sorted(k for k in sys.modules if k.startswith('asnackq')))")
-    out = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", code, str(path)],
-                         capture_output=True, text=True, timeout=30, check=True)
+    code = (
+        "import importlib.util as u, sys; s = u.spec_from_file_location('w', sys.argv[1]); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); "
+        "print(sorted(k for k in sys.modules if k.startswith('asnackq')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"

@@ -39,19 +39,21 @@ def dbs(tmp_path):
     queue, sink = tmp_path / "queue.db", tmp_path / "sink.db"
     now = epoch_ms()
     con = w.open_queue(queue)
-    for i, name in enumerate("cdbae"):                      # claims take the lowest seq
+    for i, name in enumerate("cdbae"):  # claims take the lowest seq
         w.enqueue(con, {"id": name, "qty": i + 1}, now - 100, 60_000)
-    w.finish(con, w.claim(con, "w", now), "permanent", now)                 # c
-    w.finish(con, w.claim(con, "w", now), "ok", now)                        # d
-    w.finish(con, w.claim(con, "w", now), "permanent", now)                 # b
-    w.claim(con, "old-worker", now - 50, lease_ms=1)                         # a
+    w.finish(con, w.claim(con, "w", now), "permanent", now)  # c
+    w.finish(con, w.claim(con, "w", now), "ok", now)  # d
+    w.finish(con, w.claim(con, "w", now), "permanent", now)  # b
+    w.claim(con, "old-worker", now - 50, lease_ms=1)  # a
     w.redrive(con, "b", now, 60_000, "fixed")
     con.close()
     con = sqlite3.connect(sink)
     for statement in SINK_SCHEMA:
         con.execute(statement)
-    con.executemany("INSERT INTO inbox VALUES (?, ?, ?, ?, ?, 0, 0)",
-                    [("d", 2, 1, 1, 2), ("e", 5, None, None, 1)])   # e: sent without a token
+    con.executemany(
+        "INSERT INTO inbox VALUES (?, ?, ?, ?, ?, 0, 0)",
+        [("d", 2, 1, 1, 2), ("e", 5, None, None, 1)],
+    )  # e: sent without a token
     con.execute("UPDATE stock SET total = 7")
     con.commit()
     con.close()
@@ -65,7 +67,8 @@ def dashboard(*args):
     try:
         line = proc.stdout.readline()
         assert line.startswith("asnackq dashboard listening on http://127.0.0.1:"), (
-            line + proc.communicate(timeout=30)[1])       # a refusal: one line, exit 1
+            line + proc.communicate(timeout=30)[1]
+        )  # a refusal: one line, exit 1
         yield line.split()[-1]
     finally:
         code = procs.stop(proc)[0]
@@ -112,8 +115,7 @@ def test_the_state_is_what_stats_and_audit_say(dbs):
     assert expected["by_status"] == {"pending": 2, "leased": 1, "done": 1, "dead": 1}
     assert shown["stats"]["expired_leases"] == 1 and shown["stats"]["expired"][0]["id"] == "a"
     assert [(r["id"], r["note"]) for r in shown["redrives"]] == [("b", "fixed")]
-    assert shown["inbox"] == {"effects_applied": 2, "deliveries": 3, "duplicates": 1,
-                              "stock": 7}
+    assert shown["inbox"] == {"effects_applied": 2, "deliveries": 3, "duplicates": 1, "stock": 7}
     audited = ops.audit(queue, sink, shown["audit"]["at_ms"], limit=20)
     assert shown["audit"]["flags"] == audited["flags"]
     assert shown["audit"]["attention"] == audited["listed"]["attention"]
@@ -137,7 +139,7 @@ def test_metrics_are_the_queue_gauges(dbs):
     assert families["asnackq_queue_expired_leases"].samples[0].value == 1
     age = families["asnackq_queue_oldest_pending_age_seconds"]
     assert age.type == "gauge" and 0 < age.samples[0].value < 60
-    assert shown["inbox"] is None and shown["audit"] is None      # no --sink-db
+    assert shown["inbox"] is None and shown["audit"] is None  # no --sink-db
 
 
 def test_only_get_on_its_own_routes(dbs):
@@ -148,11 +150,19 @@ def test_only_get_on_its_own_routes(dbs):
             for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
                 status, headers, _ = request(url, path, method)
                 assert status == 405 and headers["Allow"] in ("GET,HEAD", "HEAD,GET")
-        for path in ("/api", "/api/state/x", "/index.html", "/favicon.ico", "/../queue.db",
-                     "/%2e%2e/queue.db", "/metrics/", "/" + "x" * 4000):
+        for path in (
+            "/api",
+            "/api/state/x",
+            "/index.html",
+            "/favicon.ico",
+            "/../queue.db",
+            "/%2e%2e/queue.db",
+            "/metrics/",
+            "/" + "x" * 4000,
+        ):
             assert request(url, path)[0] == 404, path
         assert request(url, "/" + "x" * 20_000)[0] in (400, 404, 414)  # over aiohttp's line
-        assert state(url)["error"] is None                          # still serving
+        assert state(url)["error"] is None  # still serving
 
 
 def test_a_web_page_elsewhere_cannot_read_it(dbs):
@@ -175,8 +185,15 @@ def test_an_auth_token_guards_every_route(dbs):
         for good in ("Bearer s3cret", f"Basic {basic}"):
             assert request(url, "/api/state", headers={"Authorization": good})[0] == 200
         wrong = base64.b64encode(b"s3cret:nope").decode()
-        for bad in ("Bearer s3cre", "Bearer s3cret2", "bearer s3cret", "s3cret", f"Basic {wrong}",
-                    "Basic !!!", "Basic " + base64.b64encode(b"\xff:s3cret").decode()):
+        for bad in (
+            "Bearer s3cre",
+            "Bearer s3cret2",
+            "bearer s3cret",
+            "s3cret",
+            f"Basic {wrong}",
+            "Basic !!!",
+            "Basic " + base64.b64encode(b"\xff:s3cret").decode(),
+        ):
             assert request(url, "/api/state", headers={"Authorization": bad})[0] == 401, bad
 
 
@@ -186,9 +203,9 @@ def test_it_never_writes(dbs):
     files = set(os.listdir(queue.parent))
     with dashboard(queue, "--sink-db", sink) as url:
         first = state(url)["at_ms"]
-        until(lambda: state(url)["at_ms"] > first)                  # sampled again since
+        until(lambda: state(url)["at_ms"] > first)  # sampled again since
     assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in dbs} == before
-    assert set(os.listdir(queue.parent)) == files                   # no journal, no WAL
+    assert set(os.listdir(queue.parent)) == files  # no journal, no WAL
 
 
 def test_it_follows_the_queue_and_says_when_it_cannot_read(dbs, tmp_path):
@@ -200,7 +217,7 @@ def test_it_follows_the_queue_and_says_when_it_cannot_read(dbs, tmp_path):
         queue.rename(moved)
         shown = until(lambda: (seen := state(url))["error"] and seen)
         assert f"no queue at {queue}" in shown["error"]
-        assert shown["stats"]["by_status"]["pending"] == 3         # the last good sample
+        assert shown["stats"]["by_status"]["pending"] == 3  # the last good sample
         assert request(url, "/metrics")[0] == 503
         moved.rename(queue)
         until(lambda: state(url)["error"] is None)
@@ -209,12 +226,14 @@ def test_it_follows_the_queue_and_says_when_it_cannot_read(dbs, tmp_path):
 
 def kill_mid_transaction(queue):
     """A writer SIGKILLed inside a transaction that reached the file: a hot journal."""
-    code = ("import os, signal, sqlite3, sys\n"
-            "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-            "con.execute('PRAGMA cache_size=1')\n"        # spill the change to the file
-            "con.execute('BEGIN IMMEDIATE')\n"
-            "con.execute('UPDATE jobs SET qty = qty + 1')\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        "import os, signal, sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "con.execute('PRAGMA cache_size=1')\n"  # spill the change to the file
+        "con.execute('BEGIN IMMEDIATE')\n"
+        "con.execute('UPDATE jobs SET qty = qty + 1')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     run = subprocess.run([sys.executable, "-c", code, str(queue)], check=False, timeout=30)
     assert run.returncode == -signal.SIGKILL
 
@@ -225,7 +244,7 @@ def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
     kill_mid_transaction(queue)
     said = fails("dashboard", queue)
     assert "a writer died mid-transaction" in said and said.count("\n") == 1
-    ok("init", queue)                                      # a writer rolls the journal back
+    ok("init", queue)  # a writer rolls the journal back
     with dashboard(queue) as url:
         assert state(url)["stats"]["by_status"]["pending"] == 3002
         kill_mid_transaction(queue)
@@ -233,7 +252,7 @@ def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
         assert "a writer died mid-transaction" in shown["error"]
         ok("init", queue)
         until(lambda: state(url)["error"] is None)
-    with ops.read_only(queue, "jobs") as con:              # no change survived the kills
+    with ops.read_only(queue, "jobs") as con:  # no change survived the kills
         assert con.execute("SELECT sum(qty) FROM jobs").fetchone()[0] == 15 + 3000
 
 
@@ -243,18 +262,20 @@ def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
     garbage.write_bytes(b"not a database at all" * 100)
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
-    cases = [((tmp_path / "missing.db",), "no queue at"),
-             ((tmp_path,), "no queue at"),
-             ((garbage,), "is not a queue DB"),
-             ((empty,), "is not a queue DB (no jobs table)"),
-             ((queue, "--sink-db", tmp_path / "nosink.db"), "no sink DB at"),
-             ((queue, "--sink-db", queue), "is not a sink DB (no inbox table)"),
-             ((sink,), "is not a queue DB (no jobs table)"),
-             ((queue, "--host", "0.0.0.0"), "without --allow-remote"),
-             ((queue, "--host", "example.com"), "without --allow-remote"),
-             ((queue, "--auth-token", ""), "--auth-token must be"),
-             ((queue, "--auth-token", "with space"), "--auth-token must be")]
-    for args, why in cases:                 # in this process: the same main() as the command
+    cases = [
+        ((tmp_path / "missing.db",), "no queue at"),
+        ((tmp_path,), "no queue at"),
+        ((garbage,), "is not a queue DB"),
+        ((empty,), "is not a queue DB (no jobs table)"),
+        ((queue, "--sink-db", tmp_path / "nosink.db"), "no sink DB at"),
+        ((queue, "--sink-db", queue), "is not a sink DB (no inbox table)"),
+        ((sink,), "is not a queue DB (no jobs table)"),
+        ((queue, "--host", "0.0.0.0"), "without --allow-remote"),
+        ((queue, "--host", "example.com"), "without --allow-remote"),
+        ((queue, "--auth-token", ""), "--auth-token must be"),
+        ((queue, "--auth-token", "with space"), "--auth-token must be"),
+    ]
+    for args, why in cases:  # in this process: the same main() as the command
         assert main(["dashboard", *map(str, args)]) == 1
         said = capsys.readouterr()
         assert said.out == "" and said.err.startswith("asnackq dashboard: ")
@@ -266,16 +287,16 @@ def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
     with pytest.raises(SystemExit) as shown:
         main(["dashboard", "--help"])
     assert shown.value.code == 0 and "--sink-db" in capsys.readouterr().out
-    assert "no queue at" in fails("dashboard", tmp_path / "missing.db")   # and as a process
+    assert "no queue at" in fails("dashboard", tmp_path / "missing.db")  # and as a process
     assert not (tmp_path / "missing.db").exists() and not (tmp_path / "nosink.db").exists()
 
 
 def test_throughput_is_done_per_second_over_the_last_minute(tmp_path):
     sampler = Sampler(tmp_path / "unused.db")
-    assert sampler.throughput(1_000_000, 10)["done_per_s"] is None      # one sample: no rate
+    assert sampler.throughput(1_000_000, 10)["done_per_s"] is None  # one sample: no rate
     assert sampler.throughput(1_002_000, 30)["done_per_s"] == 10.0
-    figures = sampler.throughput(1_070_000, 90)                          # 70 s after the first
+    figures = sampler.throughput(1_070_000, 90)  # 70 s after the first
     assert figures["window_s"] == 68.0 and figures["done_per_s"] == round(60 / 68, 1)
-    assert figures["series"] == [[0.0, round(60 / 68, 1)]]     # only the last minute
+    assert figures["series"] == [[0.0, round(60 / 68, 1)]]  # only the last minute
     late = sampler.throughput(1_200_000, 90)
-    assert late["window_s"] == 130.0 and late["done_per_s"] == 0.0      # one point before it
+    assert late["window_s"] == 130.0 and late["done_per_s"] == 0.0  # one point before it

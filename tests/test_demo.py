@@ -19,14 +19,24 @@ KILLED = "lab-w1 SIGKILLed right after a send (its 40th verified ACK)"
 
 def table_rows(text):
     """Each row of the printed tables, by its first cell."""
-    return {cells[0]: cells[1:] for line in text.splitlines() if line.startswith("│")
-            for cells in [[cell.strip() for cell in line.strip("│").split("│")]]}
+    return {
+        cells[0]: cells[1:]
+        for line in text.splitlines()
+        if line.startswith("│")
+        for cells in [[cell.strip() for cell in line.strip("│").split("│")]]
+    }
 
 
 @pytest.mark.parametrize("entry", [("-m", "asnackq", "demo"), ("-m", "asnackq.demo")])
 def test_the_demo_tells_the_story_of_a_worker_killed_after_a_send(entry):
-    run = subprocess.run([sys.executable, *entry], capture_output=True, text=True, timeout=120,
-                         check=False, env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, *entry],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, run.stderr
     rows = table_rows(run.stdout)
     assert rows[KILLED] == ["yes"]
@@ -53,10 +63,17 @@ def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
     assert result["violations"] == [] and result["statuses"] == {"done": 300}
     assert (result["kills"], result["workers_started"]) == (1, 3)
     events = [(e["e"], e["owner"]) for e in result["series"]["events"]]
-    assert events == [("start", "lab-w1"), ("kill", "lab-w1"), ("start", "lab-w2"),
-                      ("start", "lab-w3")]
-    claims = [(r["owner"], r["id"], r["token"]) for r in read_traces(tmp_path / "demo")
-              if r["e"] == "claim"]
+    assert events == [
+        ("start", "lab-w1"),
+        ("kill", "lab-w1"),
+        ("start", "lab-w2"),
+        ("start", "lab-w3"),
+    ]
+    claims = [
+        (r["owner"], r["id"], r["token"])
+        for r in read_traces(tmp_path / "demo")
+        if r["e"] == "claim"
+    ]
     # lab-w1's last claims may be committed but not yet traced when it dies; the others
     # exit on their own, so their traces are whole.
     again = {job_id for _, job_id, token in claims if token > 1}
@@ -65,6 +82,11 @@ def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
 
 
 def test_usage_errors_exit_2():
-    run = subprocess.run([sys.executable, "-m", "asnackq", "nonsense"], capture_output=True,
-                         text=True, timeout=60, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "asnackq", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 2

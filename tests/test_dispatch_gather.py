@@ -21,8 +21,9 @@ async def queue(db):
 
 
 async def fill(queue, count):
-    await queue.enqueue_many([({"id": f"job-{i}", "qty": 1}, 600_000, 3) for i in range(count)],
-                             epoch_ms())
+    await queue.enqueue_many(
+        [({"id": f"job-{i}", "qty": 1}, 600_000, 3) for i in range(count)], epoch_ms()
+    )
 
 
 class Gate:
@@ -51,12 +52,21 @@ async def first_result_waits(queue, gather_ms, within_s):
     """
     await fill(queue, 6)
     gate = Gate(6)
-    run = asyncio.ensure_future(Dispatcher(
-        queue, gate, owner="d1", concurrency=2, prefetch=4, lease_ms=60_000,
-        gather_ms=gather_ms, trace=gate.trace).run())
+    run = asyncio.ensure_future(
+        Dispatcher(
+            queue,
+            gate,
+            owner="d1",
+            concurrency=2,
+            prefetch=4,
+            lease_ms=60_000,
+            gather_ms=gather_ms,
+            trace=gate.trace,
+        ).run()
+    )
     await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
     gate.release["job-0"].set()
-    await asyncio.wait_for(gate.sent["job-2"].wait(), 10)   # its coroutine took a ready ticket
+    await asyncio.wait_for(gate.sent["job-2"].wait(), 10)  # its coroutine took a ready ticket
     try:
         await asyncio.wait_for(gate.finished["job-0"].wait(), within_s)
         early = True
@@ -74,7 +84,7 @@ async def test_without_gathering_a_result_is_committed_at_once(queue):
 
 async def test_a_result_gathers_while_every_coroutine_is_busy(queue, db):
     early, summary = await first_result_waits(queue, gather_ms=1000, within_s=0.3)
-    assert not early                      # 0.3 s later, job-0 still waited for company
+    assert not early  # 0.3 s later, job-0 still waited for company
     assert summary.done == 6 and summary.stale == 0
     assert {r[3] for r in rows(db) if len(r) > 3} == {"done"}
 
@@ -89,14 +99,16 @@ async def test_an_idle_coroutine_is_never_kept_waiting_by_the_gathering(queue):
         return True
 
     began = time.monotonic()
-    summary = await Dispatcher(queue, send, owner="d1", concurrency=1, prefetch=0,
-                               lease_ms=60_000, gather_ms=1000).run()
+    summary = await Dispatcher(
+        queue, send, owner="d1", concurrency=1, prefetch=0, lease_ms=60_000, gather_ms=1000
+    ).run()
     assert summary.done == 8
     assert time.monotonic() - began < 4.0
 
 
 async def test_gathering_gives_fewer_and_larger_commits(queue):
     """The same 400 jobs with 16 coroutines: with gathering, at most half the commits."""
+
     async def send(event, token):
         await asyncio.sleep(0.002)
         return True
@@ -104,9 +116,11 @@ async def test_gathering_gives_fewer_and_larger_commits(queue):
     commits = {}
     for gather_ms in (0, 50):
         await fill(queue, 400) if not commits else await queue.enqueue_many(
-            [({"id": f"more-{i}", "qty": 1}, 600_000, 3) for i in range(400)], epoch_ms())
-        summary = await Dispatcher(queue, send, owner="d1", concurrency=16, lease_ms=10_000,
-                                   gather_ms=gather_ms).run()
+            [({"id": f"more-{i}", "qty": 1}, 600_000, 3) for i in range(400)], epoch_ms()
+        )
+        summary = await Dispatcher(
+            queue, send, owner="d1", concurrency=16, lease_ms=10_000, gather_ms=gather_ms
+        ).run()
         assert summary.done == 400
         commits[gather_ms] = summary.commits
     assert commits[50] * 2 <= commits[0], commits

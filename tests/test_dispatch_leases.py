@@ -25,8 +25,9 @@ from .sinks import sink, sink_state
 
 
 async def fill(queue, count, ttl=60_000):
-    await queue.enqueue_many([({"id": f"job-{i}", "qty": i % 7 + 1}, ttl, 3)
-                              for i in range(count)], epoch_ms())
+    await queue.enqueue_many(
+        [({"id": f"job-{i}", "qty": i % 7 + 1}, ttl, 3) for i in range(count)], epoch_ms()
+    )
 
 
 class SlowSend:
@@ -44,10 +45,10 @@ class SlowSend:
 
 def assert_each_done_once(db, count, send, summary):
     jobs = {r[1]: r for r in rows(db) if len(r) > 3}
-    assert {(r[3], r[6]) for r in jobs.values()} == {("done", 1)}    # done, token 1
+    assert {(r[3], r[6]) for r in jobs.values()} == {("done", 1)}  # done, token 1
     assert len(jobs) == count and summary.done == summary.claimed == count
     assert (summary.stale, summary.lost) == (0, 0)
-    assert sorted(send.sends.values()) == [1] * count                # one send per job
+    assert sorted(send.sends.values()) == [1] * count  # one send per job
 
 
 @pytest.fixture
@@ -56,27 +57,35 @@ async def queue(db):
         yield opened
 
 
-@pytest.mark.parametrize(("concurrency", "prefetch", "jobs", "seconds", "lease_ms"), [
-    (1, 0, 4, 0.45, 300),        # sends slower than the lease, in every cycle
-    (1, None, 4, 0.45, 300),
-    (2, 8, 16, 0.3, 1000),       # tickets waiting in the ready queue outlive their lease
-])
-async def test_sends_slower_than_the_lease_end_done_at_token_1(queue, db, concurrency, prefetch,
-                                                               jobs, seconds, lease_ms):
+@pytest.mark.parametrize(
+    ("concurrency", "prefetch", "jobs", "seconds", "lease_ms"),
+    [
+        (1, 0, 4, 0.45, 300),  # sends slower than the lease, in every cycle
+        (1, None, 4, 0.45, 300),
+        (2, 8, 16, 0.3, 1000),  # tickets waiting in the ready queue outlive their lease
+    ],
+)
+async def test_sends_slower_than_the_lease_end_done_at_token_1(
+    queue, db, concurrency, prefetch, jobs, seconds, lease_ms
+):
     await fill(queue, jobs)
     send = SlowSend([seconds] * jobs)
-    summary = await Dispatcher(queue, send, owner="d1", concurrency=concurrency,
-                               lease_ms=lease_ms, prefetch=prefetch).run()
+    summary = await Dispatcher(
+        queue, send, owner="d1", concurrency=concurrency, lease_ms=lease_ms, prefetch=prefetch
+    ).run()
     assert_each_done_once(db, jobs, send, summary)
     assert summary.extended >= jobs - 1 + (prefetch or 0) // 2
 
 
 async def test_a_real_sink_slower_than_half_the_lease_gets_each_job_once(queue, db, tmp_path):
     await fill(queue, 12)
-    async with sink(tmp_path / "s.db", delay_ms=450) as s, \
-            AsyncHttpSender(s.url, timeout_s=0.7) as send:
-        summary = await Dispatcher(queue, send, owner="d1", concurrency=4, lease_ms=800,
-                                   prefetch=4).run()
+    async with (
+        sink(tmp_path / "s.db", delay_ms=450) as s,
+        AsyncHttpSender(s.url, timeout_s=0.7) as send,
+    ):
+        summary = await Dispatcher(
+            queue, send, owner="d1", concurrency=4, lease_ms=800, prefetch=4
+        ).run()
     assert (summary.done, summary.requests, summary.stale, summary.lost) == (12, 12, 0, 0)
     total, inbox = sink_state(tmp_path / "s.db")
     assert [deliveries for _, _, deliveries in inbox] == [1] * 12
@@ -107,8 +116,9 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
         await asyncio.sleep(0.5)
         return True
 
-    dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=400, prefetch=2,
-                            trace=trace)
+    dispatcher = Dispatcher(
+        queue, send, owner="d1", concurrency=1, lease_ms=400, prefetch=2, trace=trace
+    )
     run = asyncio.ensure_future(dispatcher.run(until_empty=False))
     await asyncio.wait_for(all_claimed.wait(), 10)
     # Another worker takes every job (forced: the leases are made to end now), so every
@@ -116,7 +126,7 @@ async def test_a_ticket_whose_extension_is_refused_is_lost_not_sent_or_finished(
     execute(db, "UPDATE jobs SET lease_until = 1 WHERE status = 'leased'")
     assert len(await queue.claim_many("thief", epoch_ms(), 60_000, 3)) == 3
     summary = await asyncio.wait_for(run, 10)
-    assert summary.lost == 3 and summary.requests == 1      # the two waiting were never sent
+    assert summary.lost == 3 and summary.requests == 1  # the two waiting were never sent
     assert (summary.done, summary.stale, summary.extended) == (0, 0, 0)
     assert {(r[3], r[9], r[6]) for r in rows(db) if len(r) > 3} == {("leased", "thief", 2)}
 
@@ -128,22 +138,31 @@ def places(tmp_path_factory):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-@given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]),
-       data=st.data())
+@given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]), data=st.data())
 def test_random_send_durations_up_to_three_leases_every_job_done_once(
-        places, concurrency, prefetch, data):
+    places, concurrency, prefetch, data
+):
     lease_ms = 200
     jobs = data.draw(st.integers(1, 3 * concurrency))
-    durations = data.draw(st.lists(st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]),
-                                   min_size=jobs, max_size=jobs))
+    durations = data.draw(
+        st.lists(
+            st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]), min_size=jobs, max_size=jobs
+        )
+    )
     db = places()
     send = SlowSend(durations)
 
     async def main():
         async with AsyncQueue.open(db) as queue:
             await fill(queue, jobs)
-            return await Dispatcher(queue, send, owner="d1", concurrency=concurrency,
-                                    lease_ms=lease_ms, prefetch=prefetch).run()
+            return await Dispatcher(
+                queue,
+                send,
+                owner="d1",
+                concurrency=concurrency,
+                lease_ms=lease_ms,
+                prefetch=prefetch,
+            ).run()
 
     assert_each_done_once(db, jobs, send, asyncio.run(main()))
 
@@ -153,11 +172,12 @@ async def test_the_summary_is_new_for_each_run(queue, db):
     dispatcher = Dispatcher(queue, send, owner="d1", concurrency=2)
     await fill(queue, 2)
     first = await dispatcher.run()
-    await queue.enqueue_many([({"id": f"job-{i}", "qty": 1}, 60_000, 3) for i in (2, 3)],
-                             epoch_ms())
+    await queue.enqueue_many(
+        [({"id": f"job-{i}", "qty": 1}, 60_000, 3) for i in (2, 3)], epoch_ms()
+    )
     second = await dispatcher.run()
     assert (first.done, second.done, dispatcher.summary.done) == (2, 2, 2)
-    assert aio.Dispatcher is Dispatcher and aio.Summary is type(first)   # still importable
+    assert aio.Dispatcher is Dispatcher and aio.Summary is type(first)  # still importable
 
 
 WORKER = """
@@ -176,8 +196,12 @@ asyncio.run(main(*sys.argv[1:3]))
 
 def leases(db):
     """{(id, token): lease_until} of the leased rows, read through a separate connection."""
-    return {(i, t): until for i, t, until in execute(
-        db, "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'")}
+    return {
+        (i, t): until
+        for i, t, until in execute(
+            db, "SELECT id, token, lease_until FROM jobs WHERE status = 'leased'"
+        )
+    }
 
 
 def wait_for_an_extension(db, seconds):
@@ -195,8 +219,9 @@ def wait_for_an_extension(db, seconds):
 def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
     db, sink_db = tmp_path / "queue.db", tmp_path / "sink.db"
     con = w.open_queue(db)
-    w.enqueue_many(con, [({"id": f"job-{i}", "qty": i + 1}, 60_000, 3) for i in range(16)],
-                   epoch_ms())
+    w.enqueue_many(
+        con, [({"id": f"job-{i}", "qty": i + 1}, 60_000, 3) for i in range(16)], epoch_ms()
+    )
     con.close()
     with sink_process(sink_db, "--delay-ms", "900") as url:
         first = start([sys.executable, "-c", WORKER, str(db), url, "first"])
@@ -204,25 +229,31 @@ def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
             assert wait_for_an_extension(db, 20)
         finally:
             assert kill(first) == -signal.SIGKILL
-        second = subprocess.run([sys.executable, "-c", WORKER, str(db), url, "second"],
-                                timeout=60)
+        second = subprocess.run([sys.executable, "-c", WORKER, str(db), url, "second"], timeout=60)
         assert second.returncode == 0
     jobs = [r for r in rows(db) if len(r) > 3]
     assert {r[3] for r in jobs} == {"done"}
     tokens = {r[6] for r in jobs}
-    assert 2 in tokens and tokens <= {1, 2}          # what the first held was reclaimed once
+    assert 2 in tokens and tokens <= {1, 2}  # what the first held was reclaimed once
     total, inbox = sink_state(sink_db)
     assert [(i, q) for i, q, _ in inbox] == sorted((f"job-{i}", i + 1) for i in range(16))
-    assert total == sum(range(1, 17))                         # each effect once
+    assert total == sum(range(1, 17))  # each effect once
 
 
-@pytest.mark.parametrize(("options", "run_options"), [
-    ({"idle_ms": 0}, {}), ({"grace_s": -1}, {}), ({"grace_s": float("nan")}, {}),
-    ({"concurrency": 0}, {}), ({"prefetch": -1}, {}), ({"lease_ms": w.HOUR_MS + 1}, {}),
-    ({}, {"max_jobs": -1}), ({}, {"max_jobs": True}),
-])
-async def test_bad_settings_are_refused_before_anything_is_claimed(queue, db, options,
-                                                                   run_options):
+@pytest.mark.parametrize(
+    ("options", "run_options"),
+    [
+        ({"idle_ms": 0}, {}),
+        ({"grace_s": -1}, {}),
+        ({"grace_s": float("nan")}, {}),
+        ({"concurrency": 0}, {}),
+        ({"prefetch": -1}, {}),
+        ({"lease_ms": w.HOUR_MS + 1}, {}),
+        ({}, {"max_jobs": -1}),
+        ({}, {"max_jobs": True}),
+    ],
+)
+async def test_bad_settings_are_refused_before_anything_is_claimed(queue, db, options, run_options):
     await fill(queue, 2)
     before = rows(db)
     with pytest.raises(ValueError):

@@ -28,14 +28,16 @@ async def queue(db):
 
 
 async def fill(queue, count, ttl=60_000, now=None):
-    await queue.enqueue_many([({"id": f"job-{i}", "qty": i % 7 + 1}, ttl, 3)
-                              for i in range(count)], epoch_ms() if now is None else now)
+    await queue.enqueue_many(
+        [({"id": f"job-{i}", "qty": i % 7 + 1}, ttl, 3) for i in range(count)],
+        epoch_ms() if now is None else now,
+    )
 
 
 def assert_all_done_first_attempt(db, count):
     jobs = [r for r in rows(db) if len(r) > 3]
     assert len(jobs) == count
-    assert {(r[3], r[4], r[6]) for r in jobs} == {("done", 1, 1)}   # done, 1 attempt, token 1
+    assert {(r[3], r[4], r[6]) for r in jobs} == {("done", 1, 1)}  # done, 1 attempt, token 1
 
 
 def assert_each_effect_once(sink_db, count):
@@ -48,10 +50,9 @@ async def test_nothing_listening_for_a_while_then_a_sink_every_job_done(queue, d
     await fill(queue, 40)
     port = dead_port()
     async with AsyncHttpSender(f"http://127.0.0.1:{port}/events", timeout_s=0.5) as send:
-        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=8, lease_ms=1000,
-                                breaker=FAST)
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=8, lease_ms=1000, breaker=FAST)
         run = asyncio.ensure_future(dispatcher.run())
-        await asyncio.sleep(2.0)                 # the sink is away for two seconds
+        await asyncio.sleep(2.0)  # the sink is away for two seconds
         assert not run.done() and dispatcher.summary.done == 0
         runner = web.AppRunner(make_app(SinkConfig(tmp_path / "s.db")), access_log=None)
         await runner.setup()
@@ -62,23 +63,28 @@ async def test_nothing_listening_for_a_while_then_a_sink_every_job_done(queue, d
             await runner.cleanup()
     assert (summary.done, summary.dead, summary.retried, summary.stale) == (40, 0, 0, 0)
     assert summary.outages >= 1 and summary.probes >= 1 and summary.paused_ms >= 1000
-    assert summary.resent >= 8 and summary.extended >= 8      # held through the outage
+    assert summary.resent >= 8 and summary.extended >= 8  # held through the outage
     assert_all_done_first_attempt(db, 40)
     assert_each_effect_once(tmp_path / "s.db", 40)
 
 
 def gate(upstream, mode):
     """A peer in front of a real sink: while ``mode['down']``, answer 503 or hang."""
+
     async def handler(request):
         body = await request.read()
         while mode["down"]:
             if mode["how"] == "503":
                 return web.Response(status=503, text="down")
-            await asyncio.sleep(0.05)             # hang: the sender's timeout fires
-        async with aiohttp.ClientSession() as session, session.post(
-                upstream, data=body, headers=request.headers) as answer:
-            return web.Response(status=answer.status, body=await answer.read(),
-                                content_type="application/json")
+            await asyncio.sleep(0.05)  # hang: the sender's timeout fires
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(upstream, data=body, headers=request.headers) as answer,
+        ):
+            return web.Response(
+                status=answer.status, body=await answer.read(), content_type="application/json"
+            )
+
     return peer(handler)
 
 
@@ -86,10 +92,12 @@ def gate(upstream, mode):
 async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, how):
     await fill(queue, 30)
     mode = {"down": True, "how": how}
-    async with sink(tmp_path / "s.db") as real, serving(gate(real.url, mode)) as front, \
-            AsyncHttpSender(front.url, timeout_s=0.3) as send:
-        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=6, lease_ms=800,
-                                breaker=FAST)
+    async with (
+        sink(tmp_path / "s.db") as real,
+        serving(gate(real.url, mode)) as front,
+        AsyncHttpSender(front.url, timeout_s=0.3) as send,
+    ):
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=6, lease_ms=800, breaker=FAST)
         run = asyncio.ensure_future(dispatcher.run())
         await asyncio.sleep(1.5)
         mode["down"] = False
@@ -102,6 +110,7 @@ async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, 
 
 async def test_a_job_s_own_failure_is_still_charged(queue, db, tmp_path):
     await fill(queue, 3)
+
     async def reject(request):
         return web.Response(status=409, text="no")
 
@@ -113,17 +122,17 @@ async def test_a_job_s_own_failure_is_still_charged(queue, db, tmp_path):
 
 async def test_a_job_whose_deadline_passes_during_the_outage_is_counted_dead(queue, db):
     await fill(queue, 4, ttl=600)
-    async with AsyncHttpSender(f"http://127.0.0.1:{dead_port()}/events",
-                               timeout_s=0.2) as send:
-        summary = await Dispatcher(queue, send, owner="d1", concurrency=2, lease_ms=300,
-                                   breaker=FAST).run()
+    async with AsyncHttpSender(f"http://127.0.0.1:{dead_port()}/events", timeout_s=0.2) as send:
+        summary = await Dispatcher(
+            queue, send, owner="d1", concurrency=2, lease_ms=300, breaker=FAST
+        ).run()
     assert (summary.dead, summary.dead_deadline, summary.dead_unanswered) == (4, 4, 4)
     assert {(r[3], r[11]) for r in rows(db) if len(r) > 3} == {("dead", "deadline")}
-    assert {r[4] for r in rows(db) if len(r) > 3} <= {0, 1}   # at most one attempt, not three
+    assert {r[4] for r in rows(db) if len(r) > 3} <= {0, 1}  # at most one attempt, not three
 
 
 async def test_jobs_the_quarantine_ends_are_counted_in_the_summary(queue, db):
-    await fill(queue, 5, ttl=1000, now=epoch_ms() - 5000)     # already past their deadline
+    await fill(queue, 5, ttl=1000, now=epoch_ms() - 5000)  # already past their deadline
     await queue.enqueue({"id": "fresh", "qty": 1}, epoch_ms(), 60_000)
 
     async def send(event, token):
@@ -140,11 +149,17 @@ async def test_the_retry_policy_is_the_worker_s(queue, db):
         raise w.Retryable("500")
 
     before = epoch_ms()
-    summary = await Dispatcher(queue, failing, owner="d1", concurrency=1, jitter=lambda: 1.0,
-                               retry=w.Retry(600_000, 3_600_000)).run(max_jobs=1)
+    summary = await Dispatcher(
+        queue,
+        failing,
+        owner="d1",
+        concurrency=1,
+        jitter=lambda: 1.0,
+        retry=w.Retry(600_000, 3_600_000),
+    ).run(max_jobs=1)
     row = job(db, "job-0")
     assert summary.retried == 1 and row["status"] == "pending"
-    assert 600_000 <= row["available_at"] - before <= 600_000 + 5000   # ten minutes later
+    assert 600_000 <= row["available_at"] - before <= 600_000 + 5000  # ten minutes later
     with pytest.raises(ValueError, match="cap_ms"):
         Dispatcher(queue, failing, owner="d1", retry=w.Retry(100, w.HOUR_MS + 1))
 
@@ -154,9 +169,11 @@ async def test_product_surfaces_take_a_day_long_ttl_and_an_hour_long_lease(queue
     assert await queue.enqueue({"id": "day", "qty": 1}, now, w.DAY_MS, 16)
     ticket = await queue.claim("d1", now, w.HOUR_MS)
     assert ticket["lease_until"] == now + w.HOUR_MS
-    for bad in (lambda: queue.enqueue({"id": "x", "qty": 1}, now, 31 * w.DAY_MS),
-                lambda: queue.claim("d1", now, w.HOUR_MS + 1),
-                lambda: queue.finish(ticket, "retry", now, w.HOUR_MS + 1)):
+    for bad in (
+        lambda: queue.enqueue({"id": "x", "qty": 1}, now, 31 * w.DAY_MS),
+        lambda: queue.claim("d1", now, w.HOUR_MS + 1),
+        lambda: queue.finish(ticket, "retry", now, w.HOUR_MS + 1),
+    ):
         with pytest.raises(ValueError, match="must be an int in"):
             await bad()
     # The sync core, with the contract's ranges, reads and finishes the same row.
@@ -164,7 +181,7 @@ async def test_product_surfaces_take_a_day_long_ttl_and_an_hour_long_lease(queue
     try:
         assert w.finish(con, ticket, "ok", now + 1) == "done"
         with pytest.raises(ValueError):
-            w.enqueue(con, {"id": "y", "qty": 1}, now, w.DAY_MS)   # not on the graded core
+            w.enqueue(con, {"id": "y", "qty": 1}, now, w.DAY_MS)  # not on the graded core
     finally:
         con.close()
     assert job(db, "day")["status"] == "done" and job(db, "day")["deadline"] == now + w.DAY_MS

@@ -43,8 +43,9 @@ def test_work_refuses_a_bad_sink_url_before_anything_is_claimed(queue, url):
 @pytest.mark.parametrize("count", ["-1", "0"])
 def test_work_max_jobs_must_be_at_least_one(queue, count):
     before = digest(queue)
-    assert "argument --max-jobs:" in fails("work", queue, "--sink", "http://127.0.0.1:9/events",
-                                           "--max-jobs", count, code=2)
+    assert "argument --max-jobs:" in fails(
+        "work", queue, "--sink", "http://127.0.0.1:9/events", "--max-jobs", count, code=2
+    )
     assert digest(queue) == before
 
 
@@ -72,8 +73,7 @@ def test_sink_on_a_port_in_use_fails_and_creates_no_db(tmp_path):
 
 
 def test_sink_refuses_a_token_that_no_header_could_carry(tmp_path):
-    assert "auth_token" in fails("sink", "--db", tmp_path / "s.db", "--auth-token", "tök",
-                                 code=2)
+    assert "auth_token" in fails("sink", "--db", tmp_path / "s.db", "--auth-token", "tök", code=2)
     assert not (tmp_path / "s.db").exists()
 
 
@@ -87,8 +87,9 @@ def test_outbox_pending_and_dispatch_never_add_tables(queue):
     before = digest(queue)
     assert "argument --limit:" in fails("outbox", "pending", queue, "--limit", "0", code=2)
     assert "is not a source DB (no outbox table)" in fails("outbox", "pending", queue)
-    assert "is not a source DB" in fails("outbox", "dispatch", queue, "--sink",
-                                         "http://127.0.0.1:9/events")
+    assert "is not a source DB" in fails(
+        "outbox", "dispatch", queue, "--sink", "http://127.0.0.1:9/events"
+    )
     assert digest(queue) == before
 
 
@@ -96,8 +97,9 @@ def test_outbox_commands_with_bad_input_create_no_file(tmp_path):
     new = tmp_path / "new.db"
     assert "event id" in fails("outbox", "accept", new, "--id", "bad id", "--qty", "1")
     assert "no source DB at" in fails("outbox", "pending", new)
-    assert "argument --sink:" in fails("outbox", "dispatch", new, "--sink",
-                                       "http://127.0.0.1:99999/events", code=2)
+    assert "argument --sink:" in fails(
+        "outbox", "dispatch", new, "--sink", "http://127.0.0.1:99999/events", code=2
+    )
     assert not new.exists()
 
 
@@ -121,7 +123,7 @@ def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_pat
         holder.execute("BEGIN EXCLUSIVE")
         work = worker(queue, url, "--until-empty", "--json", stdout=PIPE, stderr=PIPE)
         try:
-            time.sleep(1.5)                  # longer than a busy timeout (1 s) and start-up
+            time.sleep(1.5)  # longer than a busy timeout (1 s) and start-up
             holder.execute("COMMIT")
             out, err = work.communicate(timeout=30)
         finally:

@@ -71,8 +71,13 @@ def running_sink(tmp_path, *options):
 def request(body=b"", *, method=b"POST", path=b"/events", headers=(), length=None):
     """A raw HTTP/1.1 request (``Connection: close``, so that the sink closes after it)
     announcing ``length`` body bytes (by default the body's length)."""
-    lines = [method + b" " + path + b" HTTP/1.1", b"Host: sink", b"Connection: close",
-             b"Content-Length: %d" % (len(body) if length is None else length), *headers]
+    lines = [
+        method + b" " + path + b" HTTP/1.1",
+        b"Host: sink",
+        b"Connection: close",
+        b"Content-Length: %d" % (len(body) if length is None else length),
+        *headers,
+    ]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
@@ -93,12 +98,17 @@ EVENT = b'{"id": "a", "qty": 2}'
 def test_a_body_that_is_not_in_its_content_encoding_is_a_json_400(tmp_path):
     with running_sink(tmp_path) as sink:
         for encoding in (b"deflate", b"gzip"):
-            status, body = sink.exchange(request(EVENT, headers=[
-                JSON, b"Content-Encoding: " + encoding]))
+            status, body = sink.exchange(
+                request(EVENT, headers=[JSON, b"Content-Encoding: " + encoding])
+            )
             assert status == 400
             assert json.loads(body)["status"] == "bad request"
-        assert sink.exchange(request(gzip.compress(EVENT), headers=[
-            JSON, b"Content-Encoding: gzip"]))[0] == 200       # real gzip is fine
+        assert (
+            sink.exchange(request(gzip.compress(EVENT), headers=[JSON, b"Content-Encoding: gzip"]))[
+                0
+            ]
+            == 200
+        )  # real gzip is fine
         assert sink_stats(sink.url)["rejected"] == 2
         lines = sink.log_lines()
     assert len(lines) == 2 and all("cannot be read" in line for line in lines)
@@ -108,14 +118,16 @@ def test_a_body_that_is_not_in_its_content_encoding_is_a_json_400(tmp_path):
 def test_with_a_token_every_route_needs_it_and_a_non_ascii_header_is_a_401(tmp_path):
     with running_sink(tmp_path, "--auth-token", "s3cret") as sink:
         good = b"Authorization: Bearer s3cret"
-        for bad in (b"Authorization: Bearer s3cr\xe9t", b"Authorization: Bearer \xff\xfe",
-                    b"Authorization: Bearer wrong"):
+        for bad in (
+            b"Authorization: Bearer s3cr\xe9t",
+            b"Authorization: Bearer \xff\xfe",
+            b"Authorization: Bearer wrong",
+        ):
             status, body = sink.exchange(request(EVENT, headers=[JSON, bad]))
             assert (status, json.loads(body)["status"]) == (401, "unauthorized")
         for path in (b"/events/a", b"/stats", b"/metrics"):
             assert sink.exchange(request(method=b"GET", path=path))[0] == 401
-            assert sink.exchange(request(method=b"GET", path=path, headers=[good]))[0] in (
-                200, 404)
+            assert sink.exchange(request(method=b"GET", path=path, headers=[good]))[0] in (200, 404)
         assert sink.exchange(request(EVENT, headers=[JSON, good]))[0] == 200
         assert len(sink.log_lines()) == 6
     assert sink_state(tmp_path / "sink.db") == (2, [("a", 2, 1)])
@@ -138,7 +150,7 @@ def test_malformed_requests_and_mid_body_hang_ups_log_one_line_each(tmp_path):
     with running_sink(tmp_path) as sink:
         for data in MALFORMED:
             assert sink.exchange(data)[0] == 400
-        for _ in range(5):                       # announce 100 bytes, send 5, hang up
+        for _ in range(5):  # announce 100 bytes, send 5, hang up
             with socket.create_connection(("127.0.0.1", sink.port)) as s:
                 s.sendall(request(b'{"id"', headers=[JSON], length=100))
         assert sink.exchange(request(method=b"GET", path=b"/%1B[2J%0Afake%E2%80%AE"))[0] == 404
@@ -146,19 +158,28 @@ def test_malformed_requests_and_mid_body_hang_ups_log_one_line_each(tmp_path):
         assert wait_for(lambda: len(sink.log_lines()) >= len(MALFORMED) + 6)
         lines = sink.log_lines()
     assert len(lines) == len(MALFORMED) + 6
-    assert all(line.startswith("asnackq sink: ") and line.isascii() and line.isprintable()
-               for line in lines)
+    assert all(
+        line.startswith("asnackq sink: ") and line.isascii() and line.isprintable()
+        for line in lines
+    )
     assert sum("the body cannot be read" in line for line in lines) == 5
 
 
 def test_an_unknown_expectation_is_a_417_on_every_path_even_with_a_non_utf8_byte(tmp_path):
     """(aiohttp's default expect handler echoes the header: a non-UTF-8 byte made a 500.)"""
     with running_sink(tmp_path) as sink:
-        for method, path in ((b"POST", b"/events"), (b"GET", b"/stats"), (b"GET", b"/nowhere"),
-                             (b"GET", b"/new%0Aline"), (b"OPTIONS", b"*"),
-                             (b"CONNECT", b"127.0.0.1:80"), (b"GET", b"http://x")):
-            status, body = sink.exchange(request(EVENT, method=method, path=path, headers=[
-                JSON, b"Expect: \x80"]))
+        for method, path in (
+            (b"POST", b"/events"),
+            (b"GET", b"/stats"),
+            (b"GET", b"/nowhere"),
+            (b"GET", b"/new%0Aline"),
+            (b"OPTIONS", b"*"),
+            (b"CONNECT", b"127.0.0.1:80"),
+            (b"GET", b"http://x"),
+        ):
+            status, body = sink.exchange(
+                request(EVENT, method=method, path=path, headers=[JSON, b"Expect: \x80"])
+            )
             assert (status, json.loads(body)["status"]) == (417, "expectation failed")
         with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as s:
             s.sendall(request(EVENT, headers=[JSON, b"Expect: 100-continue"]))
@@ -168,7 +189,7 @@ def test_an_unknown_expectation_is_a_417_on_every_path_even_with_a_non_utf8_byte
 
 
 HALF_HEADERS = b"POST /events HTTP/1.1\r\nHost: x\r\n"
-HALF_BODY = request(EVENT, headers=[JSON], length=100)    # 100 announced, 21 sent
+HALF_BODY = request(EVENT, headers=[JSON], length=100)  # 100 announced, 21 sent
 
 
 def idle_sockets(port, count, sent=HALF_HEADERS):
@@ -215,7 +236,8 @@ def descriptor_limit(soft):
 
 @pytest.mark.parametrize("sent", [HALF_HEADERS, HALF_BODY], ids=["headers", "body"])
 def test_a_flood_of_half_sent_requests_beyond_the_descriptor_limit_cannot_starve_a_request(
-        tmp_path, sent):
+    tmp_path, sent
+):
     """With 224 descriptors the sink admits 32 connections (224 - one accept batch of 128
     - 64 for itself); 260 slowloris sockets - half their headers sent, or half their
     body - evict each other, oldest first, and a real request still gets through at once."""
@@ -236,7 +258,7 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
     with running_sink(tmp_path, "--body-timeout-s", "0.3") as sink:
         started = time.monotonic()
         with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as s:
-            s.sendall(request(EVENT, headers=[JSON])[:-4])        # four bytes short
+            s.sendall(request(EVENT, headers=[JSON])[:-4])  # four bytes short
             reply = read_until_close(s)
         assert 0.2 < time.monotonic() - started < 4
         assert reply.startswith(b"HTTP/1.1 408 ")
@@ -247,17 +269,41 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
 
 # --- fuzz: random bytes, headers and encodings --------------------------------------------
 
-ENCODINGS = [b"gzip", b"deflate", b"br", b"zstd", b"identity", b"gzip, deflate", b"x-bogus",
-             b"gzip\xff"]
+ENCODINGS = [
+    b"gzip",
+    b"deflate",
+    b"br",
+    b"zstd",
+    b"identity",
+    b"gzip, deflate",
+    b"x-bogus",
+    b"gzip\xff",
+]
 COMPRESS = {b"gzip": gzip.compress, b"deflate": zlib.compress}
 bodies = st.one_of(
     st.binary(max_size=200),
-    st.builds(lambda i, q: json.dumps({"id": i, "qty": q}).encode(),
-              st.sampled_from(["f1", "f2", "f3", "a b", ""]),
-              st.one_of(st.integers(-2, 1002), st.booleans(), st.none(), st.text(max_size=3))))
-header_values = st.one_of(st.binary(max_size=30), st.sampled_from(
-    [b"application/json", b"text/plain", b"application/json; charset=latin-1", b"1", b"0",
-     b"99999999999999999", b"chunked", b"100-continue", b"Bearer x"]))
+    st.builds(
+        lambda i, q: json.dumps({"id": i, "qty": q}).encode(),
+        st.sampled_from(["f1", "f2", "f3", "a b", ""]),
+        st.one_of(st.integers(-2, 1002), st.booleans(), st.none(), st.text(max_size=3)),
+    ),
+)
+header_values = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from(
+        [
+            b"application/json",
+            b"text/plain",
+            b"application/json; charset=latin-1",
+            b"1",
+            b"0",
+            b"99999999999999999",
+            b"chunked",
+            b"100-continue",
+            b"Bearer x",
+        ]
+    ),
+)
 
 
 @st.composite
@@ -269,18 +315,44 @@ def hostile_requests(draw):
         headers.append(b"Content-Encoding: " + encoding)
         if draw(st.booleans()) and encoding in COMPRESS:
             body = COMPRESS[encoding](body)
-    names = st.sampled_from([b"X-Asnackq-Token", b"Authorization", b"Transfer-Encoding",
-                             b"Expect", b"Content-Length", b"X-" + b"y" * 40])
-    headers += [n + b": " + v for n, v in draw(st.lists(st.tuples(names, header_values),
-                                                        max_size=3))]
-    cut = draw(st.integers(0, 3))                         # a body longer than announced
-    method = draw(st.sampled_from([b"POST", b"POST", b"POST", b"GET", b"PUT", b"OPTIONS",
-                                   b"CONNECT", b"P\x00ST"]))
-    path = draw(st.sampled_from([b"/events", b"/events", b"/events/f1", b"/events/%ED%A0%80",
-                                 b"/stats", b"/metrics", b"/nowhere", b"/events?x=\xff", b"*",
-                                 b"http://x/events", b"x:80", b"/%0A%1B"]))
-    return request(body, method=method, path=path, headers=headers,
-                   length=max(len(body) - cut, 0))
+    names = st.sampled_from(
+        [
+            b"X-Asnackq-Token",
+            b"Authorization",
+            b"Transfer-Encoding",
+            b"Expect",
+            b"Content-Length",
+            b"X-" + b"y" * 40,
+        ]
+    )
+    headers += [
+        n + b": " + v for n, v in draw(st.lists(st.tuples(names, header_values), max_size=3))
+    ]
+    cut = draw(st.integers(0, 3))  # a body longer than announced
+    method = draw(
+        st.sampled_from(
+            [b"POST", b"POST", b"POST", b"GET", b"PUT", b"OPTIONS", b"CONNECT", b"P\x00ST"]
+        )
+    )
+    path = draw(
+        st.sampled_from(
+            [
+                b"/events",
+                b"/events",
+                b"/events/f1",
+                b"/events/%ED%A0%80",
+                b"/stats",
+                b"/metrics",
+                b"/nowhere",
+                b"/events?x=\xff",
+                b"*",
+                b"http://x/events",
+                b"x:80",
+                b"/%0A%1B",
+            ]
+        )
+    )
+    return request(body, method=method, path=path, headers=headers, length=max(len(body) - cut, 0))
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,10 @@ def parse(text):
     """{family name: (type, {(sample name, sorted labels): value})}."""
     families = {}
     for family in text_string_to_metric_families(text):
-        families[family.name] = (family.type, {
-            (s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples})
+        families[family.name] = (
+            family.type,
+            {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples},
+        )
     return families
 
 
@@ -48,22 +50,29 @@ def test_every_family_has_help_and_type_and_escapes_its_labels():
     histogram = Histogram((0.1, 1.0))
     for seconds in (0.05, 0.1, 0.5, 3.0):
         histogram.observe(seconds)
-    text = render([Family("asnackq_x_total", "counter", 'a "help"\nline', [("", {}, 3)]),
-                   Family("asnackq_g", "gauge", "g", [("", {"k": 'q"\\\n'}, 1.5)]),
-                   histogram.family("asnackq_h_seconds", "h")])
+    text = render(
+        [
+            Family("asnackq_x_total", "counter", 'a "help"\nline', [("", {}, 3)]),
+            Family("asnackq_g", "gauge", "g", [("", {"k": 'q"\\\n'}, 1.5)]),
+            histogram.family("asnackq_h_seconds", "h"),
+        ]
+    )
     lines = text.splitlines()
     for name in ("asnackq_x_total", "asnackq_g", "asnackq_h_seconds"):
         assert any(line.startswith(f"# HELP {name} ") for line in lines)
         assert any(line.startswith(f"# TYPE {name} ") for line in lines)
     families = parse(text)
-    assert families["asnackq_x"][0] == "counter" and value(families, "asnackq_x",
-                                                           "asnackq_x_total") == 3
+    assert (
+        families["asnackq_x"][0] == "counter"
+        and value(families, "asnackq_x", "asnackq_x_total") == 3
+    )
     assert value(families, "asnackq_g", k='q"\\\n') == 1.5
     kind, samples = families["asnackq_h_seconds"]
     assert kind == "histogram"
-    buckets = {dict(labels)["le"]: v for (name, labels), v in samples.items()
-               if name.endswith("_bucket")}
-    assert buckets == {"0.1": 2, "1.0": 3, "+Inf": 4}       # cumulative, le inclusive
+    buckets = {
+        dict(labels)["le"]: v for (name, labels), v in samples.items() if name.endswith("_bucket")
+    }
+    assert buckets == {"0.1": 2, "1.0": 3, "+Inf": 4}  # cumulative, le inclusive
     assert value(families, "asnackq_h_seconds", "asnackq_h_seconds_count") == 4
     assert value(families, "asnackq_h_seconds", "asnackq_h_seconds_sum") == pytest.approx(3.65)
 
@@ -75,9 +84,11 @@ def test_queue_metrics_from_a_real_queue(tmp_path):
         stats = ops.stats(con, epoch_ms() + 1500)
     families = parse(render(queue_families(stats)))
     assert {name: kind for name, (kind, _) in families.items()} == {
-        "asnackq_queue_jobs": "gauge", "asnackq_queue_dead_jobs": "gauge",
+        "asnackq_queue_jobs": "gauge",
+        "asnackq_queue_dead_jobs": "gauge",
         "asnackq_queue_oldest_pending_age_seconds": "gauge",
-        "asnackq_queue_expired_leases": "gauge"}
+        "asnackq_queue_expired_leases": "gauge",
+    }
     assert value(families, "asnackq_queue_jobs", status="pending") == 5
     assert value(families, "asnackq_queue_jobs", status="dead") == 0
     assert value(families, "asnackq_queue_dead_jobs", reason="exhausted") == 0
@@ -85,13 +96,22 @@ def test_queue_metrics_from_a_real_queue(tmp_path):
 
 
 async def test_the_breaker_counts_are_live_while_the_run_goes_on(db):
-    async with AsyncQueue.open(db) as queue, AsyncHttpSender(
-            f"http://127.0.0.1:{dead_port()}/events", timeout_s=0.2) as send:
+    async with (
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(f"http://127.0.0.1:{dead_port()}/events", timeout_s=0.2) as send,
+    ):
         await queue.enqueue_many([({"id": "j", "qty": 1}, 60_000, 3)], epoch_ms())
-        dispatcher = Dispatcher(queue, send, owner="d", concurrency=2, lease_ms=1000,
-                                grace_s=0.2, breaker=BreakerPolicy(after=2, base_ms=20, max_ms=50))
+        dispatcher = Dispatcher(
+            queue,
+            send,
+            owner="d",
+            concurrency=2,
+            lease_ms=1000,
+            grace_s=0.2,
+            breaker=BreakerPolicy(after=2, base_ms=20, max_ms=50),
+        )
         run = asyncio.ensure_future(dispatcher.run(follow=True))
-        for _ in range(1000):                     # at most 10 s for the breaker to open
+        for _ in range(1000):  # at most 10 s for the breaker to open
             if dispatcher.paused:
                 break
             await asyncio.sleep(0.01)
@@ -101,9 +121,9 @@ async def test_the_breaker_counts_are_live_while_the_run_goes_on(db):
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
-    assert first["outages"] >= 1 and settled == 0                  # the summary settles last
-    assert later["paused_ms"] >= first["paused_ms"] + 100          # an outage going on
-    assert dispatcher.snapshot() == dispatcher.summary.as_dict()   # settled: the same
+    assert first["outages"] >= 1 and settled == 0  # the summary settles last
+    assert later["paused_ms"] >= first["paused_ms"] + 100  # an outage going on
+    assert dispatcher.snapshot() == dispatcher.summary.as_dict()  # settled: the same
 
 
 @pytest.fixture
@@ -124,9 +144,19 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
     ok("init", queue)
     jobs = "".join(json.dumps({"id": f"j-{i}", "qty": 1}) + "\n" for i in range(200))
     ok("enqueue", queue, "-", stdin=jobs)
-    work = worker(queue, slow_sink, "--concurrency", "8", "--owner", "w-1", "--json",
-                  "--metrics-port", "0",       # follows the queue until SIGTERM
-                  stdout=PIPE, stderr=PIPE)
+    work = worker(
+        queue,
+        slow_sink,
+        "--concurrency",
+        "8",
+        "--owner",
+        "w-1",
+        "--json",
+        "--metrics-port",
+        "0",  # follows the queue until SIGTERM
+        stdout=PIPE,
+        stderr=PIPE,
+    )
     try:
         url = worker_metrics_url(work)
         seen, deadline = [], time.monotonic() + 30
@@ -136,37 +166,71 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
             if seen[-1] == 200:
                 break
         base = url.rsplit("/", 1)[0]
-        for method, path, code in (("POST", "/metrics", 405), ("DELETE", "/metrics", 405),
-                                   ("GET", "/", 404), ("GET", "/metrics/x", 404)):
+        for method, path, code in (
+            ("POST", "/metrics", 405),
+            ("DELETE", "/metrics", 405),
+            ("GET", "/", 404),
+            ("GET", "/metrics/x", 404),
+        ):
             with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(urllib.request.Request(base + path, method=method),
-                                       timeout=5)
+                urllib.request.urlopen(
+                    urllib.request.Request(base + path, method=method), timeout=5
+                )
             refused.value.close()
             assert refused.value.code == code
         work.send_signal(signal.SIGTERM)
         out, err = work.communicate(timeout=30)
     finally:
-        kill(work)                              # if still running: an assertion failed
+        kill(work)  # if still running: an assertion failed
     assert work.returncode == 0, err
-    assert seen[-1] == 200 and len(set(seen)) > 1          # it moved while it was watched
+    assert seen[-1] == 200 and len(set(seen)) > 1  # it moved while it was watched
     summary = json.loads(out)
     assert value(families, "asnackq_worker_info", owner="w-1") == 1
-    for key in ("claimed", "commits", "done", "retried", "stale", "lost", "requests",
-                "bad_acks", "errors", "resent", "extended"):
-        assert value(families, f"asnackq_worker_{key}",
-                     f"asnackq_worker_{key}_total") == summary[key], key
+    for key in (
+        "claimed",
+        "commits",
+        "done",
+        "retried",
+        "stale",
+        "lost",
+        "requests",
+        "bad_acks",
+        "errors",
+        "resent",
+        "extended",
+    ):
+        assert (
+            value(families, f"asnackq_worker_{key}", f"asnackq_worker_{key}_total") == summary[key]
+        ), key
     for reason in ("exhausted", "deadline", "permanent"):
-        assert value(families, "asnackq_worker_dead", "asnackq_worker_dead_total",
-                     reason=reason) == 0
+        assert (
+            value(families, "asnackq_worker_dead", "asnackq_worker_dead_total", reason=reason) == 0
+        )
     assert value(families, "asnackq_worker_breaker_open") == 0
     kind = families["asnackq_worker_send_duration_seconds"][0]
-    count = value(families, "asnackq_worker_send_duration_seconds",
-                  "asnackq_worker_send_duration_seconds_count")
+    count = value(
+        families,
+        "asnackq_worker_send_duration_seconds",
+        "asnackq_worker_send_duration_seconds_count",
+    )
     assert kind == "histogram" and count == summary["requests"] == 200
-    assert value(families, "asnackq_worker_send_duration_seconds",
-                 "asnackq_worker_send_duration_seconds_bucket", le="0.005") == 0  # 5 ms delay
-    assert value(families, "asnackq_worker_send_duration_seconds",
-                 "asnackq_worker_send_duration_seconds_sum") >= 200 * 0.005
+    assert (
+        value(
+            families,
+            "asnackq_worker_send_duration_seconds",
+            "asnackq_worker_send_duration_seconds_bucket",
+            le="0.005",
+        )
+        == 0
+    )  # 5 ms delay
+    assert (
+        value(
+            families,
+            "asnackq_worker_send_duration_seconds",
+            "asnackq_worker_send_duration_seconds_sum",
+        )
+        >= 200 * 0.005
+    )
 
 
 def test_work_refuses_bad_metrics_options_before_touching_anything(tmp_path):
@@ -175,9 +239,9 @@ def test_work_refuses_bad_metrics_options_before_touching_anything(tmp_path):
     before = queue.read_bytes()
     sink = f"http://127.0.0.1:{dead_port()}/events"
     for bad in ("70000", "-1", "x", "99999999999999999999"):
-        assert "--metrics-port" in fails("work", queue, "--sink", sink, "--metrics-port", bad,
-                                         code=2)
-    why = fails("work", queue, "--sink", sink, "--metrics-port", "0", "--metrics-host",
-                "0.0.0.0")
+        assert "--metrics-port" in fails(
+            "work", queue, "--sink", sink, "--metrics-port", bad, code=2
+        )
+    why = fails("work", queue, "--sink", sink, "--metrics-port", "0", "--metrics-host", "0.0.0.0")
     assert "without --allow-remote" in why and why.count("\n") == 1
     assert queue.read_bytes() == before

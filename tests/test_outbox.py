@@ -55,11 +55,13 @@ def test_accept_is_atomic_and_idempotent(source, tmp_path):
     for bad in ({"id": "a b", "qty": 1}, {"id": "b", "qty": True}, {"id": "b"}, None):
         with pytest.raises(ValueError):
             outbox.accept(source, bad)
-    source.execute("CREATE TRIGGER boom BEFORE INSERT ON outbox WHEN NEW.id = 'x' "
-                   "BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    source.execute(
+        "CREATE TRIGGER boom BEFORE INSERT ON outbox WHEN NEW.id = 'x' "
+        "BEGIN SELECT RAISE(ABORT, 'boom'); END"
+    )
     with pytest.raises(sqlite3.IntegrityError):
         outbox.accept(source, {"id": "x", "qty": 1})
-    assert source.execute("SELECT id FROM orders").fetchall() == [("a",)]   # no half intake
+    assert source.execute("SELECT id FROM orders").fetchall() == [("a",)]  # no half intake
     assert unsent(source) == ["a"]
 
 
@@ -83,7 +85,7 @@ def test_a_failure_at_b_keeps_a_sent_and_the_next_run_resumes_at_b(source):
     with pytest.raises(Retryable) as raised:
         outbox.dispatch(source, send)
     assert raised.value is error
-    assert [e["id"] for e in send.sent] == ["a", "b"]       # c untried
+    assert [e["id"] for e in send.sent] == ["a", "b"]  # c untried
     assert unsent(source) == ["b", "c"]
     assert outbox.dispatch(source, Recorder()) == ["b", "c"]
     assert unsent(source) == []
@@ -122,8 +124,9 @@ def test_the_read_is_closed_before_sending(source, tmp_path):
 def test_hook_runs_after_the_verified_ack_before_the_mark(source):
     outbox.accept(source, {"id": "a", "qty": 1})
     seen = []
-    outbox.dispatch(source, Recorder(), hook=lambda point, i: seen.append((point, i,
-                                                                           unsent(source))))
+    outbox.dispatch(
+        source, Recorder(), hook=lambda point, i: seen.append((point, i, unsent(source)))
+    )
     assert seen == [("after-delivery", "a", ["a"])]
 
 
@@ -142,23 +145,29 @@ print(outbox.dispatch(con, HttpSender(sys.argv[2]), hook=hook))
 def test_seed_final_check_a_publisher_dies_after_the_ack_and_another_resends(source, tmp_path):
     outbox.accept(source, {"id": "snack-7", "qty": 7})
     with sink_process(tmp_path / "sink.db") as url:
-        first = subprocess.run([sys.executable, "-c", DISPATCHER, str(tmp_path / "source.db"),
-                                url, "crash"], timeout=60, check=False)
+        first = subprocess.run(
+            [sys.executable, "-c", DISPATCHER, str(tmp_path / "source.db"), url, "crash"],
+            timeout=60,
+            check=False,
+        )
         assert first.returncode == 73
         assert unsent(source) == ["snack-7"]
         assert sink_state(tmp_path / "sink.db") == (7, [("snack-7", 7, 1)])
-        second = subprocess.run([sys.executable, "-c", DISPATCHER, str(tmp_path / "source.db"),
-                                 url, "live"], capture_output=True, text=True, timeout=60,
-                                check=True)
+        second = subprocess.run(
+            [sys.executable, "-c", DISPATCHER, str(tmp_path / "source.db"), url, "live"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert second.stdout.strip() == "['snack-7']"
-    assert sink_state(tmp_path / "sink.db") == (7, [("snack-7", 7, 2)])   # two requests, one effect
+    assert sink_state(tmp_path / "sink.db") == (7, [("snack-7", 7, 2)])  # two requests, one effect
     assert unsent(source) == []
 
 
 def test_a_dropped_ack_keeps_the_item_unsent_and_a_resend_is_a_duplicate(source, tmp_path):
     outbox.accept(source, {"id": "a", "qty": 4})
-    with sink_process(tmp_path / "sink.db", "--drop-rate", "1") as url, \
-            pytest.raises(Retryable):
+    with sink_process(tmp_path / "sink.db", "--drop-rate", "1") as url, pytest.raises(Retryable):
         outbox.dispatch(source, HttpSender(url))
     assert unsent(source) == ["a"]
     with sink_process(tmp_path / "sink.db") as url:
@@ -179,7 +188,7 @@ async def test_no_false_evidence_marks_an_item_sent(source, tmp_path, answer):
         return web.json_response(body)
 
     def dispatch_in_thread(url):
-        con = outbox.open_source(tmp_path / "source.db")    # sqlite3: one thread per connection
+        con = outbox.open_source(tmp_path / "source.db")  # sqlite3: one thread per connection
         try:
             return outbox.dispatch(con, HttpSender(url))
         finally:
@@ -193,8 +202,9 @@ async def test_no_false_evidence_marks_an_item_sent(source, tmp_path, answer):
 
 def test_outbox_commands(tmp_path):
     def run(*args):
-        return subprocess.run(command("outbox", *args),
-                              capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(
+            command("outbox", *args), capture_output=True, text=True, timeout=60, check=False
+        )
 
     db = str(tmp_path / "src.db")
     assert json.loads(run("accept", db, "--id", "z", "--qty", "2").stdout)["accepted"] is True

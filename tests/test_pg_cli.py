@@ -40,37 +40,62 @@ def test_every_queue_command_takes_a_url(url, seen, tmp_path):
     shown = url.replace(SECRET, "***")
     assert run(seen, "init", url, "--json") == {"queue": shown, "created": True, "jobs": 0}
     assert run(seen, "init", url, "--json")["created"] is False
-    assert run(seen, "enqueue", url, "--id", "late", "--qty", "2", "--ttl-ms", "1", "--json")[
-        "inserted"] == 1
+    assert (
+        run(seen, "enqueue", url, "--id", "late", "--qty", "2", "--ttl-ms", "1", "--json")[
+            "inserted"
+        ]
+        == 1
+    )
     jobs = lines(*({"id": f"j{i}", "qty": i % 5 + 1} for i in range(300)))
     assert run(seen, "enqueue", url, "-", stdin=jobs, timeout=120).returncode == 0
-    with sink_process(url) as one, sink_process(url) as two:     # the inbox in the same DB
-        summaries = [run(seen, "work", url, "--sink", sink, "--until-empty", "--json",
-                         "--concurrency", "16", "--accept-dead", "--owner", f"w{n}")
-                     for n, sink in enumerate((one, two))]
+    with sink_process(url) as one, sink_process(url) as two:  # the inbox in the same DB
+        summaries = [
+            run(
+                seen,
+                "work",
+                url,
+                "--sink",
+                sink,
+                "--until-empty",
+                "--json",
+                "--concurrency",
+                "16",
+                "--accept-dead",
+                "--owner",
+                f"w{n}",
+            )
+            for n, sink in enumerate((one, two))
+        ]
     assert sum(s["done"] for s in summaries) == 300
     assert sum(s["dead_deadline"] for s in summaries) == 1
     stats = run(seen, "stats", url, "--json")
     assert stats["by_status"] == {"pending": 0, "leased": 0, "done": 300, "dead": 1}
     assert [d["id"] for d in run(seen, "dead", url, "--json")] == ["late"]
-    assert run(seen, "redrive", url, "late", "--ttl-ms", "60000", "--note", "again",
-               "--json")["redriven"] == 1
+    assert (
+        run(seen, "redrive", url, "late", "--ttl-ms", "60000", "--note", "again", "--json")[
+            "redriven"
+        ]
+        == 1
+    )
     history = run(seen, "history", url, "late", "--json")
     assert history["status"] == "pending" and history["redrives"][0]["note"] == "again"
     audit = run(seen, "audit", url, "--sink-db", url, "--json")
     assert audit["violations"] == 0 and audit["stages"] == {"done": 300, "queued": 1}
     assert audit["stock"] == sum(i % 5 + 1 for i in range(300))
     sink_file = tmp_path / "other-sink.db"
-    run(seen, "audit", url, "--sink-db", sink_file, code=1)   # a missing file: one line
+    run(seen, "audit", url, "--sink-db", sink_file, code=1)  # a missing file: one line
     assert "tester:***@127.0.0.1" in run(seen, "stats", url).stdout
 
 
 def test_a_url_without_a_queue_a_server_down_and_a_refused_login_are_one_line(url, seen):
-    for command in (["stats", url], ["enqueue", url, "--id", "a", "--qty", "1"],
-                    ["work", url, "--sink", "http://127.0.0.1:9/events"]):
+    for command in (
+        ["stats", url],
+        ["enqueue", url, "--id", "a", "--qty", "1"],
+        ["work", url, "--sink", "http://127.0.0.1:9/events"],
+    ):
         stderr = run(seen, *command, code=1).stderr
         assert stderr.count("\n") == 1 and "no queue at postgresql://tester:***@" in stderr
-    assert query(url, "SELECT to_regclass('jobs')") == [(None,)]       # nothing created
+    assert query(url, "SELECT to_regclass('jobs')") == [(None,)]  # nothing created
     down = f"postgresql://tester:{SECRET}@127.0.0.1:{free_port()}/nothing"
     wrong = url.replace(SECRET, "not-the-password")
     for target, why in ((down, "refused"), (wrong, "password authentication failed")):

@@ -40,30 +40,48 @@ async def test_a_worker_clock_ahead_by_more_than_a_lease_duplicates_at_most(plac
         def trace(kind, ticket, at, status):
             if kind == "finish" and status is not False:
                 finishes.append((ticket["id"], ticket["token"], status, name))
+
         return trace
 
-    async with AsyncQueue.open(db) as behind, AsyncQueue.open(db) as ahead, \
-            sink(sink_db, delay_ms=300) as s, AsyncHttpSender(s.url, timeout_s=0.9) as send:
-        await behind.enqueue_many([({"id": i, "qty": n}, 600_000, 16) for i, n in qty.items()],
-                                  epoch_ms())
-        slow = Dispatcher(behind, send, owner="behind", concurrency=4, lease_ms=LEASE_MS,
-                          prefetch=40, trace=tracer("behind"))
-        fast = Dispatcher(ahead, send, owner="ahead", concurrency=4, lease_ms=LEASE_MS,
-                          clock=lambda: epoch_ms() + AHEAD_MS, trace=tracer("ahead"))
+    async with (
+        AsyncQueue.open(db) as behind,
+        AsyncQueue.open(db) as ahead,
+        sink(sink_db, delay_ms=300) as s,
+        AsyncHttpSender(s.url, timeout_s=0.9) as send,
+    ):
+        await behind.enqueue_many(
+            [({"id": i, "qty": n}, 600_000, 16) for i, n in qty.items()], epoch_ms()
+        )
+        slow = Dispatcher(
+            behind,
+            send,
+            owner="behind",
+            concurrency=4,
+            lease_ms=LEASE_MS,
+            prefetch=40,
+            trace=tracer("behind"),
+        )
+        fast = Dispatcher(
+            ahead,
+            send,
+            owner="ahead",
+            concurrency=4,
+            lease_ms=LEASE_MS,
+            clock=lambda: epoch_ms() + AHEAD_MS,
+            trace=tracer("ahead"),
+        )
         first = asyncio.ensure_future(slow.run())
-        await asyncio.sleep(0.3)            # the slow worker holds every job by now
+        await asyncio.sleep(0.3)  # the slow worker holds every job by now
         summaries = await asyncio.gather(fast.run(), first)
-        async with aiohttp.ClientSession() as session, \
-                session.get(s.base + "/stats") as answer:
+        async with aiohttp.ClientSession() as session, session.get(s.base + "/stats") as answer:
             stats = await answer.json()
     jobs = {r[1]: r for r in rows(db) if len(r) > 3}
     assert {r[3] for r in jobs.values()} == {"done"}
     done = sorted((i, t) for i, t, status, _ in finishes if status == "done")
-    assert done == sorted((i, r[6]) for i, r in jobs.items())      # once, at the last token
-    assert sum(s.lost + s.stale for s in summaries) > 0             # the clock did bite
+    assert done == sorted((i, r[6]) for i, r in jobs.items())  # once, at the last token
+    assert sum(s.lost + s.stale for s in summaries) > 0  # the clock did bite
     assert {name for *_, name in finishes} >= {"ahead"}
     total, inbox = sink_state(sink_db)
     assert {i: q for i, q, _ in inbox} == qty and total == sum(qty.values())
-    assert stats["applied"] == len(qty)                             # each effect once
+    assert stats["applied"] == len(qty)  # each effect once
     assert stats["requests"] == sum(s.requests for s in summaries)  # duplicates at most
-

@@ -70,13 +70,23 @@ def test_four_processes_of_eight_sessions_claim_without_overlap(pg_db):
     url = pg_db()
     qty = {f"c{i:04d}": i % 9 + 1 for i in range(600)}
     con = pg.connect(url)
-    pg.drive(con, lambda: w.plan_enqueue_many([({"id": i, "qty": n}, 120_000, 16)
-                                                for i, n in qty.items()], epoch_ms(),
-                                               limits=w.PRODUCT))
+    pg.drive(
+        con,
+        lambda: w.plan_enqueue_many(
+            [({"id": i, "qty": n}, 120_000, 16) for i, n in qty.items()],
+            epoch_ms(),
+            limits=w.PRODUCT,
+        ),
+    )
     con.close()
     with sink_process(url) as one, sink_process(url) as two:
-        workers = [start([sys.executable, "-c", WORKER, url, f"{one},{two}", f"p{n}",
-                          str(LEASE_MS)], stdout=PIPE) for n in range(4)]
+        workers = [
+            start(
+                [sys.executable, "-c", WORKER, url, f"{one},{two}", f"p{n}", str(LEASE_MS)],
+                stdout=PIPE,
+            )
+            for n in range(4)
+        ]
         try:
             outputs = [p.communicate(timeout=120)[0] for p in workers]
         finally:
@@ -88,12 +98,12 @@ def test_four_processes_of_eight_sessions_claim_without_overlap(pg_db):
     jobs = {row[0]: row[1:] for row in query(url, "SELECT id, status, token FROM jobs")}
     assert {status for status, _ in jobs.values()} == {"done"}
     done = [(r[1], r[2]) for r in records if r[0] == "finish" and r[4] == "done"]
-    assert sorted(done) == sorted((i, jobs[i][1]) for i in qty)     # each job done once
+    assert sorted(done) == sorted((i, jobs[i][1]) for i in qty)  # each job done once
     stale = [r for r in records if r[0] == "finish" and r[4] is False]
     assert stale, "no stale finish was tried: the stalls did not outlast a lease"
     total, inbox = sink_state(url)
     assert {i: q for i, q, _ in inbox} == qty and total == sum(qty.values())
-    assert applied == len(qty)                                      # each effect once
+    assert applied == len(qty)  # each effect once
 
 
 def check_leases(records):
@@ -107,11 +117,12 @@ def check_leases(records):
         if status is not False:
             began, until = claims[job_id][token]
             assert began <= at < until, f"{job_id}/{token} finished outside its lease"
-            claims[job_id][token][1] = at                  # released at the finish
+            claims[job_id][token][1] = at  # released at the finish
     for job_id, leases in claims.items():
         tokens = sorted(leases)
         assert tokens == list(range(1, len(tokens) + 1)), (job_id, tokens)
         for earlier, later in itertools.pairwise(tokens):
-            assert leases[later][0] >= leases[earlier][1], \
-                f"{job_id}: token {later} claimed at {leases[later][0]}, while token " \
+            assert leases[later][0] >= leases[earlier][1], (
+                f"{job_id}: token {later} claimed at {leases[later][0]}, while token "
                 f"{earlier} held it until {leases[earlier][1]}"
+            )

@@ -10,11 +10,37 @@ from .test_cli import asnackq, fails
 
 def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_db, tmp_path):
     url, out = pg_db(), tmp_path / "lab.json"
-    run = asnackq("lab", "--db", url, "--sinks", "2", "--jobs", "600", "--processes", "2",
-                  "--concurrency", "16", "--fail-rate", "0.05", "--drop-rate", "0.05",
-                  "--kill-every", "0.3", "--kill-sinks", "--seed", "11", "--lease-ms", "1500",
-                  "--send-timeout-s", "0.5", "--dir", tmp_path / "lab", "--json", out,
-                  timeout=180)
+    run = asnackq(
+        "lab",
+        "--db",
+        url,
+        "--sinks",
+        "2",
+        "--jobs",
+        "600",
+        "--processes",
+        "2",
+        "--concurrency",
+        "16",
+        "--fail-rate",
+        "0.05",
+        "--drop-rate",
+        "0.05",
+        "--kill-every",
+        "0.3",
+        "--kill-sinks",
+        "--seed",
+        "11",
+        "--lease-ms",
+        "1500",
+        "--send-timeout-s",
+        "0.5",
+        "--dir",
+        tmp_path / "lab",
+        "--json",
+        out,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["liveness_failures"] == []
@@ -23,14 +49,26 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
     total = result["kills"] + result["sink_kills"]
     assert total >= 2 and result["sink_kills"] == total // 2
     assert query(url, "SELECT count(*), sum(qty) FROM inbox") == [
-        (600, query(url, "SELECT total FROM stock")[0][0])]
-    assert "must hold no jobs" in fails("lab", "--db", url, "--jobs", "10")   # used: refused
+        (600, query(url, "SELECT total FROM stock")[0][0])
+    ]
+    assert "must hold no jobs" in fails("lab", "--db", url, "--jobs", "10")  # used: refused
 
 
 def test_lab_on_a_throwaway_local_server(tmp_path):
     out = tmp_path / "lab.json"
-    run = asnackq("lab", "--pg-local", "--jobs", "100", "--processes", "1", "--concurrency",
-                  "8", "--json", out, timeout=120)
+    run = asnackq(
+        "lab",
+        "--pg-local",
+        "--jobs",
+        "100",
+        "--processes",
+        "1",
+        "--concurrency",
+        "8",
+        "--json",
+        out,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["statuses"] == {"done": 100}

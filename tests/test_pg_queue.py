@@ -32,12 +32,14 @@ def url(pg_db):
 def test_the_schema_is_created_once_with_its_version(url):
     pg.connect(url).close()
     assert query(url, "SELECT part, version FROM asnackq_schema") == [("queue", 1)]
-    tables = {name for (name,) in query(
-        url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    tables = {
+        name
+        for (name,) in query(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    }
     assert tables == {"jobs", "redrives", "asnackq_schema"}
     created = query(url, "SELECT created_at FROM asnackq_schema")
     pg.connect(url).close()
-    assert query(url, "SELECT created_at FROM asnackq_schema") == created   # nothing redone
+    assert query(url, "SELECT created_at FROM asnackq_schema") == created  # nothing redone
 
 
 def test_many_sessions_opening_an_empty_database_at_once_all_succeed(url):
@@ -68,7 +70,7 @@ def test_a_newer_schema_is_refused_and_an_absent_one_not_created(url):
     with pytest.raises(ValueError, match="version 2, newer than this asnackq knows"):
         pg.connect(url)
     with pytest.raises(ValueError, match="newer than this asnackq knows"):
-        stores.require(url)                # not mistaken for "no queue here"
+        stores.require(url)  # not mistaken for "no queue here"
 
 
 async def test_async_queue_opens_a_url_with_the_product_limits(url):
@@ -84,12 +86,13 @@ async def test_async_queue_opens_a_url_with_the_product_limits(url):
 def test_claims_do_not_visit_finished_rows(url):
     con = pg.connect(url)
     with con.cursor() as cursor:
-        cursor.execute("INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
-                       " available_at, deadline) SELECT 'd' || i, 1, 'done', 1, 3, 1, 0, 1"
-                       " FROM generate_series(1, 20000) AS i")
+        cursor.execute(
+            "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+            " available_at, deadline) SELECT 'd' || i, 1, 'done', 1, 3, 1, 0, 1"
+            " FROM generate_series(1, 20000) AS i"
+        )
         cursor.execute("ANALYZE jobs")
-        for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED,
-                    w.SQL_NEXT_CLAIMABLE):
+        for sql in (w.SQL_QUARANTINE_DEADLINE, w.SQL_QUARANTINE_EXHAUSTED, w.SQL_NEXT_CLAIMABLE):
             text, params = pg.translate(sql, {"now": T0, "n": 8})
             plan = " ".join(row[0] for row in cursor.execute("EXPLAIN " + text, params))
             assert "Seq Scan on jobs" not in plan, plan
@@ -99,11 +102,13 @@ def test_claims_do_not_visit_finished_rows(url):
 def test_a_claim_skips_rows_another_claim_holds(url):
     """Two claims at once never wait for each other and never take the same job."""
     one, two = pg.connect(url), pg.connect(url)
-    pg.drive(one, lambda: w.plan_enqueue_many(
-        [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(4)], T0))
+    pg.drive(
+        one,
+        lambda: w.plan_enqueue_many([({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(4)], T0),
+    )
     held = []
 
-    def second_claim(point):          # runs inside the first claim's open transaction
+    def second_claim(point):  # runs inside the first claim's open transaction
         if point == "after-claim":
             held.append(pg.drive(two, lambda: w.plan_claim_many("w2", T0, 1000, 2)))
 
@@ -162,8 +167,7 @@ def test_concurrent_intakes_of_the_same_ids_insert_each_once(url):
         go.wait()
         for start in range(0, 400, 40):
             items = [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(start, start + 40)]
-            results[n] += pg.drive(sessions[n], lambda items=items: w.plan_enqueue_many(
-                items, T0))
+            results[n] += pg.drive(sessions[n], lambda items=items: w.plan_enqueue_many(items, T0))
 
     threads = [threading.Thread(target=intake, args=(n,)) for n in (0, 1)]
     for thread in threads:
@@ -179,19 +183,41 @@ def test_concurrent_intakes_of_the_same_ids_insert_each_once(url):
 async def test_concurrent_async_intakes_of_the_same_ids_insert_each_once(url):
     async with AsyncQueue.open(url) as one, AsyncQueue.open(url) as two:
         items = [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(300)]
-        got = await asyncio.gather(*(queue.enqueue_many(items[start:start + 30], T0)
-                                     for start in range(0, 300, 30) for queue in (one, two)))
+        got = await asyncio.gather(
+            *(
+                queue.enqueue_many(items[start : start + 30], T0)
+                for start in range(0, 300, 30)
+                for queue in (one, two)
+            )
+        )
     assert sum(r is True for batch in got for r in batch) == 300
     assert query(url, "SELECT count(*) FROM jobs") == [(300,)]
 
 
 @pytest.mark.parametrize("required", [False, True])
 def test_without_binaries_the_pg_tests_skip_or_fail_when_required(required, tmp_path):
-    env = {**os.environ, "ASNACKQ_PG_BINDIR": str(tmp_path),
-           "ASNACKQ_REQUIRE_PG": str(int(required))}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_pg_queue.py",
-                          "-k", "schema_is_created"],
-                         capture_output=True, text=True, timeout=120, env=env, check=False)
+    env = {
+        **os.environ,
+        "ASNACKQ_PG_BINDIR": str(tmp_path),
+        "ASNACKQ_REQUIRE_PG": str(int(required)),
+    }
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "tests/test_pg_queue.py",
+            "-k",
+            "schema_is_created",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     if required:
         assert run.returncode == 1, run.stdout
         assert "ASNACKQ_REQUIRE_PG=1 but PostgreSQL binaries" in run.stdout

@@ -20,11 +20,34 @@ from .test_cli import asnackq, fails
 def lab_run(tmp_path_factory):
     """One small lab with kills and faults, its ``--json`` and its ``--report``."""
     root = tmp_path_factory.mktemp("report")
-    run = asnackq("lab", "--jobs", "300", "--processes", "2", "--concurrency", "16",
-                  "--fail-rate", "0.1", "--drop-rate", "0.1", "--kill-every", "0.4",
-                  "--seed", "11", "--lease-ms", "800", "--send-timeout-s", "0.4",
-                  "--dir", root / "lab", "--json", root / "lab.json", "--report",
-                  root / "out", timeout=120)
+    run = asnackq(
+        "lab",
+        "--jobs",
+        "300",
+        "--processes",
+        "2",
+        "--concurrency",
+        "16",
+        "--fail-rate",
+        "0.1",
+        "--drop-rate",
+        "0.1",
+        "--kill-every",
+        "0.4",
+        "--seed",
+        "11",
+        "--lease-ms",
+        "800",
+        "--send-timeout-s",
+        "0.4",
+        "--dir",
+        root / "lab",
+        "--json",
+        root / "lab.json",
+        "--report",
+        root / "out",
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"report: {root / 'out' / 'report.html'}" in run.stdout
     result = json.loads((root / "lab.json").read_text())
@@ -32,10 +55,13 @@ def lab_run(tmp_path_factory):
 
 
 def figures(page):
-    found = {attrs["data-plot"]: json.loads(text) for attrs, text in page.scripts
-             if attrs.get("class") == "figure"}
+    found = {
+        attrs["data-plot"]: json.loads(text)
+        for attrs, text in page.scripts
+        if attrs.get("class") == "figure"
+    }
     assert set(found) == {f"plot-{n}" for n in ("throughput", "latency", "sink", "statuses")}
-    assert set(found) <= page.ids                       # each has its element to draw in
+    assert set(found) <= page.ids  # each has its element to draw in
     return found
 
 
@@ -51,12 +77,12 @@ def lines_at(trace):
 def test_the_report_is_one_self_contained_page(lab_run):
     _, path = lab_run
     text = path.read_text(encoding="utf-8")
-    page = Page(text)                                   # parses, every element closed
-    assert page.references == []                       # no src, no href: nothing to fetch
+    page = Page(text)  # parses, every element closed
+    assert page.references == []  # no src, no href: nothing to fetch
     inline = [text for attrs, text in page.scripts if not attrs]
     assert len(inline) == 2 and "Plotly" in inline[0] and len(inline[0]) > 1_000_000
     assert "Plotly.newPlot" in inline[1]
-    for figure in figures(page).values():              # every plot has data to draw
+    for figure in figures(page).values():  # every plot has data to draw
         assert any(any(v for v in trace["y"] if v) for trace in figure["data"])
 
 
@@ -73,7 +99,7 @@ def test_every_plot_draws_the_numbers_of_the_json(lab_run):
     assert len(kills) == result["kills"] >= 1 and len(starts) == result["workers_started"]
     assert lines_at(throughput["SIGKILL"]) == [e["t_s"] for e in kills]
     assert lines_at(throughput["worker start"]) == [e["t_s"] for e in starts]
-    assert sum(throughput["done"]["y"]) <= result["statuses"]["done"]   # traced finishes
+    assert sum(throughput["done"]["y"]) <= result["statuses"]["done"]  # traced finishes
 
     latency = found["plot-latency"]
     bars = traces(latency)["jobs"]
@@ -89,8 +115,12 @@ def test_every_plot_draws_the_numbers_of_the_json(lab_run):
         for name, trace in traces(found[plot]).items():
             assert (trace["x"], trace["y"]) == (series[table]["t_s"], series[table][name])
     final = {name: values[-1] for name, values in series["statuses"].items() if name != "t_s"}
-    assert final == {"pending": 0, "leased": 0, "done": result["statuses"].get("done", 0),
-                     "dead": result["statuses"].get("dead", 0)}
+    assert final == {
+        "pending": 0,
+        "leased": 0,
+        "done": result["statuses"].get("done", 0),
+        "dead": result["statuses"].get("dead", 0),
+    }
     assert series["sink"]["requests"][-1] == result["requests"]
     assert series["sink"]["duplicates"][-1] == result["duplicates"]
     assert series["sink"]["applied"][-1] == 300
@@ -102,18 +132,23 @@ def test_the_tables_show_the_numbers_of_the_json(lab_run):
     assert tables["summary"] == [[key, str(value)] for key, value in report_rows(result)]
     assert tables["invariants"][1:] == [
         [row["name"], row["description"], row["verdict"], str(row["violations"])]
-        for row in result["invariants"]]
+        for row in result["invariants"]
+    ]
     assert {row[2] for row in tables["invariants"][1:]} == {"holds"}
-    assert tables["config"] == [[key, "-" if value is None else str(value)]
-                                for key, value in result["config"].items()]
+    assert tables["config"] == [
+        [key, "-" if value is None else str(value)] for key, value in result["config"].items()
+    ]
 
 
 def test_without_plotly_report_fails_at_once_with_what_to_install(tmp_path):
-    blocked = ("import sys; sys.modules['plotly'] = None; from asnackq.cli import main; "
-               f"sys.exit(main(['lab', '--dir', {str(tmp_path / 'lab')!r}, '--report', "
-               f"{str(tmp_path / 'out')!r}]))")
-    run = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
-                         timeout=60, check=False)
+    blocked = (
+        "import sys; sys.modules['plotly'] = None; from asnackq.cli import main; "
+        f"sys.exit(main(['lab', '--dir', {str(tmp_path / 'lab')!r}, '--report', "
+        f"{str(tmp_path / 'out')!r}]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60, check=False
+    )
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr == "asnackq lab: --report needs plotly: pip install 'asnackq[report]'\n"
     assert not (tmp_path / "lab").exists() and not (tmp_path / "out").exists()
@@ -123,8 +158,11 @@ def test_a_report_target_that_cannot_be_one_is_refused_before_the_run(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("not a directory")
     (tmp_path / "out" / "report.html").mkdir(parents=True)
-    for target, why in ((taken, "is not a directory"), (taken / "below", "is not a directory"),
-                        (tmp_path / "out", "report.html is a directory")):
+    for target, why in (
+        (taken, "is not a directory"),
+        (taken / "below", "is not a directory"),
+        (tmp_path / "out", "report.html is a directory"),
+    ):
         said = fails("lab", "--dir", tmp_path / "lab", "--report", target)
         assert why in said and said.count("\n") == 1, said
     assert not (tmp_path / "lab").exists() and taken.read_text() == "not a directory"
@@ -140,8 +178,13 @@ def test_the_report_draws_every_plot_from_disk_in_a_browser(lab_run, browser, tm
     def probe():
         plots = browser.execute_script(drawn)
         return len(plots) == 4 and all(svgs and marks for _, svgs, marks in plots), plots
+
     wait_for(probe, what="the report's plots")
-    assert browser.execute_script(                       # nothing came from anywhere else
-        "return performance.getEntriesByType('resource').map((r) => r.name)") == []
+    assert (
+        browser.execute_script(  # nothing came from anywhere else
+            "return performance.getEntriesByType('resource').map((r) => r.name)"
+        )
+        == []
+    )
     png = screenshot(browser, tmp_path, "report.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000

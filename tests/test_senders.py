@@ -39,32 +39,43 @@ def answering(status=200, body=None, headers=None):
     async def handler(request):
         await request.read()
         text = json.dumps({"id": "a", "status": "applied"}) if body is None else body
-        return web.Response(status=status, text=text, headers=headers,
-                            content_type="application/json")
+        return web.Response(
+            status=status, text=text, headers=headers, content_type="application/json"
+        )
+
     return peer(handler)
 
 
-@pytest.mark.parametrize(("app", "expected"), [
-    (answering(), True),
-    (answering(body=json.dumps({"id": "a", "status": "duplicate"})), True),
-    (answering(body=json.dumps({"id": "b", "status": "applied"})), BadAck),
-    (answering(body=json.dumps({"id": "a", "status": "conflict"})), BadAck),
-    (answering(body=json.dumps({"id": "a"})), BadAck),
-    (answering(body=json.dumps(["a", "applied"])), BadAck),
-    (answering(body="OK"), BadAck),
-    (answering(body=json.dumps({"id": "a", "status": "applied", "pad": "x" * 5000})), BadAck),
-    (answering(status=302, headers={"Location": "/elsewhere"}), BadAck),
-    (answering(status=307, headers={"Location": "/elsewhere"}), BadAck),
-    (answering(status=201), BadAck),
-    (answering(status=404), BadAck),
-    (answering(status=400), Permanent), (answering(status=409), Permanent),
-    (answering(status=413), Permanent), (answering(status=415), Permanent),
-    (answering(status=422), Permanent),
-    (answering(status=408), Retryable), (answering(status=425), Retryable),
-    (answering(status=429), Retryable), (answering(status=500), Retryable),
-    (answering(status=501), Retryable), (answering(status=502), Unavailable),
-    (answering(status=503), Unavailable), (answering(status=504), Unavailable),
-])
+@pytest.mark.parametrize(
+    ("app", "expected"),
+    [
+        (answering(), True),
+        (answering(body=json.dumps({"id": "a", "status": "duplicate"})), True),
+        (answering(body=json.dumps({"id": "b", "status": "applied"})), BadAck),
+        (answering(body=json.dumps({"id": "a", "status": "conflict"})), BadAck),
+        (answering(body=json.dumps({"id": "a"})), BadAck),
+        (answering(body=json.dumps(["a", "applied"])), BadAck),
+        (answering(body="OK"), BadAck),
+        (answering(body=json.dumps({"id": "a", "status": "applied", "pad": "x" * 5000})), BadAck),
+        (answering(status=302, headers={"Location": "/elsewhere"}), BadAck),
+        (answering(status=307, headers={"Location": "/elsewhere"}), BadAck),
+        (answering(status=201), BadAck),
+        (answering(status=404), BadAck),
+        (answering(status=400), Permanent),
+        (answering(status=409), Permanent),
+        (answering(status=413), Permanent),
+        (answering(status=415), Permanent),
+        (answering(status=422), Permanent),
+        (answering(status=408), Retryable),
+        (answering(status=425), Retryable),
+        (answering(status=429), Retryable),
+        (answering(status=500), Retryable),
+        (answering(status=501), Retryable),
+        (answering(status=502), Unavailable),
+        (answering(status=503), Unavailable),
+        (answering(status=504), Unavailable),
+    ],
+)
 async def test_answers_are_classified_the_same_by_both_senders(app, expected):
     async with serving(app) as running:
         assert await send_both(running.url) == [expected, expected]
@@ -96,7 +107,7 @@ async def test_a_reset_connection_and_a_refused_port_say_the_sink_is_unavailable
     async with serving(peer(reset)) as running:
         assert await send_both(running.url) == [Unavailable, Unavailable]
     assert await send_both(f"http://127.0.0.1:{dead_port()}/events") == [Unavailable] * 2
-    assert issubclass(Unavailable, Retryable)      # run_once retries it like any Retryable
+    assert issubclass(Unavailable, Retryable)  # run_once retries it like any Retryable
 
 
 async def test_a_timeout_says_the_sink_is_unavailable():
@@ -119,9 +130,19 @@ async def test_proxy_variables_are_ignored(tmp_path, monkeypatch):
     assert sink_state(tmp_path / "s.db") == (2, [("a", 2, 2)])
 
 
-@pytest.mark.parametrize("url", [
-    "http://10.0.0.1/events", "http://192.168.1.5:8080/events", "http://example.com/events",
-    "http://0.0.0.0/events", "ftp://127.0.0.1/events", "127.0.0.1:80/events", "", 5])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1/events",
+        "http://192.168.1.5:8080/events",
+        "http://example.com/events",
+        "http://0.0.0.0/events",
+        "ftp://127.0.0.1/events",
+        "127.0.0.1:80/events",
+        "",
+        5,
+    ],
+)
 def test_non_loopback_or_malformed_urls_are_refused(url):
     with pytest.raises(ValueError):
         HttpSender(url)
@@ -129,8 +150,15 @@ def test_non_loopback_or_malformed_urls_are_refused(url):
         AsyncHttpSender(url)
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:1/events", "http://localhost/events",
-                                 "http://[::1]:8080/events", "http://127.8.9.10/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1/events",
+        "http://localhost/events",
+        "http://[::1]:8080/events",
+        "http://127.8.9.10/x",
+    ],
+)
 def test_loopback_urls_are_accepted(url):
     HttpSender(url)
     AsyncHttpSender(url)
@@ -140,9 +168,17 @@ def test_remote_urls_need_the_explicit_flag():
     assert HttpSender("http://10.0.0.1/events", allow_remote=True).parts.hostname == "10.0.0.1"
 
 
-@pytest.mark.parametrize(("event", "token"), [
-    ({"id": "a b", "qty": 1}, None), ({"id": "a", "qty": 0}, None), ({"id": "a"}, None),
-    ({"id": "a", "qty": 1}, 0), ({"id": "a", "qty": 1}, True), ({"id": "a", "qty": 1}, "1")])
+@pytest.mark.parametrize(
+    ("event", "token"),
+    [
+        ({"id": "a b", "qty": 1}, None),
+        ({"id": "a", "qty": 0}, None),
+        ({"id": "a"}, None),
+        ({"id": "a", "qty": 1}, 0),
+        ({"id": "a", "qty": 1}, True),
+        ({"id": "a", "qty": 1}, "1"),
+    ],
+)
 async def test_bad_events_and_tokens_are_refused_before_sending(tmp_path, event, token):
     async with sink(tmp_path / "s.db") as running, AsyncHttpSender(running.url) as send:
         with pytest.raises(ValueError):
@@ -161,6 +197,7 @@ def test_judge_reads_only_a_bounded_ack():
 @contextlib.asynccontextmanager
 async def raw_peer(answer):
     """A loopback server that reads one request, then runs ``answer(reader, writer)``."""
+
     async def handle(reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -185,9 +222,10 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length:
 async def test_timeout_s_bounds_the_whole_answer_not_each_read():
     """A peer dripping a valid ACK a byte every 20 ms (about 2.5 s in all) is a timeout
     after timeout_s = 0.3 for both senders, however lively each read is."""
+
     async def drip(reader, writer):
         for byte in OK_HEAD % len(ACK) + ACK:
-            if reader.at_eof():               # the sender gave up and closed
+            if reader.at_eof():  # the sender gave up and closed
                 return
             writer.write(bytes([byte]))
             await writer.drain()
@@ -203,15 +241,18 @@ async def test_timeout_s_bounds_the_whole_answer_not_each_read():
 
 async def test_a_body_shorter_than_its_content_length_proves_nothing():
     async def short(reader, writer):
-        writer.write(OK_HEAD % 1000 + ACK)         # 1000 announced, a whole ACK, then close
+        writer.write(OK_HEAD % 1000 + ACK)  # 1000 announced, a whole ACK, then close
         await writer.drain()
 
-    async with raw_peer(short) as url:      # a cut answer: the connection, not the job
+    async with raw_peer(short) as url:  # a cut answer: the connection, not the job
         assert await send_both(url) == [Unavailable, Unavailable]
 
 
-@given(st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True), st.integers(1, 1000),
-       st.one_of(st.none(), st.integers(1, 10**15)))
+@given(
+    st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True),
+    st.integers(1, 1000),
+    st.one_of(st.none(), st.integers(1, 10**15)),
+)
 def test_the_body_is_json_dumps_own_bytes(event_id, qty, token):
     sent_id, body, headers = request_parts({"id": event_id, "qty": qty}, token)
     assert body == json.dumps({"id": event_id, "qty": qty}).encode() and sent_id == event_id

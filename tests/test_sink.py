@@ -27,15 +27,21 @@ def sink_db(tmp_path):
 
 
 async def post(url, body, *, content_type="application/json", headers=None):
-    async with aiohttp.ClientSession() as session, session.post(
-            url, data=body, headers={"Content-Type": content_type, **(headers or {})}) as r:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            url, data=body, headers={"Content-Type": content_type, **(headers or {})}
+        ) as r,
+    ):
         return r.status, await r.text()
 
 
 async def test_applied_duplicate_conflict_and_the_stock(sink_db):
     async with sink(sink_db) as s:
         assert await post(s.url, b'{"id": "a", "qty": 3}') == (
-            200, json.dumps({"id": "a", "status": "applied"}))
+            200,
+            json.dumps({"id": "a", "status": "applied"}),
+        )
         assert (await post(s.url, b'{"id": "a", "qty": 3}'))[0] == 200
         status, text = await post(s.url, b'{"id": "a", "qty": 4}')
         assert (status, json.loads(text)) == (409, {"id": "a", "status": "conflict"})
@@ -50,7 +56,12 @@ async def test_applied_duplicate_conflict_and_the_stock(sink_db):
                 metrics = await r.text()
     assert sink_state(sink_db) == (3, [("a", 3, 2)])
     assert {k: stats[k] for k in ("requests", "applied", "duplicates", "conflicts", "stock")} == {
-        "requests": 3, "applied": 1, "duplicates": 1, "conflicts": 1, "stock": 3}
+        "requests": 3,
+        "applied": 1,
+        "duplicates": 1,
+        "conflicts": 1,
+        "stock": 3,
+    }
     assert record["qty"] == 3 and record["deliveries"] == 2
     assert "asnackq_sink_stock 3" in metrics.splitlines()
 
@@ -66,11 +77,26 @@ async def test_the_lease_token_is_recorded_first_and_last(sink_db):
 
 
 BAD_BODIES = [
-    b"", b"not json", b"[1, 2]", b'"a"', b"null", b'{"id": "a"}', b'{"qty": 1}',
-    b'{"id": "a", "qty": 1, "x": 0}', b'{"id": "a b", "qty": 1}', b'{"id": "", "qty": 1}',
-    b'{"id": "a", "qty": true}', b'{"id": "a", "qty": 1.0}', b'{"id": "a", "qty": 0}',
-    b'{"id": "a", "qty": 1001}', b'{"id": "a", "qty": "1"}', b'{"id": 5, "qty": 1}',
-    b'{"id": "a", "qty": NaN}', b"\xff\xfe", b"[" * 100_000, b'{"id": "\\u00e9", "qty": 1}',
+    b"",
+    b"not json",
+    b"[1, 2]",
+    b'"a"',
+    b"null",
+    b'{"id": "a"}',
+    b'{"qty": 1}',
+    b'{"id": "a", "qty": 1, "x": 0}',
+    b'{"id": "a b", "qty": 1}',
+    b'{"id": "", "qty": 1}',
+    b'{"id": "a", "qty": true}',
+    b'{"id": "a", "qty": 1.0}',
+    b'{"id": "a", "qty": 0}',
+    b'{"id": "a", "qty": 1001}',
+    b'{"id": "a", "qty": "1"}',
+    b'{"id": 5, "qty": 1}',
+    b'{"id": "a", "qty": NaN}',
+    b"\xff\xfe",
+    b"[" * 100_000,
+    b'{"id": "\\u00e9", "qty": 1}',
 ]
 
 
@@ -82,15 +108,24 @@ async def test_malformed_bodies_are_400_and_change_nothing(sink_db, body):
     assert sink_state(sink_db) == (0, [])
 
 
-@pytest.mark.parametrize(("request_kwargs", "expected"), [
-    ({"body": b'{"id": "a", "qty": 1}', "content_type": "text/plain"}, 415),
-    ({"body": b'{"id": "a", "qty": 1}', "content_type": "application/x-www-form-urlencoded"}, 415),
-    ({"body": b'{"id": "a", "qty": 1, "pad": "' + b"x" * 5000 + b'"}'}, 413),
-    ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "0"}}, 400),
-    ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "-1"}}, 400),
-    ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "1.5"}}, 400),
-    ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "1000000000000001"}}, 400),
-])
+@pytest.mark.parametrize(
+    ("request_kwargs", "expected"),
+    [
+        ({"body": b'{"id": "a", "qty": 1}', "content_type": "text/plain"}, 415),
+        (
+            {"body": b'{"id": "a", "qty": 1}', "content_type": "application/x-www-form-urlencoded"},
+            415,
+        ),
+        ({"body": b'{"id": "a", "qty": 1, "pad": "' + b"x" * 5000 + b'"}'}, 413),
+        ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "0"}}, 400),
+        ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "-1"}}, 400),
+        ({"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "1.5"}}, 400),
+        (
+            {"body": b'{"id": "a", "qty": 1}', "headers": {"X-Asnackq-Token": "1000000000000001"}},
+            400,
+        ),
+    ],
+)
 async def test_wrong_type_size_or_token_is_refused(sink_db, request_kwargs, expected):
     async with sink(sink_db) as s:
         status, _ = await post(s.url, request_kwargs.pop("body"), **request_kwargs)
@@ -109,10 +144,12 @@ async def test_unknown_routes_and_methods(sink_db):
 async def test_shared_token_is_required_when_configured(sink_db):
     async with sink(sink_db, auth_token="s3cret") as s:
         assert (await post(s.url, b'{"id": "a", "qty": 1}'))[0] == 401
-        assert (await post(s.url, b'{"id": "a", "qty": 1}',
-                           headers={"Authorization": "Bearer wrong"}))[0] == 401
-        assert (await post(s.url, b'{"id": "a", "qty": 1}',
-                           headers={"Authorization": "Bearer s3cret"}))[0] == 200
+        assert (
+            await post(s.url, b'{"id": "a", "qty": 1}', headers={"Authorization": "Bearer wrong"})
+        )[0] == 401
+        assert (
+            await post(s.url, b'{"id": "a", "qty": 1}', headers={"Authorization": "Bearer s3cret"})
+        )[0] == 200
     assert sink_state(sink_db) == (1, [("a", 1, 1)])
 
 
@@ -126,6 +163,7 @@ async def test_fail_rate_answers_503_before_any_change(sink_db):
 @pytest.mark.parametrize("sync", [True, False])
 async def test_a_lost_ack_after_commit_is_retryable_and_a_resend_is_a_duplicate(sink_db, sync):
     async with sink(sink_db, drop_rate=1.0) as s, AsyncHttpSender(s.url) as asend:
+
         async def send(event):
             if sync:
                 return await asyncio.to_thread(HttpSender(s.url), event)
@@ -133,7 +171,7 @@ async def test_a_lost_ack_after_commit_is_retryable_and_a_resend_is_a_duplicate(
 
         with pytest.raises(Retryable):
             await send({"id": "a", "qty": 5})
-        assert sink_state(sink_db) == (5, [("a", 5, 1)])     # the effect was committed
+        assert sink_state(sink_db) == (5, [("a", 5, 1)])  # the effect was committed
         s.app[CONFIG].drop_rate = 0.0
         assert await send({"id": "a", "qty": 5}) is True
     assert sink_state(sink_db) == (5, [("a", 5, 2)])
@@ -173,16 +211,18 @@ async def test_64_concurrent_senders_200_ids_with_repeats(sink_db):
     assert total == sum(qty.values())
     assert len(inbox) == 200
     assert sum(row[2] for row in inbox) == len(deliveries)
-    assert commits < len(deliveries)           # group commit took several per transaction
+    assert commits < len(deliveries)  # group commit took several per transaction
 
 
 async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
     db = await open_sink_db(sink_db)
     try:
         inbox = Inbox(db, batch_max=100)
-        pending = [asyncio.ensure_future(inbox.submit(i, q, None))
-                   for i, q in [("a", 1), ("a", 1), ("a", 2), ("b", 3)]]
-        await asyncio.sleep(0)            # all four wait before the writer starts
+        pending = [
+            asyncio.ensure_future(inbox.submit(i, q, None))
+            for i, q in [("a", 1), ("a", 1), ("a", 2), ("b", 3)]
+        ]
+        await asyncio.sleep(0)  # all four wait before the writer starts
         inbox.waiting.put_nowait(None)
         await inbox.run()
         assert await asyncio.gather(*pending) == ["applied", "duplicate", "conflict", "applied"]
@@ -195,12 +235,15 @@ async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
 async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(sink_db):
     await (await open_sink_db(sink_db)).close()
     con = sqlite3.connect(sink_db)
-    con.execute("CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
-                "BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    con.execute(
+        "CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
+        "BEGIN SELECT RAISE(ABORT, 'boom'); END"
+    )
     con.close()
     async with sink(sink_db) as s:
-        results = await asyncio.gather(*(post(s.url, json.dumps({"id": i, "qty": 1}).encode())
-                                         for i in ("x", "boom", "y")))
+        results = await asyncio.gather(
+            *(post(s.url, json.dumps({"id": i, "qty": 1}).encode()) for i in ("x", "boom", "y"))
+        )
         assert results[1][0] == 503
         assert (await post(s.url, b'{"id": "z", "qty": 1}'))[0] == 200
     total, inbox = sink_state(sink_db)
@@ -213,19 +256,32 @@ async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(si
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=st.one_of(st.binary(max_size=300),
-                      st.builds(lambda v: json.dumps(v).encode(), st.recursive(
-                          st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                          lambda inner: st.lists(inner, max_size=3)
-                          | st.dictionaries(st.sampled_from(["id", "qty", "x"]), inner,
-                                            max_size=3)))),
-       token=st.one_of(st.none(), st.text(max_size=20)),
-       content_type=st.sampled_from(["application/json", "text/plain", ""]))
-def test_fuzzed_requests_never_get_a_500_and_keep_the_stock_consistent(tmp_path_factory, body,
-                                                                         token, content_type):
+@given(
+    body=st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda v: json.dumps(v).encode(),
+            st.recursive(
+                st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                lambda inner: (
+                    st.lists(inner, max_size=3)
+                    | st.dictionaries(st.sampled_from(["id", "qty", "x"]), inner, max_size=3)
+                ),
+            ),
+        ),
+    ),
+    token=st.one_of(st.none(), st.text(max_size=20)),
+    content_type=st.sampled_from(["application/json", "text/plain", ""]),
+)
+def test_fuzzed_requests_never_get_a_500_and_keep_the_stock_consistent(
+    tmp_path_factory, body, token, content_type
+):
     db = tmp_path_factory.mktemp("fuzz") / "sink.db"
-    headers = {} if token is None or not token.isprintable() or not token.isascii() \
+    headers = (
+        {}
+        if token is None or not token.isprintable() or not token.isascii()
         else {"X-Asnackq-Token": token}
+    )
 
     async def scenario():
         async with sink(db) as s:
@@ -239,18 +295,23 @@ def test_fuzzed_requests_never_get_a_500_and_keep_the_stock_consistent(tmp_path_
 
 
 def test_sink_command_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path):
-    proc, url = start_sink(tmp_path / "s.db")          # its first line: "... listening on URL"
+    proc, url = start_sink(tmp_path / "s.db")  # its first line: "... listening on URL"
     try:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/events")
         assert HttpSender(url)({"id": "a", "qty": 2}) is True
     finally:
-        assert stop(proc, timeout_s=20) == [0]          # SIGTERM: a clean stop
+        assert stop(proc, timeout_s=20) == [0]  # SIGTERM: a clean stop
     assert sink_state(tmp_path / "s.db") == (2, [("a", 2, 1)])
 
 
 def test_sink_command_refuses_a_non_loopback_host_without_the_flag(tmp_path):
-    run = subprocess.run(command("sink", "--db", tmp_path / "s.db", "--host", "0.0.0.0"),
-                         capture_output=True, text=True, timeout=30, check=False)
+    run = subprocess.run(
+        command("sink", "--db", tmp_path / "s.db", "--host", "0.0.0.0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert run.returncode == 1
     assert run.stderr.count("\n") == 1 and "--allow-remote" in run.stderr
     assert not (tmp_path / "s.db").exists()

@@ -24,8 +24,7 @@ __all__ = ["main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
-    top = Parser(
-        prog="asnackq", description="At-least-once delivery with once-only effects.")
+    top = Parser(prog="asnackq", description="At-least-once delivery with once-only effects.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_demo(commands)
     add_init(commands)
@@ -49,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Failure as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 2 if isinstance(error, Usage) else 1
-    except KeyboardInterrupt:               # Ctrl-C: the children were stopped on the way
+    except KeyboardInterrupt:  # Ctrl-C: the children were stopped on the way
         print(f"asnackq {args.command}: interrupted", file=sys.stderr)
         return 130
     except (OSError, ValueError, sqlite3.Error, w.Conflict) as error:

@@ -32,7 +32,7 @@ class Parser(argparse.ArgumentParser):
 Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
-TTL_MS = 60_000          # the default ttl for intakes (up to 30 days: worker.PRODUCT)
+TTL_MS = 60_000  # the default ttl for intakes (up to 30 days: worker.PRODUCT)
 QUEUE_HELP = "a queue file, or a postgresql:// URL"
 
 
@@ -47,22 +47,24 @@ def existing_queue(path: Target) -> Target:
 
 def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
     """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
+
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
-            value = math.nan                # fails the range check below
+            value = math.nan  # fails the range check below
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(
-                f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, "
-                f"not {text!r}")
+                f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, not {text!r}"
+            )
         return value
+
     return parse
 
 
-RATE = within(float, *faults.RATE)           # a sink's fault rate
-DELAY_MS = within(int, *faults.DELAY_MS)     # a sink's delay before each answer
-TIMEOUT = within(float, 0.001, 600)      # a sender's timeout_s
+RATE = within(float, *faults.RATE)  # a sink's fault rate
+DELAY_MS = within(int, *faults.DELAY_MS)  # a sink's delay before each answer
+TIMEOUT = within(float, 0.001, 600)  # a sender's timeout_s
 
 
 def sink_url(text: str) -> str:

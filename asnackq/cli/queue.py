@@ -28,25 +28,32 @@ def add_init(commands: Commands) -> None:
 def run_init(args: argparse.Namespace) -> int:
     created, jobs = stores.init(args.queue)
     result = {"queue": shown(args.queue), "created": created, "jobs": jobs}
-    emit(args, result, lambda out: out.print(
-        f"{'created' if created else 'opened existing'} queue {shown(args.queue)} "
-        f"({jobs} jobs)"))
+    emit(
+        args,
+        result,
+        lambda out: out.print(
+            f"{'created' if created else 'opened existing'} queue {shown(args.queue)} ({jobs} jobs)"
+        ),
+    )
     return 0
 
 
 def add_enqueue(commands: Commands) -> None:
     enqueue = commands.add_parser(
-        "enqueue", help="add jobs: one with --id/--qty, or JSON Lines from a file or stdin",
+        "enqueue",
+        help="add jobs: one with --id/--qty, or JSON Lines from a file or stdin",
         description="Add jobs to an existing queue. A JSON Lines input holds one object per "
         'line: {"id": "a-1", "qty": 3} with optional "ttl_ms" and "max_attempts". Every line '
         "is validated before anything is written; conflicting ids (known with another qty) "
-        "change nothing, are reported, and make the exit code 1.")
+        "change nothing, are reported, and make the exit code 1.",
+    )
     enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=int)
-    enqueue.add_argument("--ttl-ms", type=int, default=TTL_MS,
-                         help="1..2592000000, 30 days (default 60000)")
+    enqueue.add_argument(
+        "--ttl-ms", type=int, default=TTL_MS, help="1..2592000000, 30 days (default 60000)"
+    )
     enqueue.add_argument("--max-attempts", type=int, default=3, help="1..16 (default 3)")
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
     enqueue.set_defaults(run=run_enqueue)
@@ -71,8 +78,11 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
             unknown = record.keys() - INTAKE_KEYS
             if unknown:
                 raise ValueError(f"unknown keys {sorted(unknown)}")
-            item = ({"id": record.get("id"), "qty": record.get("qty")},
-                    record.get("ttl_ms", ttl_ms), record.get("max_attempts", max_attempts))
+            item = (
+                {"id": record.get("id"), "qty": record.get("qty")},
+                record.get("ttl_ms", ttl_ms),
+                record.get("max_attempts", max_attempts),
+            )
             w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
@@ -100,13 +110,21 @@ def run_enqueue(args: argparse.Namespace) -> int:
             raise Failure(f"{args.input}: not UTF-8 text: {error}") from None
     results = intake(args.queue, items, show_progress=args.input is not None)
     conflicts = [str(r) for r in results if isinstance(r, w.Conflict)]
-    counts = {"inserted": sum(r is True for r in results),
-              "present": sum(r is False for r in results), "conflicts": len(conflicts)}
+    counts = {
+        "inserted": sum(r is True for r in results),
+        "present": sum(r is False for r in results),
+        "conflicts": len(conflicts),
+    }
     if args.input is None and conflicts:
         raise Failure(conflicts[0])
-    emit(args, {**counts, "conflicting": conflicts[:20]}, lambda out: out.print(
-        f"inserted {counts['inserted']}, already present {counts['present']}, "
-        f"conflicts {counts['conflicts']}"))
+    emit(
+        args,
+        {**counts, "conflicting": conflicts[:20]},
+        lambda out: out.print(
+            f"inserted {counts['inserted']}, already present {counts['present']}, "
+            f"conflicts {counts['conflicts']}"
+        ),
+    )
     for line in conflicts[:20]:
         print(f"asnackq enqueue: conflict: {line}", file=sys.stderr)
     return 1 if conflicts else 0
@@ -115,8 +133,9 @@ def run_enqueue(args: argparse.Namespace) -> int:
 def intake(queue: Target, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
     """``ops.enqueue_all`` with a progress bar on a terminal."""
     console = Console(stderr=True)
-    with Progress(console=console, transient=True,
-                  disable=not (show_progress and console.is_terminal)) as progress:
+    with Progress(
+        console=console, transient=True, disable=not (show_progress and console.is_terminal)
+    ) as progress:
         task = progress.add_task("enqueue", total=len(items))
         return ops.enqueue_all(queue, items, lambda n: progress.advance(task, n))
 
@@ -134,14 +153,17 @@ def add_inspect(commands: Commands) -> None:
     dead.set_defaults(run=run_dead)
 
     redrive = commands.add_parser(
-        "redrive", help="return dead jobs to pending, each audited",
+        "redrive",
+        help="return dead jobs to pending, each audited",
         description="Redrive one dead job by ID, or every dead job with --reason; each "
-        "redrive is its own audited transaction (see 'history').")
+        "redrive is its own audited transaction (see 'history').",
+    )
     redrive.add_argument("queue", type=target, help=QUEUE_HELP)
     redrive.add_argument("id", nargs="?")
     redrive.add_argument("--reason", choices=ops.REASONS)
-    redrive.add_argument("--ttl-ms", type=int, required=True,
-                         help="new budget, 1..2592000000 (30 days)")
+    redrive.add_argument(
+        "--ttl-ms", type=int, required=True, help="new budget, 1..2592000000 (30 days)"
+    )
     redrive.add_argument("--note", required=True, help="why ([A-Za-z0-9_-]{1,64})")
     redrive.add_argument("--json", action="store_true")
     redrive.set_defaults(run=run_redrive)
@@ -161,10 +183,13 @@ def run_stats(args: argparse.Namespace) -> int:
         pairs: list[tuple[str, object]] = [("jobs", result["jobs"])]
         pairs += list(result["by_status"].items())
         pairs += [(f"dead: {reason}", n) for reason, n in result["dead_by_reason"].items()]
-        pairs += [("oldest pending wait (ms)", result["oldest_pending_ms"]),
-                  ("expired leases awaiting reclaim", result["expired_leases"])]
+        pairs += [
+            ("oldest pending wait (ms)", result["oldest_pending_ms"]),
+            ("expired leases awaiting reclaim", result["expired_leases"]),
+        ]
         pairs += [(f"attempts = {n}", count) for n, count in result["attempts"].items()]
         out.print(key_values(f"asnackq stats {shown(args.queue)}", pairs))
+
     emit(args, result, human)
     return 0
 
@@ -172,9 +197,17 @@ def run_stats(args: argparse.Namespace) -> int:
 def run_dead(args: argparse.Namespace) -> int:
     with ops.read_only(args.queue, "jobs") as con:
         jobs = ops.dead(con, args.reason)
-    emit(args, jobs, lambda out: out.print(rows_table(
-        f"{len(jobs)} dead jobs", jobs, ("id", "qty", "reason", "attempts", "max_attempts",
-                                         "token"))))
+    emit(
+        args,
+        jobs,
+        lambda out: out.print(
+            rows_table(
+                f"{len(jobs)} dead jobs",
+                jobs,
+                ("id", "qty", "reason", "attempts", "max_attempts", "token"),
+            )
+        ),
+    )
     return 0
 
 
@@ -190,9 +223,14 @@ def run_redrive(args: argparse.Namespace) -> int:
     else:
         results = ops.redrive_by_reason(args.queue, args.reason, now, args.ttl_ms, args.note)
     count = sum(r["redriven"] for r in results)
-    emit(args, {"redriven": count, "jobs": results}, lambda out: out.print(
-        f"redriven {count} job{'s' if count != 1 else ''}"
-        + "".join(f"\n  skipped {r['id']}: {r['why']}" for r in results if not r["redriven"])))
+    emit(
+        args,
+        {"redriven": count, "jobs": results},
+        lambda out: out.print(
+            f"redriven {count} job{'s' if count != 1 else ''}"
+            + "".join(f"\n  skipped {r['id']}: {r['why']}" for r in results if not r["redriven"])
+        ),
+    )
     return 0
 
 
@@ -201,26 +239,37 @@ def run_history(args: argparse.Namespace) -> int:
         result = ops.history(con, args.id)
 
     def human(out: Console) -> None:
-        out.print(f"{args.id}: {result['status']}"
-                  + (f" ({result['reason']})" if result["reason"] else "")
-                  + f", attempts {result['attempts']}, token {result['token']}")
-        out.print(rows_table(f"{len(result['redrives'])} redrives", result["redrives"],
-                             ("token", "at_ms", "note")))
+        out.print(
+            f"{args.id}: {result['status']}"
+            + (f" ({result['reason']})" if result["reason"] else "")
+            + f", attempts {result['attempts']}, token {result['token']}"
+        )
+        out.print(
+            rows_table(
+                f"{len(result['redrives'])} redrives",
+                result["redrives"],
+                ("token", "at_ms", "note"),
+            )
+        )
+
     emit(args, result, human)
     return 0
 
 
 def add_audit(commands: Commands) -> None:
     audit = commands.add_parser(
-        "audit", help="how far the evidence reaches for each job (queue + sink DB)",
+        "audit",
+        help="how far the evidence reaches for each job (queue + sink DB)",
         description="Join the queue with the sink's inbox. Attention: effects applied to jobs "
         "not yet done (a re-send is pending, harmless), dead jobs whose effect was applied, "
         "expired leases. Violations (exit code 1): a done job without an inbox row, an "
         "inbox qty that differs from the job's, an inbox row without a job, a token the "
-        "queue never issued, a stock that differs from the inbox total.")
+        "queue never issued, a stock that differs from the inbox total.",
+    )
     audit.add_argument("queue", type=target, help=QUEUE_HELP)
-    audit.add_argument("--sink-db", required=True, type=target,
-                       help="the sink's DB file or postgresql:// URL")
+    audit.add_argument(
+        "--sink-db", required=True, type=target, help="the sink's DB file or postgresql:// URL"
+    )
     audit.add_argument("--id", help="show one job's whole evidence chain")
     audit.add_argument("--limit", type=int, default=20, help="jobs listed per kind")
     audit.add_argument("--json", action="store_true")
@@ -232,30 +281,41 @@ def run_audit(args: argparse.Namespace) -> int:
 
     def human(out: Console) -> None:
         out.print(key_values("evidence reached", sorted(result["stages"].items())))
-        flags = [(f"{name}: {ops.VIOLATIONS.get(name) or ops.ATTENTION[name]}", n)
-                 for name, n in result["flags"].items() if n]
+        flags = [
+            (f"{name}: {ops.VIOLATIONS.get(name) or ops.ATTENTION[name]}", n)
+            for name, n in result["flags"].items()
+            if n
+        ]
         if flags:
             out.print(key_values("flags", flags))
-        listed = [(kind, entry) for kind, entries in result["listed"].items()
-                  for entry in entries]
+        listed = [(kind, entry) for kind, entries in result["listed"].items() for entry in entries]
         if listed:
             table = Table(title="jobs that need a look")
             for column in ("id", "kind", "flags", "job", "inbox (qty, tokens, deliveries)"):
                 table.add_column(column)
             for kind, entry in listed:
                 job, inbox = entry.get("job"), entry["inbox"]
-                table.add_row(entry["id"], "VIOLATION" if kind == "violations" else kind,
-                              ", ".join(entry["flags"]),
-                              "-" if job is None else
-                              f"{job['status']} qty {job['qty']} token {job['token']}",
-                              "-" if inbox is None else
-                              f"{inbox['qty']}, {inbox['first_token']}..{inbox['last_token']}, "
-                              f"{inbox['deliveries']}")
+                table.add_row(
+                    entry["id"],
+                    "VIOLATION" if kind == "violations" else kind,
+                    ", ".join(entry["flags"]),
+                    "-"
+                    if job is None
+                    else f"{job['status']} qty {job['qty']} token {job['token']}",
+                    "-"
+                    if inbox is None
+                    else f"{inbox['qty']}, {inbox['first_token']}..{inbox['last_token']}, "
+                    f"{inbox['deliveries']}",
+                )
             out.print(table)
         if result["job"] is not None:
             out.print(f"{args.id}: {json.dumps(result['job'])}")
-        verdict = "no violations" if not result["violations"] else \
-            f"[bold red]{result['violations']} VIOLATIONS[/]"
+        verdict = (
+            "no violations"
+            if not result["violations"]
+            else f"[bold red]{result['violations']} VIOLATIONS[/]"
+        )
         out.print(f"stock {result['stock']} / inbox total {result['inbox_qty_sum']}: {verdict}")
+
     emit(args, result, human)
     return 1 if result["violations"] else 0

@@ -38,7 +38,9 @@ def rows_table(title: str, rows: list[dict[str, Any]], keys: Sequence[str]) -> T
 
 
 def progress_line(summary: dict[str, int], seconds: float, paused: bool) -> str:
-    return (f"done {summary['done']}  retried {summary['retried']}  dead {summary['dead']}  "
-            f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
-            f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
-            + ("  PAUSED: the sink is not there, probing" if paused else ""))
+    return (
+        f"done {summary['done']}  retried {summary['retried']}  dead {summary['dead']}  "
+        f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
+        f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
+        + ("  PAUSED: the sink is not there, probing" if paused else "")
+    )

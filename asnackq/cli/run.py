@@ -50,44 +50,88 @@ def default_owner() -> str:
 
 def add_work(commands: Commands) -> None:
     work = commands.add_parser(
-        "work", help="deliver jobs to a sink with many coroutines (the async Dispatcher)",
+        "work",
+        help="deliver jobs to a sink with many coroutines (the async Dispatcher)",
         description="Claim, send and finish jobs until stopped (Ctrl-C or SIGTERM: stop "
         "claiming, let in-flight sends end, finish them, print the summary). With "
-        "--until-empty, stop once no job is pending or leased.")
+        "--until-empty, stop once no job is pending or leased.",
+    )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     work.add_argument("--concurrency", type=int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=int, default=5000, help="1..3600000 (default 5000)")
-    work.add_argument("--prefetch", type=int, default=None,
-                      help="tickets kept claimed ahead of demand (default: adapts to how "
-                      "many the coroutines take during one commit)")
-    work.add_argument("--gather-ms", type=within(int, 0, 1000), default=10,
-                      help="while every coroutine is busy, results wait up to this long (at "
-                      "most a tenth of the lease) to share a commit (default 10; 0: none)")
-    work.add_argument("--timeout-s", type=TIMEOUT, default=2.0,
-                      help="HTTP timeout per send; must be below the lease")
+    work.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="tickets kept claimed ahead of demand (default: adapts to how "
+        "many the coroutines take during one commit)",
+    )
+    work.add_argument(
+        "--gather-ms",
+        type=within(int, 0, 1000),
+        default=10,
+        help="while every coroutine is busy, results wait up to this long (at "
+        "most a tenth of the lease) to share a commit (default 10; 0: none)",
+    )
+    work.add_argument(
+        "--timeout-s",
+        type=TIMEOUT,
+        default=2.0,
+        help="HTTP timeout per send; must be below the lease",
+    )
     work.add_argument("--until-empty", action="store_true")
-    work.add_argument("--retry-base-ms", type=int, default=100,
-                      help="retry delay of a job's first retry, doubled per attempt (default 100)")
-    work.add_argument("--retry-cap-ms", type=int, default=1000,
-                      help="longest retry delay, up to an hour (default 1000)")
-    work.add_argument("--breaker-after", type=int, default=8,
-                      help="sends in a row that find no sink before the run pauses (default 8)")
-    work.add_argument("--breaker-max-ms", type=int, default=2000,
-                      help="longest wait between probes while paused (default 2000)")
-    work.add_argument("--accept-dead", action="store_true",
-                      help="exit 0 even when jobs ended dead that the sink never rejected")
-    work.add_argument("--max-jobs", type=within(int, 1, 10**9), default=None,
-                      help="stop after N claims (N >= 1)")
-    work.add_argument("--allow-remote", action="store_true",
-                      help="allow a non-loopback sink (and --metrics-host)")
-    work.add_argument("--trace", type=Path, default=None,
-                      help="append one JSON line per claim and per finish (for experiments)")
+    work.add_argument(
+        "--retry-base-ms",
+        type=int,
+        default=100,
+        help="retry delay of a job's first retry, doubled per attempt (default 100)",
+    )
+    work.add_argument(
+        "--retry-cap-ms",
+        type=int,
+        default=1000,
+        help="longest retry delay, up to an hour (default 1000)",
+    )
+    work.add_argument(
+        "--breaker-after",
+        type=int,
+        default=8,
+        help="sends in a row that find no sink before the run pauses (default 8)",
+    )
+    work.add_argument(
+        "--breaker-max-ms",
+        type=int,
+        default=2000,
+        help="longest wait between probes while paused (default 2000)",
+    )
+    work.add_argument(
+        "--accept-dead",
+        action="store_true",
+        help="exit 0 even when jobs ended dead that the sink never rejected",
+    )
+    work.add_argument(
+        "--max-jobs", type=within(int, 1, 10**9), default=None, help="stop after N claims (N >= 1)"
+    )
+    work.add_argument(
+        "--allow-remote", action="store_true", help="allow a non-loopback sink (and --metrics-host)"
+    )
+    work.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="append one JSON line per claim and per finish (for experiments)",
+    )
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
-    work.add_argument("--kill-after-acks", type=within(int, 1, 10**9), default=None,
-                      metavar="N", help="a crash for experiments: SIGKILL this process right "
-                      "after its Nth verified ACK (that effect applied, its finish never made)")
+    work.add_argument(
+        "--kill-after-acks",
+        type=within(int, 1, 10**9),
+        default=None,
+        metavar="N",
+        help="a crash for experiments: SIGKILL this process right "
+        "after its Nth verified ACK (that effect applied, its finish never made)",
+    )
     metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
 
@@ -102,8 +146,7 @@ def run_work(args: argparse.Namespace) -> int:
     owner = args.owner or default_owner()
     retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
     breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
-    sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s,
-                             allow_remote=args.allow_remote)
+    sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote)
     exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
@@ -114,24 +157,45 @@ def run_work(args: argparse.Namespace) -> int:
             send: AsyncSend = http
             if args.kill_after_acks:
                 send = killed_after(args.kill_after_acks, http)
-            dispatcher = Dispatcher(queue, exporter.timed(send), owner=owner,
-                                    concurrency=args.concurrency, lease_ms=args.lease_ms,
-                                    trace=tracer, prefetch=args.prefetch, retry=retry,
-                                    breaker=breaker, gather_ms=args.gather_ms)
+            dispatcher = Dispatcher(
+                queue,
+                exporter.timed(send),
+                owner=owner,
+                concurrency=args.concurrency,
+                lease_ms=args.lease_ms,
+                trace=tracer,
+                prefetch=args.prefetch,
+                retry=retry,
+                breaker=breaker,
+                gather_ms=args.gather_ms,
+            )
             exporter.watch(dispatcher)
-            running = asyncio.ensure_future(dispatcher.run(
-                until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty))
+            running = asyncio.ensure_future(
+                dispatcher.run(
+                    until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty
+                )
+            )
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, running.cancel)
-            with Live(console=console, transient=True, auto_refresh=False,
-                      redirect_stdout=False, redirect_stderr=False) as live:
+            with Live(
+                console=console,
+                transient=True,
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live:
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)
                     if console.is_terminal:
-                        live.update(progress_line(
-                            dispatcher.summary.as_dict(), time.perf_counter() - started,
-                            dispatcher.paused), refresh=True)
+                        live.update(
+                            progress_line(
+                                dispatcher.summary.as_dict(),
+                                time.perf_counter() - started,
+                                dispatcher.paused,
+                            ),
+                            refresh=True,
+                        )
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             stopped = running.cancelled()
@@ -146,20 +210,41 @@ def run_work(args: argparse.Namespace) -> int:
             tracer.close()
     seconds = time.perf_counter() - started
     summary = run.as_dict()
-    result = {**summary, "owner": owner, "seconds": round(seconds, 3),
-              "stopped_by_signal": stopped, "retry": retry._asdict(),
-              "breaker": dataclasses.asdict(breaker)}
-    emit(args, result, lambda out: out.print(key_values(
-        f"asnackq work {owner}" + (" (stopped by signal)" if stopped else ""),
-        [*summary.items(), ("seconds", f"{seconds:.1f}"),
-         ("done/s", f"{summary['done'] / max(seconds, 1e-9):,.0f}"),
-         ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
-         ("breaker", f"after {breaker.after} failures in a row, probes "
-                     f"{breaker.base_ms}..{breaker.max_ms} ms apart")])))
+    result = {
+        **summary,
+        "owner": owner,
+        "seconds": round(seconds, 3),
+        "stopped_by_signal": stopped,
+        "retry": retry._asdict(),
+        "breaker": dataclasses.asdict(breaker),
+    }
+    emit(
+        args,
+        result,
+        lambda out: out.print(
+            key_values(
+                f"asnackq work {owner}" + (" (stopped by signal)" if stopped else ""),
+                [
+                    *summary.items(),
+                    ("seconds", f"{seconds:.1f}"),
+                    ("done/s", f"{summary['done'] / max(seconds, 1e-9):,.0f}"),
+                    ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
+                    (
+                        "breaker",
+                        f"after {breaker.after} failures in a row, probes "
+                        f"{breaker.base_ms}..{breaker.max_ms} ms apart",
+                    ),
+                ],
+            )
+        ),
+    )
     if run.dead_unanswered and not args.accept_dead:
-        print(f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
-              f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
-              "pass --accept-dead to exit 0", file=sys.stderr)
+        print(
+            f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
+            f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
+            "pass --accept-dead to exit 0",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -173,53 +258,94 @@ def killed_after(acks: int, send: AsyncSend) -> AsyncSend:
         answer = await send(event, token)
         count += 1
         if count == acks:
-            os.kill(os.getpid(), signal.SIGKILL)     # the effect is applied; no finish
+            os.kill(os.getpid(), signal.SIGKILL)  # the effect is applied; no finish
         return answer
+
     return send_then_die
 
 
 def add_lab(commands: Commands) -> None:
     lab = commands.add_parser(
-        "lab", help="a fault and load experiment with real processes; verifies the invariants",
+        "lab",
+        help="a fault and load experiment with real processes; verifies the invariants",
         description="Start a sink with faults and P worker processes of C coroutines each, "
         "SIGKILL a random worker every --kill-every seconds (replacing it), then check every "
         "invariant from the evidence. Exit code 1 on any violation, and on any job that ended "
         "dead although the sink never rejected it (unless --fail-rate or --drop-rate 1 make "
-        "that expected). Jobs get a ttl of --timeout-s plus a minute.")
+        "that expected). Jobs get a ttl of --timeout-s plus a minute.",
+    )
     lab.add_argument("--jobs", type=int, default=2000)
     lab.add_argument("--processes", type=int, default=2)
     lab.add_argument("--concurrency", type=int, default=64)
     lab.add_argument("--fail-rate", type=RATE, default=0.0)
     lab.add_argument("--drop-rate", type=RATE, default=0.0)
     lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
-    lab.add_argument("--kill-every", type=within(float, 0, 3600), default=0.0, metavar="SECONDS",
-                     help="SIGKILL a random worker this often (0: never)")
+    lab.add_argument(
+        "--kill-every",
+        type=within(float, 0, 3600),
+        default=0.0,
+        metavar="SECONDS",
+        help="SIGKILL a random worker this often (0: never)",
+    )
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--lease-ms", type=int, default=2000)
     lab.add_argument("--send-timeout-s", type=TIMEOUT, default=1.0)
     lab.add_argument("--max-attempts", type=int, default=5)
-    lab.add_argument("--timeout-s", type=within(float, 0.01, 86_400), default=300.0,
-                     help="bound on the whole run")
-    lab.add_argument("--db", type=target, default=None, metavar="URL",
-                     help="a postgresql:// URL holding no jobs yet: the queue and the inbox "
-                     "there (default: files in --dir)")
-    lab.add_argument("--pg-local", action="store_true",
-                     help="--db on a throwaway local PostgreSQL server (initdb, stopped after)")
-    lab.add_argument("--sinks", type=within(int, 1, 16), default=1,
-                     help="sink replicas sharing the inbox (PostgreSQL only; default 1)")
-    lab.add_argument("--kill-sinks", action="store_true",
-                     help="every other SIGKILL hits a sink, restarted on its port")
-    lab.add_argument("--kill-after-acks", type=within(int, 0, 10_000_000), default=0,
-                     metavar="N", help="instead of --kill-every: the first worker runs alone "
-                     "and is SIGKILLed right after its Nth verified ACK, then the P workers "
-                     "start (the demo's fixed kill)")
-    lab.add_argument("--dir", type=Path, default=None,
-                     help="keep the files here (default: a temporary directory)")
-    lab.add_argument("--json", type=Path, default=None, metavar="FILE",
-                     help="write the results to FILE")
-    lab.add_argument("--report", type=Path, default=None, metavar="DIR",
-                     help="write DIR/report.html: plots, invariants, summary (needs "
-                     "asnackq[report])")
+    lab.add_argument(
+        "--timeout-s",
+        type=within(float, 0.01, 86_400),
+        default=300.0,
+        help="bound on the whole run",
+    )
+    lab.add_argument(
+        "--db",
+        type=target,
+        default=None,
+        metavar="URL",
+        help="a postgresql:// URL holding no jobs yet: the queue and the inbox "
+        "there (default: files in --dir)",
+    )
+    lab.add_argument(
+        "--pg-local",
+        action="store_true",
+        help="--db on a throwaway local PostgreSQL server (initdb, stopped after)",
+    )
+    lab.add_argument(
+        "--sinks",
+        type=within(int, 1, 16),
+        default=1,
+        help="sink replicas sharing the inbox (PostgreSQL only; default 1)",
+    )
+    lab.add_argument(
+        "--kill-sinks",
+        action="store_true",
+        help="every other SIGKILL hits a sink, restarted on its port",
+    )
+    lab.add_argument(
+        "--kill-after-acks",
+        type=within(int, 0, 10_000_000),
+        default=0,
+        metavar="N",
+        help="instead of --kill-every: the first worker runs alone "
+        "and is SIGKILLed right after its Nth verified ACK, then the P workers "
+        "start (the demo's fixed kill)",
+    )
+    lab.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="keep the files here (default: a temporary directory)",
+    )
+    lab.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write the results to FILE"
+    )
+    lab.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
+    )
     lab.set_defaults(run=run_lab)
 
 
@@ -229,13 +355,25 @@ def run_lab(args: argparse.Namespace) -> int:
     from asnackq.lab import run_lab as experiment
 
     config = LabConfig(
-        jobs=args.jobs, processes=args.processes, concurrency=args.concurrency,
-        fail_rate=args.fail_rate, drop_rate=args.drop_rate, delay_ms=args.delay_ms,
-        kill_every=args.kill_every, seed=args.seed, lease_ms=args.lease_ms,
-        send_timeout_s=args.send_timeout_s, max_attempts=args.max_attempts,
-        timeout_s=args.timeout_s, directory=args.dir, db=args.db, sinks=args.sinks,
-        kill_sinks=args.kill_sinks, pg_local=args.pg_local,
-        kill_after_acks=args.kill_after_acks)
+        jobs=args.jobs,
+        processes=args.processes,
+        concurrency=args.concurrency,
+        fail_rate=args.fail_rate,
+        drop_rate=args.drop_rate,
+        delay_ms=args.delay_ms,
+        kill_every=args.kill_every,
+        seed=args.seed,
+        lease_ms=args.lease_ms,
+        send_timeout_s=args.send_timeout_s,
+        max_attempts=args.max_attempts,
+        timeout_s=args.timeout_s,
+        directory=args.dir,
+        db=args.db,
+        sinks=args.sinks,
+        kill_sinks=args.kill_sinks,
+        pg_local=args.pg_local,
+        kill_after_acks=args.kill_after_acks,
+    )
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
@@ -266,32 +404,58 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def add_sink(commands: Commands) -> None:
     sink = commands.add_parser("sink", help="run the HTTP sink (inbox + stock) until SIGINT/TERM")
-    sink.add_argument("--db", required=True, type=target,
-                      help="sink DB file or postgresql:// URL (created if needed; replicas "
-                      "may share one database)")
+    sink.add_argument(
+        "--db",
+        required=True,
+        type=target,
+        help="sink DB file or postgresql:// URL (created if needed; replicas "
+        "may share one database)",
+    )
     sink.add_argument("--host", default="127.0.0.1")
-    sink.add_argument("--port", type=within(int, 0, 65535), default=0,
-                      help="0 picks a free port")
-    sink.add_argument("--allow-remote", action="store_true",
-                      help="allow binding a non-loopback --host")
-    sink.add_argument("--auth-token",
-                      help="require 'Authorization: Bearer TOKEN' on every route "
-                      "(1-256 visible ASCII characters)")
+    sink.add_argument("--port", type=within(int, 0, 65535), default=0, help="0 picks a free port")
+    sink.add_argument(
+        "--allow-remote", action="store_true", help="allow binding a non-loopback --host"
+    )
+    sink.add_argument(
+        "--auth-token",
+        help="require 'Authorization: Bearer TOKEN' on every route "
+        "(1-256 visible ASCII characters)",
+    )
     sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
-    sink.add_argument("--drop-rate", type=RATE, default=0.0,
-                      help="commit, then close the connection without an answer")
+    sink.add_argument(
+        "--drop-rate",
+        type=RATE,
+        default=0.0,
+        help="commit, then close the connection without an answer",
+    )
     sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
     sink.add_argument("--seed", type=int, default=None)
-    sink.add_argument("--batch-max", type=within(int, 1, 10_000), default=512,
-                      help="most requests in one group commit (1: commit per request)")
-    sink.add_argument("--idle-timeout-s", type=within(float, 0.01, 3600), default=10.0,
-                      help="close a connection with no request in progress (idle, or its "
-                      "headers incomplete) after this long (default 10)")
-    sink.add_argument("--body-timeout-s", type=within(float, 0.01, 600), default=5.0,
-                      help="a request body must arrive within this (default 5; else 408)")
-    sink.add_argument("--max-connections", type=within(int, 1, 65_536), default=1024,
-                      help="past this, a new connection closes the oldest idle ones "
-                      "(default 1024, lowered to fit the descriptor limit)")
+    sink.add_argument(
+        "--batch-max",
+        type=within(int, 1, 10_000),
+        default=512,
+        help="most requests in one group commit (1: commit per request)",
+    )
+    sink.add_argument(
+        "--idle-timeout-s",
+        type=within(float, 0.01, 3600),
+        default=10.0,
+        help="close a connection with no request in progress (idle, or its "
+        "headers incomplete) after this long (default 10)",
+    )
+    sink.add_argument(
+        "--body-timeout-s",
+        type=within(float, 0.01, 600),
+        default=5.0,
+        help="a request body must arrive within this (default 5; else 408)",
+    )
+    sink.add_argument(
+        "--max-connections",
+        type=within(int, 1, 65_536),
+        default=1024,
+        help="past this, a new connection closes the oldest idle ones "
+        "(default 1024, lowered to fit the descriptor limit)",
+    )
     sink.set_defaults(run=run_sink)
 
 
@@ -302,11 +466,18 @@ def run_sink(args: argparse.Namespace) -> int:
     if not args.allow_remote and not is_loopback(args.host):
         raise Failure(f"refusing to bind non-loopback host {args.host!r} without --allow-remote")
     try:
-        config = SinkConfig(args.db, auth_token=args.auth_token, fail_rate=args.fail_rate,
-                            drop_rate=args.drop_rate, delay_ms=args.delay_ms, seed=args.seed,
-                            batch_max=args.batch_max, idle_timeout_s=args.idle_timeout_s,
-                            body_timeout_s=args.body_timeout_s,
-                            max_connections=args.max_connections)
+        config = SinkConfig(
+            args.db,
+            auth_token=args.auth_token,
+            fail_rate=args.fail_rate,
+            drop_rate=args.drop_rate,
+            delay_ms=args.delay_ms,
+            seed=args.seed,
+            batch_max=args.batch_max,
+            idle_timeout_s=args.idle_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            max_connections=args.max_connections,
+        )
     except ValueError as error:
         raise Usage(str(error)) from None
 
@@ -344,16 +515,16 @@ def run_outbox(args: argparse.Namespace) -> int:
     from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable, check_event
     from asnackq.http_send import HttpSender
 
-    if args.action == "pending":           # read-only: a file is never created or migrated
+    if args.action == "pending":  # read-only: a file is never created or migrated
         with ops.read_only(args.source, "outbox", "source DB") as con:
             print(json.dumps(outbox.pending(cast(sqlite3.Connection, con), args.limit)))
         return 0
     if args.action == "accept":
-        check_event({"id": args.id, "qty": args.qty})       # before the file is created
+        check_event({"id": args.id, "qty": args.qty})  # before the file is created
     else:
         sender = HttpSender(args.sink, timeout_s=args.timeout_s)
         with ops.read_only(args.source, "outbox", "source DB"):
-            pass                                             # an existing source DB only
+            pass  # an existing source DB only
     con = outbox.open_source(args.source)
     try:
         if args.action == "accept":
@@ -374,22 +545,28 @@ def run_outbox(args: argparse.Namespace) -> int:
 
 def add_dashboard(commands: Commands) -> None:
     dashboard = commands.add_parser(
-        "dashboard", help="a live web page of a queue (read-only), with /api/state and /metrics",
+        "dashboard",
+        help="a live web page of a queue (read-only), with /api/state and /metrics",
         description="Serve a page that shows the queue, refreshed every second: jobs by "
         "status, dead by reason, throughput over the last minute, the oldest pending wait, "
         "expired leases, the latest redrives; with --sink-db the inbox counters and the "
         "audit's attention items. /api/state is the same data as JSON, /metrics in the "
-        "Prometheus format. The DBs are opened read-only.")
+        "Prometheus format. The DBs are opened read-only.",
+    )
     dashboard.add_argument("queue", type=Path)
-    dashboard.add_argument("--sink-db", type=Path, default=None,
-                           help="the sink's DB: inbox counters and the audit")
+    dashboard.add_argument(
+        "--sink-db", type=Path, default=None, help="the sink's DB: inbox counters and the audit"
+    )
     dashboard.add_argument("--host", default="127.0.0.1")
     dashboard.add_argument("--port", type=metrics.port, default=0, help="0 picks a free port")
-    dashboard.add_argument("--allow-remote", action="store_true",
-                           help="allow binding a non-loopback --host")
-    dashboard.add_argument("--auth-token", default=None,
-                           help="require 'Authorization: Bearer TOKEN' (or Basic, any user, "
-                           "TOKEN as password)")
+    dashboard.add_argument(
+        "--allow-remote", action="store_true", help="allow binding a non-loopback --host"
+    )
+    dashboard.add_argument(
+        "--auth-token",
+        default=None,
+        help="require 'Authorization: Bearer TOKEN' (or Basic, any user, TOKEN as password)",
+    )
     dashboard.set_defaults(run=run_dashboard)
 
 

@@ -97,8 +97,12 @@ def _mark_sent(event_id: str) -> Plan[bool]:
     return True, True
 
 
-def dispatch(con: sqlite3.Connection, send: Callable[[dict[str, Any]], object], limit: int = 16,
-             hook: Hook = None) -> list[str]:
+def dispatch(
+    con: sqlite3.Connection,
+    send: Callable[[dict[str, Any]], object],
+    limit: int = 16,
+    hook: Hook = None,
+) -> list[str]:
     """Send one bounded batch in order; return the ids marked sent, or re-raise at the first
     failure (the read is closed before the first send)."""
     check_callable(send, "send")
@@ -106,7 +110,7 @@ def dispatch(con: sqlite3.Connection, send: Callable[[dict[str, Any]], object], 
         check_callable(hook, "hook")
     marked: list[str] = []
     for item in pending(con, limit):
-        ack = send(dict(item))                 # a copy: send may mutate what it gets
+        ack = send(dict(item))  # a copy: send may mutate what it gets
         if ack is not True:
             raise BadAck(f"send returned {ack!r} for {item['id']!r}; only True is an ACK")
         if hook is not None:

@@ -45,13 +45,29 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
-    "BadAck", "Conflict", "Permanent", "Retryable", "Unavailable", "claim", "claim_many",
-    "cycle", "enqueue", "extend", "extend_many", "finish", "finish_many", "open_queue",
-    "redrive", "retry_delay", "run_file", "run_once",
+    "BadAck",
+    "Conflict",
+    "Permanent",
+    "Retryable",
+    "Unavailable",
+    "claim",
+    "claim_many",
+    "cycle",
+    "enqueue",
+    "extend",
+    "extend_many",
+    "finish",
+    "finish_many",
+    "open_queue",
+    "redrive",
+    "retry_delay",
+    "run_file",
+    "run_once",
 ]
 
 
 # --- errors ----------------------------------------------------------------------------
+
 
 class Conflict(Exception):
     """Raised when an id is enqueued again with a different qty."""
@@ -196,44 +212,68 @@ def check_queue_path(path: object) -> str:
     return text
 
 
-def check_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object,
-                  limits: Limits = CONTRACT) -> tuple[str, int, int, int, int]:
+def check_enqueue(
+    event: object, now_ms: object, ttl_ms: object, max_attempts: object, limits: Limits = CONTRACT
+) -> tuple[str, int, int, int, int]:
     """An intake's inputs, checked in order: ``(id, qty, now_ms, ttl_ms, max_attempts)``."""
     job_id, qty = check_event(event)
-    return (job_id, qty, check_now(now_ms, limits=limits),
-            check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms),
-            check_int(max_attempts, "max_attempts", 1, 16))
+    return (
+        job_id,
+        qty,
+        check_now(now_ms, limits=limits),
+        check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms),
+        check_int(max_attempts, "max_attempts", 1, 16),
+    )
 
 
-def check_claim(owner: object, now_ms: object, lease_ms: object,
-                limits: Limits = CONTRACT) -> tuple[str, int, int]:
+def check_claim(
+    owner: object, now_ms: object, lease_ms: object, limits: Limits = CONTRACT
+) -> tuple[str, int, int]:
     """A claim's inputs, checked in order: ``(owner, now_ms, lease_ms)``."""
-    return (check_identifier(owner, "owner"), check_now(now_ms, limits=limits),
-            check_int(lease_ms, "lease_ms", 1, limits.lease_ms))
+    return (
+        check_identifier(owner, "owner"),
+        check_now(now_ms, limits=limits),
+        check_int(lease_ms, "lease_ms", 1, limits.lease_ms),
+    )
 
 
-def check_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object,
-                 limits: Limits = CONTRACT) -> tuple[Ticket, str, int, int]:
+def check_finish(
+    ticket: object, outcome: object, now_ms: object, delay_ms: object, limits: Limits = CONTRACT
+) -> tuple[Ticket, str, int, int]:
     """A finish's inputs, checked in order, with a copy of the ticket."""
-    return (check_ticket(ticket), check_outcome(outcome), check_now(now_ms, limits=limits),
-            check_int(delay_ms, "delay_ms", 0, limits.delay_ms))
+    return (
+        check_ticket(ticket),
+        check_outcome(outcome),
+        check_now(now_ms, limits=limits),
+        check_int(delay_ms, "delay_ms", 0, limits.delay_ms),
+    )
 
 
-def check_extend(tickets: Iterable[object], now_ms: object, lease_ms: object,
-                 limits: Limits = CONTRACT) -> tuple[list[Ticket], int, int]:
+def check_extend(
+    tickets: Iterable[object], now_ms: object, lease_ms: object, limits: Limits = CONTRACT
+) -> tuple[list[Ticket], int, int]:
     """Extensions' inputs, checked in order: copies of the tickets, ``now_ms``, ``lease_ms``."""
-    return ([check_ticket(ticket) for ticket in tickets], check_now(now_ms, limits=limits),
-            check_int(lease_ms, "lease_ms", 1, limits.lease_ms))
+    return (
+        [check_ticket(ticket) for ticket in tickets],
+        check_now(now_ms, limits=limits),
+        check_int(lease_ms, "lease_ms", 1, limits.lease_ms),
+    )
 
 
-def check_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object,
-                  limits: Limits = CONTRACT) -> tuple[str, int, int, str]:
+def check_redrive(
+    job_id: object, now_ms: object, ttl_ms: object, note: object, limits: Limits = CONTRACT
+) -> tuple[str, int, int, str]:
     """A redrive's inputs, checked in order: ``(job_id, now_ms, ttl_ms, note)``."""
-    return (check_identifier(job_id, "job_id"), check_now(now_ms, limits=limits),
-            check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms), check_identifier(note, "note"))
+    return (
+        check_identifier(job_id, "job_id"),
+        check_now(now_ms, limits=limits),
+        check_int(ttl_ms, "ttl_ms", 1, limits.ttl_ms),
+        check_identifier(note, "note"),
+    )
 
 
 # --- step 1: retry delay -------------------------------------------------------
+
 
 def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
     """Return ``floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter)``: cap first, then jitter."""
@@ -366,6 +406,7 @@ SQL_ACTIVE = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'leased')"
 
 # --- plans: the state machine, free of I/O ----------------------------------------
 
+
 class Sql(NamedTuple):
     """A statement for the driver to execute; the driver sends back all its rows."""
 
@@ -432,15 +473,21 @@ def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[St
     statement must change exactly one row per key.
     """
     for start in range(0, len(keys), CHUNK):
-        chunk = keys[start:start + CHUNK]
+        chunk = keys[start : start + CHUNK]
         yield Sql(sql.format(marks=",".join("?" * len(chunk))), (*head, *chunk))
         rows = yield Sql(SQL_CHANGES)
         if rows != [(len(chunk),)]:  # the plan read every row under the same lock: a bug
             raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(chunk)}")
 
 
-def plan_enqueue(event: object, now_ms: object, ttl_ms: object, max_attempts: object = 3,
-                 *, limits: Limits = CONTRACT) -> Plan[bool]:
+def plan_enqueue(
+    event: object,
+    now_ms: object,
+    ttl_ms: object,
+    max_attempts: object = 3,
+    *,
+    limits: Limits = CONTRACT,
+) -> Plan[bool]:
     """Validate an intake and return its plan (result: True inserted, False already there)."""
     return _enqueue(*check_enqueue(event, now_ms, ttl_ms, max_attempts, limits))
 
@@ -452,8 +499,9 @@ def _enqueue(job_id: str, qty: int, now_ms: int, ttl_ms: int, max_attempts: int)
     return result, False
 
 
-def _intake(items: list[tuple[str, int, int, int]],
-            now_ms: int) -> Generator[Step, Any, list[bool | Conflict]]:
+def _intake(
+    items: list[tuple[str, int, int, int]], now_ms: int
+) -> Generator[Step, Any, list[bool | Conflict]]:
     """Insert each new ``(id, qty, ttl_ms, max_attempts)``; True new, False already there.
 
     A known id with another qty is a ``Conflict`` (returned, not raised) and changes nothing.
@@ -461,7 +509,7 @@ def _intake(items: list[tuple[str, int, int, int]],
     ids = sorted({item[0] for item in items})
     known: dict[str, int] = {}
     for start in range(0, len(ids), 500):
-        chunk = ids[start:start + 500]
+        chunk = ids[start : start + 500]
         rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(chunk))), tuple(chunk))
         known.update((row[-1], row[0]) for row in rows)
     results: list[bool | Conflict] = []
@@ -482,30 +530,34 @@ def _intake(items: list[tuple[str, int, int, int]],
     return results
 
 
-def plan_enqueue_many(items: Iterable[tuple[object, object, object]], now_ms: object,
-                      *, limits: Limits = CONTRACT) -> Plan[list[bool | Conflict]]:
+def plan_enqueue_many(
+    items: Iterable[tuple[object, object, object]], now_ms: object, *, limits: Limits = CONTRACT
+) -> Plan[list[bool | Conflict]]:
     """Plan several intakes ``(event, ttl_ms, max_attempts)`` in one transaction.
 
     Each is judged exactly as a sequential ``enqueue`` would be; the result is the list of
     per-item results: True inserted, False already there, or a ``Conflict`` (nothing written
     for it).  Every item is validated before anything is planned.
     """
-    checked = [check_enqueue(event, now_ms, ttl_ms, max_attempts, limits)
-               for event, ttl_ms, max_attempts in items]
+    checked = [
+        check_enqueue(event, now_ms, ttl_ms, max_attempts, limits)
+        for event, ttl_ms, max_attempts in items
+    ]
     if not checked:
         raise ValueError("enqueue_many needs at least one event")
-    return _enqueue_many([(i, qty, ttl, tries) for i, qty, _, ttl, tries in checked],
-                         checked[0][2])
+    return _enqueue_many([(i, qty, ttl, tries) for i, qty, _, ttl, tries in checked], checked[0][2])
 
 
-def _enqueue_many(items: list[tuple[str, int, int, int]],
-                  now_ms: int) -> Plan[list[bool | Conflict]]:
+def _enqueue_many(
+    items: list[tuple[str, int, int, int]], now_ms: int
+) -> Plan[list[bool | Conflict]]:
     results = yield from _intake(items, now_ms)
     return results, False
 
 
-def plan_claim(owner: object, now_ms: object, lease_ms: object = 1000,
-               *, limits: Limits = CONTRACT) -> Plan[Ticket | None]:
+def plan_claim(
+    owner: object, now_ms: object, lease_ms: object = 1000, *, limits: Limits = CONTRACT
+) -> Plan[Ticket | None]:
     """Validate a claim and return its plan (result: a ticket dict, or None)."""
     return _claim(*check_claim(owner, now_ms, lease_ms, limits))
 
@@ -518,8 +570,9 @@ def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan[Ticket | None]:
     return tickets[0], True
 
 
-def _lease(owner: str, now_ms: int, lease_ms: int,
-           count: int) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
+def _lease(
+    owner: str, now_ms: int, lease_ms: int, count: int
+) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
     """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs.
 
     Returns the tickets and how many jobs the quarantine ended, by reason.
@@ -530,16 +583,25 @@ def _lease(owner: str, now_ms: int, lease_ms: int,
         yield Sql(sql, {"now": now_ms})
         ((ended[reason],),) = yield Sql(SQL_CHANGES)
     rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms, "n": count})
-    tickets = [{"id": job_id, "qty": qty, "owner": owner, "token": token + 1,
-                "attempt": attempts + 1, "lease_until": min(now_ms + lease_ms, deadline)}
-               for _, job_id, qty, attempts, token, deadline in rows]
+    tickets = [
+        {
+            "id": job_id,
+            "qty": qty,
+            "owner": owner,
+            "token": token + 1,
+            "attempt": attempts + 1,
+            "lease_until": min(now_ms + lease_ms, deadline),
+        }
+        for _, job_id, qty, attempts, token, deadline in rows
+    ]
     if tickets:
         yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
     return tickets, ended
 
 
-def plan_claim_many(owner: object, now_ms: object, lease_ms: object, count: object,
-                    *, limits: Limits = CONTRACT) -> Plan[list[Ticket]]:
+def plan_claim_many(
+    owner: object, now_ms: object, lease_ms: object, count: object, *, limits: Limits = CONTRACT
+) -> Plan[list[Ticket]]:
     """Plan up to ``count`` claims at one instant in one transaction (result: list of tickets).
 
     Identical to ``count`` sequential claims at ``now_ms``: each job gets its own token.
@@ -556,10 +618,16 @@ def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan[list
 def _matches(row: tuple[Any, ...], ticket: Ticket, now_ms: int) -> bool:
     """Whether a job row is still exactly the lease the ticket names, at ``now_ms``."""
     qty, status, attempts, _, token, deadline, owner, lease_until = row
-    return bool(status == "leased" and qty == ticket["qty"] and owner == ticket["owner"]
-            and token == ticket["token"] and attempts == ticket["attempt"]
-            and lease_until == ticket["lease_until"]
-            and now_ms < lease_until and now_ms < deadline)
+    return bool(
+        status == "leased"
+        and qty == ticket["qty"]
+        and owner == ticket["owner"]
+        and token == ticket["token"]
+        and attempts == ticket["attempt"]
+        and lease_until == ticket["lease_until"]
+        and now_ms < lease_until
+        and now_ms < deadline
+    )
 
 
 def _decide(row: tuple[Any, ...], outcome: str, now_ms: int, delay_ms: int) -> tuple[str, Any]:
@@ -576,8 +644,14 @@ def _decide(row: tuple[Any, ...], outcome: str, now_ms: int, delay_ms: int) -> t
     return "pending", "retry"
 
 
-def plan_finish(ticket: object, outcome: object, now_ms: object, delay_ms: object = 0,
-                *, limits: Limits = CONTRACT) -> Plan[str | bool]:
+def plan_finish(
+    ticket: object,
+    outcome: object,
+    now_ms: object,
+    delay_ms: object = 0,
+    *,
+    limits: Limits = CONTRACT,
+) -> Plan[str | bool]:
     """Validate a completion and return its plan (result: the new status, or False if stale)."""
     return _finish(*check_finish(ticket, outcome, now_ms, delay_ms, limits))
 
@@ -590,8 +664,9 @@ def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan[st
     return status, True
 
 
-def _settle(results: list[tuple[Ticket, str, int, int]],
-            ended: dict[str, int] | None = None) -> Generator[Step, Any, list[Any]]:
+def _settle(
+    results: list[tuple[Ticket, str, int, int]], ended: dict[str, int] | None = None
+) -> Generator[Step, Any, list[Any]]:
     """Fence each ``(ticket, outcome, now_ms, delay_ms)`` on its own, then write them all.
 
     The jobs that end dead are counted by reason into ``ended``, when given.
@@ -606,11 +681,10 @@ def _settle(results: list[tuple[Ticket, str, int, int]],
         if row is None or not _matches(row, ticket, now_ms):
             statuses.append(False)
             continue
-        del current[ticket["id"]]     # no longer leased: a second ticket for it is stale
+        del current[ticket["id"]]  # no longer leased: a second ticket for it is stale
         status, reason = _decide(row, outcome, now_ms, delay_ms)
         available_at = now_ms + delay_ms if status == "pending" else now_ms
-        updates.append({**ticket, "status": status, "reason": reason,
-                        "available_at": available_at})
+        updates.append({**ticket, "status": status, "reason": reason, "available_at": available_at})
         statuses.append(status)
         if status == "dead" and ended is not None:
             ended[reason] = ended.get(reason, 0) + 1
@@ -619,8 +693,9 @@ def _settle(results: list[tuple[Ticket, str, int, int]],
     return statuses
 
 
-def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]],
-                     *, limits: Limits = CONTRACT) -> Plan[list[str | bool]]:
+def plan_finish_many(
+    results: Iterable[tuple[Ticket, str, int, int]], *, limits: Limits = CONTRACT
+) -> Plan[list[str | bool]]:
     """Plan several finishes ``(ticket, outcome, now_ms, delay_ms)`` in one transaction.
 
     Each ticket is fenced on its own, exactly as sequential finishes would be; the
@@ -632,11 +707,14 @@ def plan_finish_many(results: Iterable[tuple[Ticket, str, int, int]],
     return _finish_many(checked)
 
 
-def _checked_results(results: Iterable[tuple[Ticket, str, int, int]], limits: Limits) -> list[
-        tuple[Ticket, str, int, int]]:
+def _checked_results(
+    results: Iterable[tuple[Ticket, str, int, int]], limits: Limits
+) -> list[tuple[Ticket, str, int, int]]:
     """Validate each result as ``plan_finish`` does; return them with copied tickets."""
-    return [check_finish(ticket, outcome, now_ms, delay_ms, limits)
-            for ticket, outcome, now_ms, delay_ms in results]
+    return [
+        check_finish(ticket, outcome, now_ms, delay_ms, limits)
+        for ticket, outcome, now_ms, delay_ms in results
+    ]
 
 
 def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str | bool]]:
@@ -644,10 +722,15 @@ def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str |
     return statuses, any(status is not False for status in statuses)
 
 
-def plan_finish_and_claim(results: Iterable[tuple[Ticket, str, int, int]], owner: object,
-                          now_ms: object, lease_ms: object, count: object,
-                          *, limits: Limits = CONTRACT
-                          ) -> Plan[tuple[list[str | bool], list[Ticket]]]:
+def plan_finish_and_claim(
+    results: Iterable[tuple[Ticket, str, int, int]],
+    owner: object,
+    now_ms: object,
+    lease_ms: object,
+    count: object,
+    *,
+    limits: Limits = CONTRACT,
+) -> Plan[tuple[list[str | bool], list[Ticket]]]:
     """Plan finishes, then up to ``count`` claims at ``now_ms``, in one transaction.
 
     Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
@@ -662,9 +745,16 @@ def _pair(plan: Plan[Cycle]) -> Plan[tuple[list[str | bool], list[Ticket]]]:
     return (statuses, tickets), changed
 
 
-def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[Ticket],
-               owner: object, now_ms: object, lease_ms: object, count: object,
-               *, limits: Limits = CONTRACT) -> Plan[Cycle]:
+def plan_cycle(
+    results: Iterable[tuple[Ticket, str, int, int]],
+    held: Iterable[Ticket],
+    owner: object,
+    now_ms: object,
+    lease_ms: object,
+    count: object,
+    *,
+    limits: Limits = CONTRACT,
+) -> Plan[Cycle]:
     """Plan a dispatcher's cycle: finishes, then extensions, then claims, in one transaction.
 
     Identical to ``finish_many(results)``, then ``extend_many(held, now_ms, lease_ms)``, then
@@ -678,13 +768,20 @@ def plan_cycle(results: Iterable[tuple[Ticket, str, int, int]], held: Iterable[T
     return _cycle(checked, tickets, *check_claim(owner, now_ms, lease_ms, limits), many)
 
 
-def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owner: str,
-           now_ms: int, lease_ms: int, count: int) -> Plan[Cycle]:
+def _cycle(
+    results: list[tuple[Ticket, str, int, int]],
+    held: list[Ticket],
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    count: int,
+) -> Plan[Cycle]:
     ended: dict[str, int] = {}
     statuses = (yield from _settle(results, ended)) if results else []
     extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
-    tickets, quarantined = (yield from _lease(owner, now_ms, lease_ms, count)) if count else (
-        [], {})
+    tickets, quarantined = (
+        (yield from _lease(owner, now_ms, lease_ms, count)) if count else ([], {})
+    )
     for reason, n in quarantined.items():
         if n:
             ended[reason] = ended.get(reason, 0) + n
@@ -692,8 +789,9 @@ def _cycle(results: list[tuple[Ticket, str, int, int]], held: list[Ticket], owne
     return (statuses, extended, tickets, ended), changed
 
 
-def plan_extend(ticket: object, now_ms: object, lease_ms: object,
-                *, limits: Limits = CONTRACT) -> Plan[Ticket | bool]:
+def plan_extend(
+    ticket: object, now_ms: object, lease_ms: object, *, limits: Limits = CONTRACT
+) -> Plan[Ticket | bool]:
     """Validate a lease extension and return its plan (result: the new ticket, or False)."""
     (mine,), now, lease = check_extend([ticket], now_ms, lease_ms, limits)
     return _extend(mine, now, lease)
@@ -707,8 +805,9 @@ def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan[Ticket | bool]:
     return longer, True
 
 
-def plan_extend_many(tickets: Iterable[Ticket], now_ms: object, lease_ms: object,
-                     *, limits: Limits = CONTRACT) -> Plan[list[Ticket | bool]]:
+def plan_extend_many(
+    tickets: Iterable[Ticket], now_ms: object, lease_ms: object, *, limits: Limits = CONTRACT
+) -> Plan[list[Ticket | bool]]:
     """Plan several extensions at ``now_ms`` in one transaction (result: per-ticket results).
 
     Each ticket is fenced on its own, exactly as sequential ``extend`` calls would be.
@@ -724,8 +823,9 @@ def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan[list
     return extended, any(longer is not False for longer in extended)
 
 
-def _prolong(tickets: list[Ticket], now_ms: int,
-             lease_ms: int) -> Generator[Step, Any, list[Ticket | bool]]:
+def _prolong(
+    tickets: list[Ticket], now_ms: int, lease_ms: int
+) -> Generator[Step, Any, list[Ticket | bool]]:
     """Extend each lease still held, capped at the deadline and never shortened."""
     ids = sorted({ticket["id"] for ticket in tickets})
     rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
@@ -738,7 +838,7 @@ def _prolong(tickets: list[Ticket], now_ms: int,
             extended.append(False)
             continue
         new_until = max(ticket["lease_until"], min(now_ms + lease_ms, row[5]))
-        current[ticket["id"]] = (*row[:7], new_until)   # what a sequential extend would see
+        current[ticket["id"]] = (*row[:7], new_until)  # what a sequential extend would see
         updates.append({**ticket, "new_lease_until": new_until})
         extended.append({**ticket, "lease_until": new_until})
     if updates:
@@ -746,8 +846,9 @@ def _prolong(tickets: list[Ticket], now_ms: int,
     return extended
 
 
-def plan_redrive(job_id: object, now_ms: object, ttl_ms: object, note: object,
-                 *, limits: Limits = CONTRACT) -> Plan[bool]:
+def plan_redrive(
+    job_id: object, now_ms: object, ttl_ms: object, note: object, *, limits: Limits = CONTRACT
+) -> Plan[bool]:
     """Validate a redrive and return its plan (result: True; ValueError if the job is not dead)."""
     return _redrive(*check_redrive(job_id, now_ms, ttl_ms, note, limits))
 
@@ -761,13 +862,15 @@ def _redrive(job_id: str, now_ms: int, ttl_ms: int, note: str) -> Plan[bool]:
     token = rows[0][4]  # kept: a lease generation is never reused
     yield from write_one(SQL_AUDIT, (job_id, token, now_ms, note))
     yield Hook("after-audit")
-    yield from write_one(SQL_REDRIVE, {"id": job_id, "token": token, "now": now_ms,
-                                    "deadline": now_ms + ttl_ms})
+    yield from write_one(
+        SQL_REDRIVE, {"id": job_id, "token": token, "now": now_ms, "deadline": now_ms + ttl_ms}
+    )
     yield Hook("after-redrive")
     return True, True
 
 
 # --- the sqlite3 driver -------------------------------------------------------------
+
 
 def _rollback(con: sqlite3.Connection) -> None:
     """Roll back if a transaction is open; a failing rollback never hides the original error."""
@@ -827,6 +930,7 @@ def check_con(con: object) -> sqlite3.Connection:
 
 # --- steps 2-6: the public sync API -------------------------------------------------
 
+
 def open_queue(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open (creating tables only when absent) a queue file; the caller owns the connection."""
     return open_db(path, SCHEMA)
@@ -846,78 +950,107 @@ def open_db(path: str | os.PathLike[str], schema: Iterable[str]) -> sqlite3.Conn
     return con
 
 
-def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms: int,
-            max_attempts: int = 3) -> bool:
+def enqueue(
+    con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3
+) -> bool:
     """Insert a new pending job (True); the same id and qty again keeps the row (False)."""
     plan = plan_enqueue(event, now_ms, ttl_ms, max_attempts)
     return bool(drive(con, plan))
 
 
-def enqueue_many(con: sqlite3.Connection, items: Iterable[tuple[dict[str, Any], int, int]],
-                 now_ms: int, *, limits: Limits = CONTRACT) -> list[bool | Conflict]:
+def enqueue_many(
+    con: sqlite3.Connection,
+    items: Iterable[tuple[dict[str, Any], int, int]],
+    now_ms: int,
+    *,
+    limits: Limits = CONTRACT,
+) -> list[bool | Conflict]:
     """Several ``(event, ttl_ms, max_attempts)`` intakes in one transaction (see the plan)."""
     plan = plan_enqueue_many(items, now_ms, limits=limits)
     return drive(con, plan)
 
 
-def claim(con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int = 1000,
-          fault: Fault = None) -> Ticket | None:
+def claim(
+    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int = 1000, fault: Fault = None
+) -> Ticket | None:
     """Quarantine spent jobs, then lease the lowest-seq claimable job to ``owner``."""
     plan = plan_claim(owner, now_ms, lease_ms)
     return drive(con, plan, check_fault(fault))
 
 
-def claim_many(con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int,
-               count: int) -> list[Ticket]:
+def claim_many(
+    con: sqlite3.Connection, owner: str, now_ms: int, lease_ms: int, count: int
+) -> list[Ticket]:
     """Up to ``count`` claims at one instant in one transaction (an addition to the contract)."""
     plan = plan_claim_many(owner, now_ms, lease_ms, count)
     return drive(con, plan)
 
 
-def finish(con: sqlite3.Connection, ticket: Ticket, outcome: str, now_ms: int,
-           delay_ms: int = 0, fault: Fault = None) -> str | bool:
+def finish(
+    con: sqlite3.Connection,
+    ticket: Ticket,
+    outcome: str,
+    now_ms: int,
+    delay_ms: int = 0,
+    fault: Fault = None,
+) -> str | bool:
     """Record the outcome of the lease ``ticket`` names; False when that lease is stale."""
     plan = plan_finish(ticket, outcome, now_ms, delay_ms)
     return drive(con, plan, check_fault(fault))
 
 
-def finish_many(con: sqlite3.Connection,
-                results: Iterable[tuple[Ticket, str, int, int]]) -> list[str | bool]:
+def finish_many(
+    con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]]
+) -> list[str | bool]:
     """Several finishes in one transaction, each fenced on its own (an addition)."""
     plan = plan_finish_many(results)
     return drive(con, plan)
 
 
-def finish_and_claim(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
-                     owner: str, now_ms: int, lease_ms: int,
-                     count: int) -> tuple[list[str | bool], list[Ticket]]:
+def finish_and_claim(
+    con: sqlite3.Connection,
+    results: Iterable[tuple[Ticket, str, int, int]],
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    count: int,
+) -> tuple[list[str | bool], list[Ticket]]:
     """Finishes, then claims, in one transaction (see ``plan_finish_and_claim``)."""
     plan = plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
     return drive(con, plan)
 
 
-def extend(con: sqlite3.Connection, ticket: Ticket, now_ms: int, lease_ms: int,
-           fault: Fault = None) -> Ticket | bool:
+def extend(
+    con: sqlite3.Connection, ticket: Ticket, now_ms: int, lease_ms: int, fault: Fault = None
+) -> Ticket | bool:
     """Extend a live lease, capped at the deadline: the new ticket, or False (an addition)."""
     plan = plan_extend(ticket, now_ms, lease_ms)
     return drive(con, plan, check_fault(fault))
 
 
-def extend_many(con: sqlite3.Connection, tickets: Iterable[Ticket], now_ms: int,
-                lease_ms: int) -> list[Ticket | bool]:
+def extend_many(
+    con: sqlite3.Connection, tickets: Iterable[Ticket], now_ms: int, lease_ms: int
+) -> list[Ticket | bool]:
     """Several extensions in one transaction, each fenced on its own (an addition)."""
     return drive(con, plan_extend_many(tickets, now_ms, lease_ms))
 
 
-def cycle(con: sqlite3.Connection, results: Iterable[tuple[Ticket, str, int, int]],
-          held: Iterable[Ticket], owner: str, now_ms: int, lease_ms: int,
-          count: int) -> Cycle:
+def cycle(
+    con: sqlite3.Connection,
+    results: Iterable[tuple[Ticket, str, int, int]],
+    held: Iterable[Ticket],
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    count: int,
+) -> Cycle:
     """Finishes, extensions, then claims, in one transaction (see ``plan_cycle``)."""
     return drive(con, plan_cycle(results, held, owner, now_ms, lease_ms, count))
 
 
-def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str,
-            fault: Fault = None) -> bool:
+def redrive(
+    con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str, fault: Fault = None
+) -> bool:
     """Re-queue a dead job with a fresh budget, recording an audit row in the same transaction."""
     plan = plan_redrive(job_id, now_ms, ttl_ms, note)
     return bool(drive(con, plan, check_fault(fault)))
@@ -925,8 +1058,15 @@ def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note
 
 # --- steps 7-8: one delivery -----------------------------------------------------------
 
-def check_run_args(owner: object, clock: object, send: object, jitter: object,
-                   lease_ms: object, limits: Limits = CONTRACT) -> None:
+
+def check_run_args(
+    owner: object,
+    clock: object,
+    send: object,
+    jitter: object,
+    lease_ms: object,
+    limits: Limits = CONTRACT,
+) -> None:
     """Validate ``run_once``'s arguments, jitter first, before any clock reading."""
     check_jitter(jitter)
     check_identifier(owner, "owner")
@@ -940,9 +1080,14 @@ def fresh_event(ticket: Ticket) -> dict[str, Any]:
     return {"id": ticket["id"], "qty": ticket["qty"]}
 
 
-def judge_send(ticket: Ticket, jitter: float, ack: object = None,
-               error: Retryable | Permanent | None = None,
-               retry: Retry = RUN_ONCE_RETRY, limits: Limits = CONTRACT) -> tuple[str, int]:
+def judge_send(
+    ticket: Ticket,
+    jitter: float,
+    ack: object = None,
+    error: Retryable | Permanent | None = None,
+    retry: Retry = RUN_ONCE_RETRY,
+    limits: Limits = CONTRACT,
+) -> tuple[str, int]:
     """Map a send's answer to ``(outcome, delay_ms)``: only the exact ``True`` is ok."""
     if isinstance(error, Retryable):
         return "retry", retry.delay(ticket["attempt"], jitter, limits)
@@ -953,8 +1098,9 @@ def judge_send(ticket: Ticket, jitter: float, ack: object = None,
     return "ok", 0
 
 
-def classify(send: Callable[[dict[str, Any]], object], ticket: Ticket,
-             jitter: float) -> tuple[str, int]:
+def classify(
+    send: Callable[[dict[str, Any]], object], ticket: Ticket, jitter: float
+) -> tuple[str, int]:
     """Send once and classify; exceptions other than Retryable/Permanent propagate unchanged."""
     try:
         ack = send(fresh_event(ticket))
@@ -973,13 +1119,21 @@ def second_reading(clock: Callable[[], object], first: int, limits: Limits = CON
 
 def delivery_result(ticket: Ticket, status: str | bool) -> dict[str, Any]:
     """The result of one delivery: ``{'id', 'token', 'status'}``, ``stale`` if refused."""
-    return {"id": ticket["id"], "token": ticket["token"],
-            "status": "stale" if status is False else status}
+    return {
+        "id": ticket["id"],
+        "token": ticket["token"],
+        "status": "stale" if status is False else status,
+    }
 
 
-def run_once(con: sqlite3.Connection, owner: str, clock: Callable[[], int],
-             send: Callable[[dict[str, Any]], object], jitter: float,
-             lease_ms: int = 1000) -> dict[str, Any] | None:
+def run_once(
+    con: sqlite3.Connection,
+    owner: str,
+    clock: Callable[[], int],
+    send: Callable[[dict[str, Any]], object],
+    jitter: float,
+    lease_ms: int = 1000,
+) -> dict[str, Any] | None:
     """Claim one job, send it outside any transaction, and finish it with a second reading."""
     check_run_args(owner, clock, send, jitter, lease_ms)
     check_con(con)
@@ -993,9 +1147,14 @@ def run_once(con: sqlite3.Connection, owner: str, clock: Callable[[], int],
     return delivery_result(mine, finish(con, dict(mine), outcome, now, delay))
 
 
-def run_file(path: str | os.PathLike[str], owner: str, clock: Callable[[], int],
-             send: Callable[[dict[str, Any]], object], jitter: float,
-             lease_ms: int = 1000) -> dict[str, Any] | None:
+def run_file(
+    path: str | os.PathLike[str],
+    owner: str,
+    clock: Callable[[], int],
+    send: Callable[[dict[str, Any]], object],
+    jitter: float,
+    lease_ms: int = 1000,
+) -> dict[str, Any] | None:
     """``run_once`` on an existing queue file, owning (and always closing) the connection."""
     check_run_args(owner, clock, send, jitter, lease_ms)
     filename = check_queue_path(path)
