@@ -6,12 +6,8 @@ Rules of this module:
   the effect (stock += qty) are written in one transaction; the ACK leaves only after
   COMMIT.  The same id and qty again is a ``duplicate`` (no effect); another qty is a
   ``conflict`` (nothing changes).
-* Group commit: one writer task takes every request waiting at that moment and decides
-  them in arrival order inside one transaction - exactly as if they had come one by one.
-  A failed batch answers 503 to each of its requests and changes nothing.
-* One connection and one lock: a read never sees the writer's open transaction.  The DB
-  is a file (WAL mode, on its own thread) or a ``postgresql://`` URL shared by replicas
-  (``pg_sink``).
+* Group commit (``inbox``): the ACK leaves only after the COMMIT of the batch that decided
+  it; a failed batch answers 503 to each of its requests and changes nothing.
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
 * A body must arrive within ``body_timeout_s``; the connection limit and the idle
@@ -30,59 +26,21 @@ import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from asnackq import faults
-from asnackq.aio import Store, open_store
 from asnackq.core.worker import (
-    Plan,
-    Sql,
-    SqlMany,
     check_event,
     check_identifier,
     check_int,
-    epoch_ms,
 )
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
-from asnackq.targets import is_url
+from asnackq.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK, Inbox, SinkUnavailable, open_sink_db
 
-__all__ = ["SinkConfig", "make_app", "open_sink_db"]
+__all__ = ["SinkConfig", "make_app"]
 
-# The inbox file is the sink's own (the contract's rollback journal is the queue's): a
-# write-ahead log, synced at every COMMIT, is as durable and syncs once per commit, not
-# twice; readers (audit, lab, dashboard) never wait for the writer.
-SINK_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
-
-SINK_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
-  first_token INTEGER, last_token INTEGER, deliveries INTEGER NOT NULL,
-  applied_at_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL)""",
-    "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
-    " total INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
-)
-SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN ({marks})"
-SQL_APPLY = """INSERT INTO inbox (id, qty, first_token, last_token, deliveries, applied_at_ms,
-  last_seen_ms) VALUES (?, ?, ?, ?, 1, ?, ?)"""
-SQL_SEEN_AGAIN = """UPDATE inbox SET deliveries = deliveries + 1,
-  last_token = coalesce(?, last_token), last_seen_ms = ? WHERE id = ?"""
-SQL_ADD_STOCK = "UPDATE stock SET total = total + ? WHERE one = 1"
-SQL_STOCK = "SELECT total FROM stock WHERE one = 1"
-SQL_RECORD = """SELECT id, qty, first_token, last_token, deliveries, applied_at_ms, last_seen_ms
-FROM inbox WHERE id = ?"""
-RECORD_FIELDS = (
-    "id",
-    "qty",
-    "first_token",
-    "last_token",
-    "deliveries",
-    "applied_at_ms",
-    "last_seen_ms",
-)
 COUNTERS = (
     "requests",
     "applied",
@@ -126,108 +84,6 @@ class SinkConfig:
         ):
             raise ValueError("auth_token must be 1-256 visible ASCII characters")
         self.rng = random.Random(self.seed)
-
-
-def decide(known: dict[str, int], event_id: str, qty: int) -> str:
-    """The inbox decision for one event, given the ids already applied (updated in place)."""
-    if event_id not in known:
-        known[event_id] = qty
-        return "applied"
-    return "duplicate" if known[event_id] == qty else "conflict"
-
-
-def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[list[str]]:
-    """One group commit as a plan (run by the core's driver): decisions in arrival order.
-
-    Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.
-    """
-    ids = sorted({event_id for event_id, _, _ in batch})
-    rows = yield Sql(SQL_KNOWN.format(marks=",".join("?" * len(ids))), tuple(ids))
-    known: dict[str, int] = {row[0]: row[1] for row in rows or ()}
-    statuses = [decide(known, event_id, qty) for event_id, qty, _ in batch]
-    applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
-    again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
-    if applied:
-        yield SqlMany(
-            SQL_APPLY, [(i, qty, token, token, now_ms, now_ms) for i, qty, token in applied]
-        )
-        yield Sql(SQL_ADD_STOCK, (sum(qty for _, qty, _ in applied),))
-    if again:
-        yield SqlMany(SQL_SEEN_AGAIN, [(token, now_ms, i) for i, _, token in again])
-    return statuses, bool(applied or again)
-
-
-@dataclass
-class Delivery:
-    event_id: str
-    qty: int
-    token: int | None
-    done: asyncio.Future[str]
-
-
-async def open_sink_db(path: Path | str) -> Store:
-    """Open (creating if needed) a sink DB: a file in WAL mode synced at every commit, or a URL."""
-    if is_url(path):
-        import asnackq.pg_sink  # noqa: F401  (the inbox's PostgreSQL statements)
-    return await open_store(path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS)
-
-
-class Inbox:
-    """The single writer: batches waiting deliveries into one transaction each."""
-
-    def __init__(self, db: Store, batch_max: int) -> None:
-        self.db = db
-        self.lock = asyncio.Lock()  # one transaction at a time on this connection
-        self.batch_max = batch_max
-        self.waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        self.commits = 0
-
-    async def submit(self, event_id: str, qty: int, token: int | None) -> str:
-        """Queue a delivery and wait for its committed decision."""
-        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.waiting.put_nowait(Delivery(event_id, qty, token, done))
-        return await done  # (a cancelled request's decision still commits)
-
-    async def run(self) -> None:
-        """Commit batches until a ``None`` arrives, then return (after the last batch)."""
-        while True:
-            first = await self.waiting.get()
-            batch = [first]
-            while len(batch) < self.batch_max and not self.waiting.empty():
-                batch.append(self.waiting.get_nowait())
-            deliveries = [item for item in batch if item is not None]
-            if deliveries:
-                await self._settle(deliveries)
-            if None in batch:
-                return
-
-    async def _settle(self, batch: list[Delivery]) -> None:
-        try:
-            async with self.lock:
-                statuses = await self._commit(batch)
-        except Exception as error:
-            for item in batch:
-                if not item.done.done():
-                    item.done.set_exception(SinkUnavailable(str(error)))
-            return
-        for item, status in zip(batch, statuses, strict=True):
-            if not item.done.done():
-                item.done.set_result(status)
-
-    async def _commit(self, batch: list[Delivery]) -> list[str]:
-        make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
-        statuses: list[str] = await self.db.transact(make(), make)
-        self.commits += 1
-        return statuses
-
-    async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        """A read outside any writer transaction."""
-        async with self.lock:
-            return await self.db.read(sql, params)
-
-
-class SinkUnavailable(Exception):
-    """Raised to a request whose batch failed to commit (answered as 503)."""
 
 
 CONFIG = web.AppKey("config", SinkConfig)

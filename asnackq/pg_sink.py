@@ -4,7 +4,7 @@
 Rules of this module:
 
 * Several sink processes (replicas, on one host or many) share one inbox.  The group
-  commit's plan (``http_sink.plan_inbox``) runs unchanged; only its first read differs:
+  commit's plan (``inbox.plan_inbox``) runs unchanged; only its first read differs:
   before reading which ids are known, it takes a transaction lock per id of the batch, in
   one global order.  A duplicate arriving at another replica at the same moment waits for
   the replica deciding it, then reads it applied: each effect once, no duplicate key, no
@@ -16,7 +16,7 @@ Rules of this module:
 from __future__ import annotations
 
 from asnackq import pg_sql
-from asnackq.http_sink import (
+from asnackq.inbox import (
     SINK_SCHEMA,
     SQL_ADD_STOCK,
     SQL_APPLY,

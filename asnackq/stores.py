@@ -152,7 +152,7 @@ def pg_read_only(where: str, table: str, what: str) -> Iterator[Reader]:
 
 
 def _sink_schema() -> tuple[str, ...]:
-    from asnackq.http_sink import SINK_SCHEMA
+    from asnackq.inbox import SINK_SCHEMA
 
     return SINK_SCHEMA
 

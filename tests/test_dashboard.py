@@ -23,7 +23,7 @@ from asnackq.aio import epoch_ms
 from asnackq.cli import main
 from asnackq.core import worker as w
 from asnackq.dashboard import Sampler
-from asnackq.http_sink import SINK_SCHEMA
+from asnackq.inbox import SINK_SCHEMA
 from asnackq.procs import PIPE
 
 from .test_cli import fails, ok

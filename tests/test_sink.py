@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from asnackq.core.worker import Permanent, Retryable
 from asnackq.http_send import AsyncHttpSender, HttpSender
-from asnackq.http_sink import CONFIG, INBOX, Inbox, open_sink_db
+from asnackq.http_sink import CONFIG, INBOX
+from asnackq.inbox import Inbox, open_sink_db
 from asnackq.procs import command, start_sink, stop
 
 from .sinks import sink, sink_state

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from asnackq import stores
 from asnackq.cli.common import Command, Failure, Parser, Usage
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
-from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink, add_work
+from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink
+from asnackq.cli.work import add_work
 from asnackq.core import worker as w
 from asnackq.targets import one_line
 

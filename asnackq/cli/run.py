@@ -1,267 +1,35 @@
-"""The run commands: work, lab, demo, sink, outbox, dashboard (their bodies import the
+"""The other run commands: lab, demo, sink, outbox, dashboard (their bodies import the
 asyncio layer, aiohttp and the lab only when they run)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import os
-import re
 import signal
-import socket
 import sqlite3
-import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
-from rich.live import Live
 
 from asnackq import metrics, ops
 from asnackq.cli.common import (
     DELAY_MS,
-    QUEUE_HELP,
     RATE,
     TIMEOUT,
     Commands,
     Failure,
     Usage,
-    existing_queue,
     sink_url,
     within,
 )
-from asnackq.cli.render import emit, key_values, progress_line
-from asnackq.core import worker as w
+from asnackq.cli.render import key_values
 from asnackq.http_send import is_loopback
 from asnackq.targets import target
-from asnackq.traces import Tracer
 
 if TYPE_CHECKING:
-    from asnackq.aio import AsyncSend
-
-
-def default_owner() -> str:
-    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "worker"
-    return f"{name}-{os.getpid()}"
-
-
-def add_work(commands: Commands) -> None:
-    work = commands.add_parser(
-        "work",
-        help="deliver jobs to a sink with many coroutines (the async Dispatcher)",
-        description="Claim, send and finish jobs until stopped (Ctrl-C or SIGTERM: stop "
-        "claiming, let in-flight sends end, finish them, print the summary). With "
-        "--until-empty, stop once no job is pending or leased.",
-    )
-    work.add_argument("queue", type=target, help=QUEUE_HELP)
-    work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
-    work.add_argument("--concurrency", type=int, default=64)
-    work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
-    work.add_argument("--lease-ms", type=int, default=5000, help="1..3600000 (default 5000)")
-    work.add_argument(
-        "--prefetch",
-        type=int,
-        default=None,
-        help="tickets kept claimed ahead of demand (default: adapts to how "
-        "many the coroutines take during one commit)",
-    )
-    work.add_argument(
-        "--gather-ms",
-        type=within(int, 0, 1000),
-        default=10,
-        help="while every coroutine is busy, results wait up to this long (at "
-        "most a tenth of the lease) to share a commit (default 10; 0: none)",
-    )
-    work.add_argument(
-        "--timeout-s",
-        type=TIMEOUT,
-        default=2.0,
-        help="HTTP timeout per send; must be below the lease",
-    )
-    work.add_argument("--until-empty", action="store_true")
-    work.add_argument(
-        "--retry-base-ms",
-        type=int,
-        default=100,
-        help="retry delay of a job's first retry, doubled per attempt (default 100)",
-    )
-    work.add_argument(
-        "--retry-cap-ms",
-        type=int,
-        default=1000,
-        help="longest retry delay, up to an hour (default 1000)",
-    )
-    work.add_argument(
-        "--breaker-after",
-        type=int,
-        default=8,
-        help="sends in a row that find no sink before the run pauses (default 8)",
-    )
-    work.add_argument(
-        "--breaker-max-ms",
-        type=int,
-        default=2000,
-        help="longest wait between probes while paused (default 2000)",
-    )
-    work.add_argument(
-        "--accept-dead",
-        action="store_true",
-        help="exit 0 even when jobs ended dead that the sink never rejected",
-    )
-    work.add_argument(
-        "--max-jobs", type=within(int, 1, 10**9), default=None, help="stop after N claims (N >= 1)"
-    )
-    work.add_argument(
-        "--allow-remote", action="store_true", help="allow a non-loopback sink (and --metrics-host)"
-    )
-    work.add_argument(
-        "--trace",
-        type=Path,
-        default=None,
-        help="append one JSON line per claim and per finish (for experiments)",
-    )
-    work.add_argument("--json", action="store_true", help="print the summary as JSON")
-    work.add_argument(
-        "--kill-after-acks",
-        type=within(int, 1, 10**9),
-        default=None,
-        metavar="N",
-        help="a crash for experiments: SIGKILL this process right "
-        "after its Nth verified ACK (that effect applied, its finish never made)",
-    )
-    metrics.add_metrics_options(work)
-    work.set_defaults(run=run_work)
-
-
-def run_work(args: argparse.Namespace) -> int:
-    from asnackq.aio import AsyncQueue
-    from asnackq.breaker import BreakerPolicy
-    from asnackq.dispatch import Dispatcher, Summary
-    from asnackq.http_send import AsyncHttpSender
-
-    existing_queue(args.queue)
-    owner = args.owner or default_owner()
-    retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
-    breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
-    sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote)
-    exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
-    tracer = Tracer(args.trace) if args.trace else None
-    console = Console(stderr=True)
-    started = time.perf_counter()
-
-    async def main() -> tuple[Summary, bool]:
-        async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
-            send: AsyncSend = http
-            if args.kill_after_acks:
-                send = killed_after(args.kill_after_acks, http)
-            dispatcher = Dispatcher(
-                queue,
-                exporter.timed(send),
-                owner=owner,
-                concurrency=args.concurrency,
-                lease_ms=args.lease_ms,
-                trace=tracer,
-                prefetch=args.prefetch,
-                retry=retry,
-                breaker=breaker,
-                gather_ms=args.gather_ms,
-            )
-            exporter.watch(dispatcher)
-            running = asyncio.ensure_future(
-                dispatcher.run(
-                    until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty
-                )
-            )
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, running.cancel)
-            with Live(
-                console=console,
-                transient=True,
-                auto_refresh=False,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            ) as live:
-                while not running.done():
-                    await asyncio.wait([running], timeout=0.25)
-                    if console.is_terminal:
-                        live.update(
-                            progress_line(
-                                dispatcher.summary.as_dict(),
-                                time.perf_counter() - started,
-                                dispatcher.paused,
-                            ),
-                            refresh=True,
-                        )
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-            stopped = running.cancelled()
-            if not stopped:
-                running.result()
-            return dispatcher.summary, stopped
-
-    try:
-        run, stopped = asyncio.run(main())
-    finally:
-        if tracer is not None:
-            tracer.close()
-    seconds = time.perf_counter() - started
-    summary = run.as_dict()
-    result = {
-        **summary,
-        "owner": owner,
-        "seconds": round(seconds, 3),
-        "stopped_by_signal": stopped,
-        "retry": retry._asdict(),
-        "breaker": dataclasses.asdict(breaker),
-    }
-    emit(
-        args,
-        result,
-        lambda out: out.print(
-            key_values(
-                f"asnackq work {owner}" + (" (stopped by signal)" if stopped else ""),
-                [
-                    *summary.items(),
-                    ("seconds", f"{seconds:.1f}"),
-                    ("done/s", f"{summary['done'] / max(seconds, 1e-9):,.0f}"),
-                    ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
-                    (
-                        "breaker",
-                        f"after {breaker.after} failures in a row, probes "
-                        f"{breaker.base_ms}..{breaker.max_ms} ms apart",
-                    ),
-                ],
-            )
-        ),
-    )
-    if run.dead_unanswered and not args.accept_dead:
-        print(
-            f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
-            f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
-            "pass --accept-dead to exit 0",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-def killed_after(acks: int, send: AsyncSend) -> AsyncSend:
-    """``send``, and this process SIGKILLed right after its ``acks``-th verified ACK."""
-    count = 0
-
-    async def send_then_die(event: dict[str, Any], token: int | None) -> object:
-        nonlocal count
-        answer = await send(event, token)
-        count += 1
-        if count == acks:
-            os.kill(os.getpid(), signal.SIGKILL)  # the effect is applied; no finish
-        return answer
-
-    return send_then_die
+    pass
 
 
 def add_lab(commands: Commands) -> None:
