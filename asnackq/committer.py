@@ -177,6 +177,7 @@ class Committer:
             self.phase = Phase.DRAINING
         if not self.cycling:
             self._release_waiters()
+        self.kick.set()  # results gathering meanwhile are settled at once
 
     async def close(self, task: asyncio.Future[None]) -> None:
         """Every coroutine is done: let the committer settle the last results and end."""

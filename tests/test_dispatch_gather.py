@@ -124,3 +124,37 @@ async def test_gathering_gives_fewer_and_larger_commits(queue):
         assert summary.done == 400
         commits[gather_ms] = summary.commits
     assert commits[50] * 2 <= commits[0], commits
+
+
+async def test_a_draining_run_commits_the_gathered_results_at_once(queue):
+    """A run cancelled while job-0's result gathers (job-1 and job-2 still being sent)
+    settles job-0 at once, not when its gathering (1 s) would have ended."""
+    await fill(queue, 6)
+    gate = Gate(6)
+    run = asyncio.ensure_future(
+        Dispatcher(
+            queue,
+            gate,
+            owner="d1",
+            concurrency=2,
+            prefetch=4,
+            lease_ms=60_000,
+            gather_ms=1000,
+            trace=gate.trace,
+        ).run()
+    )
+    await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
+    gate.release["job-0"].set()
+    await asyncio.wait_for(gate.sent["job-2"].wait(), 10)  # job-0's result gathers
+    assert not gate.finished["job-0"].is_set()
+    run.cancel()
+    try:
+        await asyncio.wait_for(gate.finished["job-0"].wait(), 0.3)
+        early = True
+    except TimeoutError:
+        early = False
+    for event in gate.release.values():
+        event.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run, 10)
+    assert early
