@@ -103,6 +103,16 @@ def connect_file(
     return con
 
 
+def close_file(con: sqlite3.Connection, closing: tuple[str, ...]) -> None:
+    """Run ``closing`` (best effort: another connection may still hold the file), then close."""
+    try:
+        with contextlib.suppress(sqlite3.Error):  # e.g. SQLITE_BUSY: the file is shared
+            for statement in closing:
+                con.execute(statement).fetchall()
+    finally:
+        con.close()
+
+
 def fetch_rows(con: sqlite3.Connection, sql: str, params: Any) -> list[tuple[Any, ...]]:
     return con.execute(sql, params).fetchall()
 
@@ -132,9 +142,13 @@ class SqliteStore:
     """
 
     def __init__(
-        self, con: sqlite3.Connection, thread: ThreadPoolExecutor, attempts: int = 8
+        self,
+        con: sqlite3.Connection,
+        thread: ThreadPoolExecutor,
+        attempts: int = 8,
+        closing: tuple[str, ...] = (),
     ) -> None:
-        self.con, self.thread, self.attempts = con, thread, attempts
+        self.con, self.thread, self.attempts, self.closing = con, thread, attempts, closing
 
     @classmethod
     async def open(
@@ -144,6 +158,7 @@ class SqliteStore:
         busy_s: float,
         attempts: int = 8,
         pragmas: tuple[str, ...] = w.PRAGMAS,
+        closing: tuple[str, ...] = (),
     ) -> SqliteStore:
         thread = ThreadPoolExecutor(1, thread_name_prefix="asnackq-sqlite")
         try:
@@ -153,7 +168,7 @@ class SqliteStore:
         except BaseException:
             thread.shutdown(wait=False)
             raise
-        return cls(con, thread, attempts)
+        return cls(con, thread, attempts, closing)
 
     async def _call(self, function: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.thread, function, *args)
@@ -176,7 +191,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         try:
-            await self._call(self.con.close)
+            await self._call(close_file, self.con, self.closing)
         finally:
             self.thread.shutdown(wait=False)
 
@@ -187,14 +202,15 @@ async def open_store(
     busy_s: float = 1.0,
     attempts: int = 8,
     pragmas: tuple[str, ...] = w.PRAGMAS,
+    closing: tuple[str, ...] = (),
 ) -> Store:
-    """A DB file (with ``pragmas``) or a ``postgresql://`` URL, with ``schema`` (the core's
-    tuple) in place."""
+    """A DB file (with ``pragmas``; ``closing`` tried before it is closed) or a
+    ``postgresql://`` URL, with ``schema`` (the core's tuple) in place."""
     if is_url(target):
         from asnackq import pg
 
         return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
-    return await SqliteStore.open(target, schema, busy_s, attempts, pragmas)
+    return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
 
 class AsyncQueue:

@@ -30,8 +30,11 @@ __all__ = ["SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbo
 
 # The inbox file is the sink's own (the contract's rollback journal is the queue's): a
 # write-ahead log, synced at every COMMIT, is as durable and syncs once per commit, not
-# twice; readers (audit, lab, dashboard) never wait for the writer.
+# twice; readers (audit, lab, dashboard) never wait for the writer.  The last sink to close
+# the file returns it to the rollback journal: a stopped sink leaves one plain file, which a
+# read-only reader reads without creating a -wal or -shm (nor write access to the directory).
 SINK_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
+SINK_CLOSING = ("PRAGMA busy_timeout = 0", "PRAGMA journal_mode=DELETE")  # busy: not the last
 
 SINK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
@@ -102,7 +105,7 @@ async def open_sink_db(path: Path | str) -> Store:
     """Open (creating if needed) a sink DB: a file in WAL mode synced at every commit, or a URL."""
     if is_url(path):
         import asnackq.pg_sink  # noqa: F401  (the inbox's PostgreSQL statements)
-    return await open_store(path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS)
+    return await open_store(path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS, closing=SINK_CLOSING)
 
 
 class Inbox:

@@ -302,6 +302,22 @@ def test_work_until_empty_then_audit_is_clean(queue, sink_proc, tmp_path):
     assert "no violations" in ok("audit", queue, "--sink-db", sink_db)
 
 
+def test_a_stopped_sinks_file_is_read_without_writing(queue, tmp_path):
+    """While it runs, the sink's inbox is in WAL mode; stopped (SIGTERM), it leaves one file
+    in the rollback journal's format: read-only readers create no -wal or -shm next to it,
+    and a reader that may not write the directory (another user, a read-only copy) reads it."""
+    sink_db = tmp_path / "sink.db"
+    ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 1} for i in range(20))))
+    with Replicas(sink_db, 1) as sinks:
+        ok("work", queue, "--sink", sinks.urls[0], "--until-empty", "--concurrency", "4")
+        assert sink_db.read_bytes()[18:20] == b"\x02\x02"  # WAL
+    assert sinks.codes == [0]
+    assert sorted(os.listdir(tmp_path)) == ["queue.db", "sink.db"]
+    assert sink_db.read_bytes()[18:20] == b"\x01\x01"  # the rollback journal's format
+    assert ok("audit", queue, "--sink-db", sink_db, "--json")["stages"] == {"done": 20}
+    assert sorted(os.listdir(tmp_path)) == ["queue.db", "sink.db"]
+
+
 def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc):
     url, sink_db = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 2} for i in range(20))))
