@@ -206,7 +206,7 @@ class Committer:
         want = self._want()
         due, wake_ms = self._due(now)
         if self.inbox or due or (want and not self.dry):
-            pause = self._pause(now, due)
+            pause = self._pause(now, due, wake_ms)
             if pause > 0:
                 await self._gather(pause)
                 return
@@ -237,8 +237,9 @@ class Committer:
         if not self.kick.is_set():
             self.dry = False  # time to look for claimable jobs again
 
-    def _pause(self, now: int, due: list[w.Ticket]) -> float:
-        """Seconds to let more results gather before the next cycle (0 or less: cycle now)."""
+    def _pause(self, now: int, due: list[w.Ticket], wake_ms: int | None) -> float:
+        """Seconds to let more results gather before the next cycle (0 or less: cycle now);
+        never past ``wake_ms``, when the next held lease is due."""
         settings = self.settings
         if due or self.waiters or self.phase is not Phase.CLAIMING:
             return 0.0
@@ -247,7 +248,8 @@ class Committer:
             current = self.held.get(sent.claimed.ticket["id"])
             if current is not None and current["lease_until"] - now <= half:
                 return 0.0  # its finish must not wait
-        return self.started + settings.gather_s - self.clock()
+        pause = self.started + settings.gather_s - self.clock()
+        return pause if wake_ms is None else min(pause, wake_ms / 1000)
 
     async def _gather(self, pause: float) -> None:
         """Wait ``pause`` seconds, or until a coroutine needs a ticket."""

@@ -158,3 +158,52 @@ async def test_a_draining_run_commits_the_gathered_results_at_once(queue):
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(run, 10)
     assert early
+
+
+async def test_a_lease_coming_due_ends_the_gathering(queue):
+    """job-4's result gathers (up to 1 s after the cycle that claimed it) while job-0, claimed
+    5 s earlier, is still being sent: its lease reaches half its length 50 ms later, and the
+    cycle that keeps it starts then, settling job-4 with it."""
+    await fill(queue, 6)
+    gate = Gate(6)
+    claims: dict[str, int] = {}
+    job_5 = asyncio.Event()
+    skew = [0]
+
+    def trace(kind, ticket, now_ms, status):
+        gate.trace(kind, ticket, now_ms, status)
+        if kind == "claim":
+            claims[ticket["id"]] = now_ms
+            if ticket["id"] == "job-5":
+                job_5.set()
+
+    run = asyncio.ensure_future(
+        Dispatcher(
+            queue,
+            gate,
+            owner="d1",
+            concurrency=2,
+            prefetch=4,
+            lease_ms=60_000,
+            gather_ms=1000,
+            clock=lambda: epoch_ms() + skew[0],
+            trace=trace,
+        ).run()
+    )
+    await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
+    skew[0] = 5000  # what is claimed from now on is 5 s younger than job-0
+    for job_id in ("job-1", "job-2", "job-3"):
+        gate.release[job_id].set()
+    await asyncio.wait_for(asyncio.gather(job_5.wait(), gate.sent["job-4"].wait()), 10)
+    assert claims["job-4"] >= claims["job-0"] + 5000
+    skew[0] = claims["job-0"] + 30_000 - 50 - epoch_ms()  # job-0: half its lease in 50 ms
+    loop = asyncio.get_running_loop()
+    released = loop.time()
+    gate.release["job-4"].set()
+    await asyncio.wait_for(gate.finished["job-4"].wait(), 10)
+    settled_s = loop.time() - released
+    for event in gate.release.values():
+        event.set()
+    summary = await asyncio.wait_for(run, 10)
+    assert summary.done == 6 and summary.extended >= 1
+    assert settled_s < 0.5, settled_s  # not when the gathering would have ended (1 s)
