@@ -49,6 +49,25 @@ def test_work_max_jobs_must_be_at_least_one(queue, count):
     assert digest(queue) == before
 
 
+@pytest.mark.parametrize("number", [" 5", "+5", "1_0", "\u0665", "0x10", "5 ", "1e3"])
+@pytest.mark.parametrize("option", ["--concurrency", "--gather-ms", "--max-jobs"])
+def test_work_takes_plain_ascii_ints_only(queue, option, number):
+    """int() would take spaces, "+", "_" and other scripts' digits: an option does not."""
+    before = digest(queue)
+    url = "http://127.0.0.1:9/events"
+    assert f"argument {option}: must be an int" in fails(
+        "work", queue, "--sink", url, option, number, code=2
+    )
+    assert digest(queue) == before
+
+
+@pytest.mark.parametrize("seconds", [" 1", "1_0", "\u0661", "inf", "nan", "0x1"])
+def test_a_timeout_is_a_plain_ascii_number(queue, seconds):
+    assert "argument --timeout-s: must be a number" in fails(
+        "work", queue, "--sink", "http://127.0.0.1:9/events", "--timeout-s", seconds, code=2
+    )
+
+
 def test_enqueue_of_deeply_nested_json_is_one_line_and_writes_nothing(queue, tmp_path):
     deep = tmp_path / "deep.jsonl"
     deep.write_text('{"id": "b", "qty": 1}\n' + "[" * 100_000 + "\n")

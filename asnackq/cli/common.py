@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeAlias
 
@@ -45,14 +46,25 @@ def existing_queue(path: Target) -> Target:
     return path
 
 
+# Numbers on the command line are ASCII, written plainly: no spaces, "+", "_" or other
+# scripts' digits (which int() and float() would take).
+INT_TEXT = re.compile(r"-?[0-9]{1,19}")
+FLOAT_TEXT = re.compile(r"-?(?:[0-9]{1,19}(?:\.[0-9]{0,19})?|\.[0-9]{1,19})(?:[eE]-?[0-9]{1,3})?")
+
+
+def exact_int(text: str) -> int:
+    """An argparse type: an int in ASCII digits (an optional minus), nothing else."""
+    if not INT_TEXT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be an int, not {text!r}")
+    return int(text)
+
+
 def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
     """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
+    pattern = INT_TEXT if kind is int else FLOAT_TEXT
 
     def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan  # fails the range check below
+        value = kind(text) if pattern.fullmatch(text) else math.nan  # nan fails the range
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(
                 f"must be {'an int' if kind is int else 'a number'} in {low}..{high}, not {text!r}"

@@ -12,7 +12,15 @@ from rich.progress import Progress
 from rich.table import Table
 
 from asnackq import ops, stores
-from asnackq.cli.common import QUEUE_HELP, TTL_MS, Commands, Failure, Usage, existing_queue
+from asnackq.cli.common import (
+    QUEUE_HELP,
+    TTL_MS,
+    Commands,
+    Failure,
+    Usage,
+    exact_int,
+    existing_queue,
+)
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
 from asnackq.targets import Target, shown, target
@@ -50,11 +58,11 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
-    enqueue.add_argument("--qty", type=int)
+    enqueue.add_argument("--qty", type=exact_int)
     enqueue.add_argument(
-        "--ttl-ms", type=int, default=TTL_MS, help="1..2592000000, 30 days (default 60000)"
+        "--ttl-ms", type=exact_int, default=TTL_MS, help="1..2592000000, 30 days (default 60000)"
     )
-    enqueue.add_argument("--max-attempts", type=int, default=3, help="1..16 (default 3)")
+    enqueue.add_argument("--max-attempts", type=exact_int, default=3, help="1..16 (default 3)")
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
     enqueue.set_defaults(run=run_enqueue)
 
@@ -162,7 +170,7 @@ def add_inspect(commands: Commands) -> None:
     redrive.add_argument("id", nargs="?")
     redrive.add_argument("--reason", choices=ops.REASONS)
     redrive.add_argument(
-        "--ttl-ms", type=int, required=True, help="new budget, 1..2592000000 (30 days)"
+        "--ttl-ms", type=exact_int, required=True, help="new budget, 1..2592000000 (30 days)"
     )
     redrive.add_argument("--note", required=True, help="why ([A-Za-z0-9_-]{1,64})")
     redrive.add_argument("--json", action="store_true")
@@ -271,7 +279,7 @@ def add_audit(commands: Commands) -> None:
         "--sink-db", required=True, type=target, help="the sink's DB file or postgresql:// URL"
     )
     audit.add_argument("--id", help="show one job's whole evidence chain")
-    audit.add_argument("--limit", type=int, default=20, help="jobs listed per kind")
+    audit.add_argument("--limit", type=exact_int, default=20, help="jobs listed per kind")
     audit.add_argument("--json", action="store_true")
     audit.set_defaults(run=run_audit)
 

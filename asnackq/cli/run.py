@@ -21,6 +21,7 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    exact_int,
     sink_url,
     within,
 )
@@ -42,9 +43,9 @@ def add_lab(commands: Commands) -> None:
         "dead although the sink never rejected it (unless --fail-rate or --drop-rate 1 make "
         "that expected). Jobs get a ttl of --timeout-s plus a minute.",
     )
-    lab.add_argument("--jobs", type=int, default=2000)
-    lab.add_argument("--processes", type=int, default=2)
-    lab.add_argument("--concurrency", type=int, default=64)
+    lab.add_argument("--jobs", type=exact_int, default=2000)
+    lab.add_argument("--processes", type=exact_int, default=2)
+    lab.add_argument("--concurrency", type=exact_int, default=64)
     lab.add_argument("--fail-rate", type=RATE, default=0.0)
     lab.add_argument("--drop-rate", type=RATE, default=0.0)
     lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
@@ -55,10 +56,10 @@ def add_lab(commands: Commands) -> None:
         metavar="SECONDS",
         help="SIGKILL a random worker this often (0: never)",
     )
-    lab.add_argument("--seed", type=int, default=1)
-    lab.add_argument("--lease-ms", type=int, default=2000)
+    lab.add_argument("--seed", type=exact_int, default=1)
+    lab.add_argument("--lease-ms", type=exact_int, default=2000)
     lab.add_argument("--send-timeout-s", type=TIMEOUT, default=1.0)
-    lab.add_argument("--max-attempts", type=int, default=5)
+    lab.add_argument("--max-attempts", type=exact_int, default=5)
     lab.add_argument(
         "--timeout-s",
         type=within(float, 0.01, 86_400),
@@ -197,7 +198,7 @@ def add_sink(commands: Commands) -> None:
         help="commit, then close the connection without an answer",
     )
     sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
-    sink.add_argument("--seed", type=int, default=None)
+    sink.add_argument("--seed", type=exact_int, default=None)
     sink.add_argument(
         "--batch-max",
         type=within(int, 1, 10_000),
@@ -266,7 +267,7 @@ def add_outbox(commands: Commands) -> None:
     accept = actions.add_parser("accept", help="accept an order and its outbox row atomically")
     accept.add_argument("source", type=Path)
     accept.add_argument("--id", required=True)
-    accept.add_argument("--qty", required=True, type=int)
+    accept.add_argument("--qty", required=True, type=exact_int)
     pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
     pending.add_argument("source", type=Path)
     pending.add_argument("--limit", type=within(int, 1, 16), default=16)

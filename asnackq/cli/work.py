@@ -23,6 +23,7 @@ from asnackq.cli.common import (
     QUEUE_HELP,
     TIMEOUT,
     Commands,
+    exact_int,
     existing_queue,
     sink_url,
     within,
@@ -51,12 +52,12 @@ def add_work(commands: Commands) -> None:
     )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
-    work.add_argument("--concurrency", type=int, default=64)
+    work.add_argument("--concurrency", type=exact_int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
-    work.add_argument("--lease-ms", type=int, default=5000, help="1..3600000 (default 5000)")
+    work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument(
         "--prefetch",
-        type=int,
+        type=exact_int,
         default=None,
         help="tickets kept claimed ahead of demand (default: adapts to how "
         "many the coroutines take during one commit)",
@@ -77,25 +78,25 @@ def add_work(commands: Commands) -> None:
     work.add_argument("--until-empty", action="store_true")
     work.add_argument(
         "--retry-base-ms",
-        type=int,
+        type=exact_int,
         default=100,
         help="retry delay of a job's first retry, doubled per attempt (default 100)",
     )
     work.add_argument(
         "--retry-cap-ms",
-        type=int,
+        type=exact_int,
         default=1000,
         help="longest retry delay, up to an hour (default 1000)",
     )
     work.add_argument(
         "--breaker-after",
-        type=int,
+        type=exact_int,
         default=8,
         help="sends in a row that find no sink before the run pauses (default 8)",
     )
     work.add_argument(
         "--breaker-max-ms",
-        type=int,
+        type=exact_int,
         default=2000,
         help="longest wait between probes while paused (default 2000)",
     )
