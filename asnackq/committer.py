@@ -204,9 +204,9 @@ class Committer:
         self.kick.clear()
         now = self.settings.now()
         want = self._want()
-        due, wake_ms = self._due(now)
+        due, wake_ms, pressing = self._due(now)
         if self.inbox or due or (want and not self.dry):
-            pause = self._pause(now, due, wake_ms)
+            pause = self._pause(bool(due or pressing), wake_ms)
             if pause > 0:
                 await self._gather(pause)
                 return
@@ -237,18 +237,13 @@ class Committer:
         if not self.kick.is_set():
             self.dry = False  # time to look for claimable jobs again
 
-    def _pause(self, now: int, due: list[w.Ticket], wake_ms: int | None) -> float:
+    def _pause(self, urgent: bool, wake_ms: int | None) -> float:
         """Seconds to let more results gather before the next cycle (0 or less: cycle now);
-        never past ``wake_ms``, when the next held lease is due."""
-        settings = self.settings
-        if due or self.waiters or self.phase is not Phase.CLAIMING:
+        never past ``wake_ms``, when the next held lease is due.  ``urgent``: a lease to keep
+        or a result whose lease ends within half a lease."""
+        if urgent or self.waiters or self.phase is not Phase.CLAIMING:
             return 0.0
-        half = settings.lease_ms // 2
-        for sent in self.inbox:
-            current = self.held.get(sent.claimed.ticket["id"])
-            if current is not None and current["lease_until"] - now <= half:
-                return 0.0  # its finish must not wait
-        pause = self.started + settings.gather_s - self.clock()
+        pause = self.started + self.settings.gather_s - self.clock()
         return pause if wake_ms is None else min(pause, wake_ms / 1000)
 
     async def _gather(self, pause: float) -> None:
@@ -260,22 +255,25 @@ class Committer:
         finally:
             self.gathering = False
 
-    def _due(self, now: int) -> tuple[list[w.Ticket], int | None]:
-        """Held leases ending within half a lease, and the ms until the next one will be."""
+    def _due(self, now: int) -> tuple[list[w.Ticket], int | None, bool]:
+        """Held leases ending within half a lease, the ms until the next one will, and whether
+        a result waiting for its finish holds such a lease (its finish must not wait)."""
         if self.phase is Phase.CLOSING:
-            return [], None  # what the coroutines left is abandoned
+            return [], None, False  # what the coroutines left is abandoned
         half = self.settings.lease_ms // 2
         returning = {sent.claimed.ticket["id"] for sent in self.inbox}
-        due, wake = [], None
+        due, wake, pressing = [], None, False
         for job_id, ticket in self.held.items():
-            if job_id in returning or job_id in self.capped:
-                continue
             left = ticket["lease_until"] - now - half
-            if left <= 0:
+            if job_id in returning:
+                pressing = pressing or left <= 0
+            elif job_id in self.capped:
+                continue
+            elif left <= 0:
                 due.append(ticket)
             elif wake is None or left < wake:
                 wake = left
-        return due, wake
+        return due, wake, pressing
 
     def _ahead(self) -> int:
         """How many ready tickets to keep ahead of demand.

@@ -43,15 +43,25 @@ class Gate:
         if kind == "finish":
             self.finished[ticket["id"]].set()
 
+    def open_all(self):
+        for event in self.release.values():
+            event.set()
 
-async def first_result_waits(queue, gather_ms, within_s):
-    """Two coroutines, four tickets ahead: job-0 comes back while job-1 is still being sent.
+    async def finished_within(self, job_id, seconds):
+        """Whether ``job_id``'s finish is committed within ``seconds``."""
+        try:
+            await asyncio.wait_for(self.finished[job_id].wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
-    Returns whether job-0 was committed within ``within_s`` (job-1 still being sent), and
-    the run's summary.
-    """
+
+async def gated_run(queue, gather_ms, gate=None, **options):
+    """Six jobs, two coroutines, four tickets ahead, a long lease; returns the gate and the
+    run once job-0 and job-1 are being sent."""
     await fill(queue, 6)
-    gate = Gate(6)
+    gate = gate or Gate(6)
+    options.setdefault("trace", gate.trace)
     run = asyncio.ensure_future(
         Dispatcher(
             queue,
@@ -61,19 +71,24 @@ async def first_result_waits(queue, gather_ms, within_s):
             prefetch=4,
             lease_ms=60_000,
             gather_ms=gather_ms,
-            trace=gate.trace,
+            **options,
         ).run()
     )
     await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
+    return gate, run
+
+
+async def first_result_waits(queue, gather_ms, within_s):
+    """Two coroutines, four tickets ahead: job-0 comes back while job-1 is still being sent.
+
+    Returns whether job-0 was committed within ``within_s`` (job-1 still being sent), and
+    the run's summary.
+    """
+    gate, run = await gated_run(queue, gather_ms)
     gate.release["job-0"].set()
     await asyncio.wait_for(gate.sent["job-2"].wait(), 10)  # its coroutine took a ready ticket
-    try:
-        await asyncio.wait_for(gate.finished["job-0"].wait(), within_s)
-        early = True
-    except TimeoutError:
-        early = False
-    for event in gate.release.values():
-        event.set()
+    early = await gate.finished_within("job-0", within_s)
+    gate.open_all()
     return early, await asyncio.wait_for(run, 10)
 
 
@@ -129,32 +144,13 @@ async def test_gathering_gives_fewer_and_larger_commits(queue):
 async def test_a_draining_run_commits_the_gathered_results_at_once(queue):
     """A run cancelled while job-0's result gathers (job-1 and job-2 still being sent)
     settles job-0 at once, not when its gathering (1 s) would have ended."""
-    await fill(queue, 6)
-    gate = Gate(6)
-    run = asyncio.ensure_future(
-        Dispatcher(
-            queue,
-            gate,
-            owner="d1",
-            concurrency=2,
-            prefetch=4,
-            lease_ms=60_000,
-            gather_ms=1000,
-            trace=gate.trace,
-        ).run()
-    )
-    await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
+    gate, run = await gated_run(queue, 1000)
     gate.release["job-0"].set()
     await asyncio.wait_for(gate.sent["job-2"].wait(), 10)  # job-0's result gathers
     assert not gate.finished["job-0"].is_set()
     run.cancel()
-    try:
-        await asyncio.wait_for(gate.finished["job-0"].wait(), 0.3)
-        early = True
-    except TimeoutError:
-        early = False
-    for event in gate.release.values():
-        event.set()
+    early = await gate.finished_within("job-0", 0.3)
+    gate.open_all()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(run, 10)
     assert early
@@ -164,7 +160,6 @@ async def test_a_lease_coming_due_ends_the_gathering(queue):
     """job-4's result gathers (up to 1 s after the cycle that claimed it) while job-0, claimed
     5 s earlier, is still being sent: its lease reaches half its length 50 ms later, and the
     cycle that keeps it starts then, settling job-4 with it."""
-    await fill(queue, 6)
     gate = Gate(6)
     claims: dict[str, int] = {}
     job_5 = asyncio.Event()
@@ -177,20 +172,7 @@ async def test_a_lease_coming_due_ends_the_gathering(queue):
             if ticket["id"] == "job-5":
                 job_5.set()
 
-    run = asyncio.ensure_future(
-        Dispatcher(
-            queue,
-            gate,
-            owner="d1",
-            concurrency=2,
-            prefetch=4,
-            lease_ms=60_000,
-            gather_ms=1000,
-            clock=lambda: epoch_ms() + skew[0],
-            trace=trace,
-        ).run()
-    )
-    await asyncio.wait_for(asyncio.gather(gate.sent["job-0"].wait(), gate.sent["job-1"].wait()), 10)
+    _, run = await gated_run(queue, 1000, gate, trace=trace, clock=lambda: epoch_ms() + skew[0])
     skew[0] = 5000  # what is claimed from now on is 5 s younger than job-0
     for job_id in ("job-1", "job-2", "job-3"):
         gate.release[job_id].set()
@@ -202,8 +184,7 @@ async def test_a_lease_coming_due_ends_the_gathering(queue):
     gate.release["job-4"].set()
     await asyncio.wait_for(gate.finished["job-4"].wait(), 10)
     settled_s = loop.time() - released
-    for event in gate.release.values():
-        event.set()
+    gate.open_all()
     summary = await asyncio.wait_for(run, 10)
     assert summary.done == 6 and summary.extended >= 1
     assert settled_s < 0.5, settled_s  # not when the gathering would have ended (1 s)
