@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from asnackq.aio import Store, open_store
-from asnackq.core.worker import Plan, Sql, SqlMany, epoch_ms
+from asnackq.core.worker import Plan, Sql, SqlMany, epoch_ms, json_set
 from asnackq.targets import is_url
 
 __all__ = ["SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbox"]
@@ -44,7 +44,7 @@ SINK_SCHEMA = (
     " total INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
 )
-SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN ({marks})"
+SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN (SELECT value FROM json_each(?))"
 SQL_APPLY = """INSERT INTO inbox (id, qty, first_token, last_token, deliveries, applied_at_ms,
   last_seen_ms) VALUES (?, ?, ?, ?, 1, ?, ?)"""
 SQL_SEEN_AGAIN = """UPDATE inbox SET deliveries = deliveries + 1,
@@ -77,8 +77,7 @@ def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[li
 
     Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.
     """
-    ids = sorted({event_id for event_id, _, _ in batch})
-    rows = yield Sql(SQL_KNOWN.format(marks=",".join("?" * len(ids))), tuple(ids))
+    rows = yield Sql(SQL_KNOWN, (json_set(sorted({event_id for event_id, _, _ in batch})),))
     known: dict[str, int] = {row[0]: row[1] for row in rows or ()}
     statuses = [decide(known, event_id, qty) for event_id, qty, _ in batch]
     applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]

@@ -151,7 +151,7 @@ def _run(con: psycopg.Connection[Any], plan: w.Plan[Any], fault: w.Fault) -> tup
             reply = cursor.fetchall() if cursor.description is not None else []
         elif isinstance(step, w.SqlMany):
             with con.cursor() as cursor:
-                cursor.executemany(text(step.sql)[0], step.params)
+                cursor.executemany(text(step.sql), step.params)
                 reply = [(cursor.rowcount,)]
         else:
             reply = None
@@ -242,7 +242,7 @@ async def _arun(
             reply = await cursor.fetchall() if cursor.description is not None else []
         elif isinstance(step, w.SqlMany):
             async with con.cursor() as cursor:
-                await cursor.executemany(text(step.sql)[0], step.params)
+                await cursor.executemany(text(step.sql), step.params)
                 reply = [(cursor.rowcount,)]
         else:
             reply = None

@@ -55,7 +55,8 @@ SINK = pg_sql.Schema(
 pg_sql.SCHEMAS[SINK_SCHEMA] = SINK
 pg_sql.register(
     {
-        SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known(%s)",
+        SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known("
+        "ARRAY(SELECT json_array_elements_text(%s::json)))",
         **{
             sql: pg_sql.placeholders(sql)
             for sql in (SQL_APPLY, SQL_SEEN_AGAIN, SQL_ADD_STOCK, SQL_STOCK, SQL_RECORD)

@@ -3,9 +3,8 @@
 Rules of this module:
 
 * Each PostgreSQL text is keyed to the core's own statement text (``STATEMENTS``), so a
-  plan runs unchanged and no rule exists twice; ``{marks}`` templates are keyed as
-  written, their IN-list becoming one array parameter.  A statement without a text is a
-  bug (``KeyError``), never a guess.
+  plan runs unchanged and no rule exists twice; a set of jobs is one JSON array parameter
+  in both dialects.  A statement without a text is a bug (``KeyError``), never a guess.
 * The texts differ from SQLite's only where concurrent transactions demand it (SQLite
   serialises writers; here many claimers run at once, READ COMMITTED):
   - claims and the quarantine lock their rows ``FOR UPDATE SKIP LOCKED``: claimers never
@@ -20,7 +19,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
@@ -49,13 +47,17 @@ def placeholders(sql: str) -> str:
 
 
 # The quarantine: lock the spent jobs nobody else holds, then end them (one reason each).
-_QUARANTINE = """
+PG_QUARANTINE = """
 WITH spent AS (
-  SELECT seq FROM jobs WHERE status IN ('pending', 'leased') AND {spent}
+  SELECT seq FROM jobs WHERE status IN ('pending', 'leased')
+    AND (deadline <= %(now)s OR attempts >= max_attempts)
     AND (status = 'pending' OR lease_until <= %(now)s)
   FOR UPDATE SKIP LOCKED)
-UPDATE jobs SET status = 'dead', reason = '{reason}', owner = NULL, lease_until = NULL
-FROM spent WHERE jobs.seq = spent.seq"""
+UPDATE jobs SET status = 'dead',
+  reason = CASE WHEN deadline <= %(now)s THEN 'deadline' ELSE 'exhausted' END,
+  owner = NULL, lease_until = NULL
+FROM spent WHERE jobs.seq = spent.seq
+RETURNING jobs.reason"""
 
 # The :n lowest-seq claimable jobs nobody else is claiming, locked until COMMIT.  The
 # lock re-reads each row: the values returned are the row's latest, and a job that is
@@ -73,7 +75,8 @@ SELECT * FROM pending UNION ALL SELECT * FROM expired ORDER BY seq LIMIT %(n)s""
 # Rows read to decide on are locked, in one order for every transaction.
 PG_JOBS = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until, id
-FROM jobs WHERE id = ANY(%s) ORDER BY id FOR UPDATE"""
+FROM jobs WHERE id = ANY(ARRAY(SELECT json_array_elements_text(%s::json)))
+ORDER BY id FOR UPDATE"""
 
 PG_JOB = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until
@@ -82,15 +85,13 @@ FROM jobs WHERE id = %s FOR UPDATE"""
 PG_LEASE = """
 UPDATE jobs SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = %s,
   lease_until = least(%s, deadline), reason = NULL
-WHERE seq = ANY(%s) AND status IN ('pending', 'leased')"""
+WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
+  AND status IN ('pending', 'leased')
+RETURNING seq"""
 
-# Each core statement (or ``{marks}`` template) -> its PostgreSQL text.  In a template's
-# text the IN-list becomes one array parameter.
+# Each core statement -> its PostgreSQL text.
 STATEMENTS: dict[str, str] = {
-    w.SQL_QUARANTINE_DEADLINE: _QUARANTINE.format(spent="deadline <= %(now)s", reason="deadline"),
-    w.SQL_QUARANTINE_EXHAUSTED: _QUARANTINE.format(
-        spent="attempts >= max_attempts", reason="exhausted"
-    ),
+    w.SQL_QUARANTINE: PG_QUARANTINE,
     w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
     w.SQL_JOBS: PG_JOBS,
     w.SQL_JOB: PG_JOB,
@@ -108,9 +109,6 @@ STATEMENTS: dict[str, str] = {
     },
 }
 
-_IN_LIST = re.compile(r"IN \(\?(?:,\?)*\)")
-
-
 def register(statements: dict[str, str]) -> None:
     """Add PostgreSQL texts for another module's statements (the sink's)."""
     for sql, text in statements.items():
@@ -118,28 +116,17 @@ def register(statements: dict[str, str]) -> None:
             raise ValueError(f"two PostgreSQL texts for {sql!r}")
 
 
-@functools.lru_cache(maxsize=4096)
-def text(sql: str) -> tuple[str, int | None]:
-    """The PostgreSQL text for ``sql`` and, for a template, how many parameters precede
-    its IN-list (those after it become one array)."""
+def text(sql: str) -> str:
+    """The PostgreSQL text for ``sql``."""
     found = STATEMENTS.get(sql)
-    if found is not None:
-        return found, None
-    marks = _IN_LIST.search(sql)
-    if marks is not None:
-        found = STATEMENTS.get(f"{sql[: marks.start()]}IN ({{marks}}){sql[marks.end() :]}")
-        if found is not None:
-            return found, sql.count("?", 0, marks.start())
-    raise KeyError(f"no PostgreSQL text for the statement {' '.join(sql.split())[:90]!r}")
+    if found is None:
+        raise KeyError(f"no PostgreSQL text for the statement {' '.join(sql.split())[:90]!r}")
+    return found
 
 
 def translate(sql: str, params: Params) -> tuple[str, Params]:
     """A plan's statement and parameters, as PostgreSQL takes them."""
-    found, head = text(sql)
-    if head is None:
-        return found, params
-    assert isinstance(params, tuple)
-    return found, (*params[:head], list(params[head:]))
+    return text(sql), params
 
 
 # --- schemas ------------------------------------------------------------------------

@@ -6,8 +6,10 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
 * Every state transition is a *plan*: a generator that yields ``Sql`` steps (and
   receives their rows) and ``Hook`` points, and returns ``(result, changed)``.
   Plans contain no I/O.  ``drive`` below runs a plan on ``sqlite3``; the asyncio
-  layer (``asnackq.aio``) runs the very same plans with the very same driver, on its
-  connection's own thread.  There is no second copy of the state machine anywhere.
+  layer (``asnackq.aio``) runs the very same plans through ``aiosqlite``.  There is no
+  second copy of the state machine anywhere.
+* A plan's statements do not grow with its batch: a set of jobs is one JSON array
+  parameter, a batch of fenced writes one ``SqlMany`` step.
 * Plans are created by ``plan_*`` functions that validate every input eagerly,
   so a ``ValueError`` is raised before any statement reaches the database.
 * A driver wraps a plan in one ``BEGIN IMMEDIATE`` transaction.  An exception
@@ -35,6 +37,7 @@ plans (the state machine, free of I/O); the sqlite3 driver; the public API (step
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -327,23 +330,22 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs(status) WHERE attempts >= max_attempts",
 )
 
-# The quarantine, in two statements so that the plan can count each reason: first every
-# spent job past its deadline, then every other spent job (its budget is exhausted).
-SQL_QUARANTINE_DEADLINE = """
-UPDATE jobs SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
+# The quarantine, in one statement: every spent job (pending, or leased with its lease
+# ended) dies, by deadline when it is past it, else because its budget is exhausted.  Each
+# branch of the UNION is an index lookup; the plan counts the reasons it returns.
+SQL_QUARANTINE = """
+UPDATE jobs SET status = 'dead',
+  reason = CASE WHEN deadline <= :now THEN 'deadline' ELSE 'exhausted' END,
+  owner = NULL, lease_until = NULL
 WHERE seq IN (
   SELECT seq FROM jobs WHERE status = 'pending' AND deadline <= :now
   UNION SELECT seq FROM jobs WHERE status = 'leased' AND deadline <= :now
-    AND lease_until <= :now)"""
-
-SQL_QUARANTINE_EXHAUSTED = """
-UPDATE jobs SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
-WHERE seq IN (
-  SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts
+    AND lease_until <= :now
+  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts
   UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
-    AND lease_until <= :now)"""
-
-QUARANTINE = (("deadline", SQL_QUARANTINE_DEADLINE), ("exhausted", SQL_QUARANTINE_EXHAUSTED))
+    AND lease_until <= :now)
+RETURNING reason"""
+QUARANTINE_REASONS = ("deadline", "exhausted")
 
 # The :n lowest-seq claimable jobs.  Leasing one job never makes another claimable or
 # unclaimable at the same instant, so these are exactly what :n sequential claims take.
@@ -357,15 +359,15 @@ SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN (
   ORDER BY seq LIMIT :n)
 ORDER BY seq"""
 
-# Leases are written set-based: one statement (one SQLite step) per CHUNK of jobs.  The
-# plan has read these rows in the same transaction and computed each ticket from them,
-# exactly as the statement does; it insists on the change count.
-CHUNK = 500
-
+# Sets of jobs travel as one JSON array parameter (``json_each``): one statement, one
+# SQLite step, however many jobs, so a transaction's statements do not grow with its batch.
+# The plan has read the leased rows in the same transaction and computed each ticket from
+# them, exactly as the statement does; it insists on the rows the statement returns.
 SQL_LEASE = """
 UPDATE jobs SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = ?,
   lease_until = min(?, deadline), reason = NULL
-WHERE seq IN ({marks}) AND status IN ('pending', 'leased')"""
+WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'leased')
+RETURNING seq"""
 
 SQL_JOB = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until
@@ -373,7 +375,7 @@ FROM jobs WHERE id = ?"""
 
 SQL_JOBS = """
 SELECT qty, status, attempts, max_attempts, token, deadline, owner, lease_until, id
-FROM jobs WHERE id IN ({marks})"""
+FROM jobs WHERE id IN (SELECT value FROM json_each(?))"""
 
 SQL_INSERT_JOB = """
 INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at, deadline,
@@ -466,18 +468,25 @@ def _write_many(sql: str, params: list[dict[str, Any]]) -> Generator[Step, Any, 
         raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(params)}")
 
 
-def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[Step, Any, None]:
-    """Execute a guarded write on the rows ``keys`` name, one statement per ``CHUNK``.
+def json_set(keys: Iterable[Any]) -> str:
+    """A set of ids or seqs as the one JSON array parameter a set statement reads."""
+    return json.dumps(list(keys), separators=(",", ":"))
 
-    ``sql``'s ``{marks}`` become one ``?`` per key, after the parameters ``head``; each
-    statement must change exactly one row per key.
+
+def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[Step, Any, None]:
+    """Execute a guarded write on the rows ``keys`` name, in one statement.
+
+    ``sql`` takes the parameters ``head``, then the keys as one JSON array, and returns one
+    row per row it changed: it must change exactly one row per key.
     """
-    for start in range(0, len(keys), CHUNK):
-        chunk = keys[start : start + CHUNK]
-        yield Sql(sql.format(marks=",".join("?" * len(chunk))), (*head, *chunk))
-        rows = yield Sql(SQL_CHANGES)
-        if rows != [(len(chunk),)]:  # the plan read every row under the same lock: a bug
-            raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(chunk)}")
+    rows = yield Sql(sql, (*head, json_set(keys)))
+    if len(rows) != len(keys):  # the plan read every row under the same lock: a bug
+        raise RuntimeError(f"guarded writes changed {len(rows)} rows, expected {len(keys)}")
+
+
+def _jobs(ids: Iterable[str]) -> Sql:
+    """The step reading the rows of the jobs ``ids`` (one statement, however many)."""
+    return Sql(SQL_JOBS, (json_set(sorted(set(ids))),))
 
 
 def plan_enqueue(
@@ -506,12 +515,8 @@ def _intake(
 
     A known id with another qty is a ``Conflict`` (returned, not raised) and changes nothing.
     """
-    ids = sorted({item[0] for item in items})
-    known: dict[str, int] = {}
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(chunk))), tuple(chunk))
-        known.update((row[-1], row[0]) for row in rows)
+    rows = yield _jobs(item[0] for item in items)
+    known: dict[str, int] = {row[-1]: row[0] for row in rows}
     results: list[bool | Conflict] = []
     inserts = []
     for job_id, qty, ttl_ms, max_attempts in items:
@@ -578,10 +583,8 @@ def _lease(
     Returns the tickets and how many jobs the quarantine ended, by reason.
     """
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
-    ended: dict[str, int] = {}
-    for reason, sql in QUARANTINE:
-        yield Sql(sql, {"now": now_ms})
-        ((ended[reason],),) = yield Sql(SQL_CHANGES)
+    dead = yield Sql(SQL_QUARANTINE, {"now": now_ms})
+    ended = {reason: sum(1 for (why,) in dead if why == reason) for reason in QUARANTINE_REASONS}
     rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms, "n": count})
     tickets = [
         {
@@ -671,8 +674,7 @@ def _settle(
 
     The jobs that end dead are counted by reason into ``ended``, when given.
     """
-    ids = sorted({ticket["id"] for ticket, *_ in results})
-    rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
+    rows = yield _jobs(ticket["id"] for ticket, *_ in results)
     current = {row[-1]: row[:-1] for row in rows}
     statuses: list[Any] = []
     updates = []
@@ -827,8 +829,7 @@ def _prolong(
     tickets: list[Ticket], now_ms: int, lease_ms: int
 ) -> Generator[Step, Any, list[Ticket | bool]]:
     """Extend each lease still held, capped at the deadline and never shortened."""
-    ids = sorted({ticket["id"] for ticket in tickets})
-    rows = yield Sql(SQL_JOBS.format(marks=",".join("?" * len(ids))), tuple(ids))
+    rows = yield _jobs(ticket["id"] for ticket in tickets)
     current = {row[-1]: row[:-1] for row in rows}
     extended: list[Ticket | bool] = []
     updates = []
