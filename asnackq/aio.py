@@ -2,18 +2,15 @@
 
 Rules of this module:
 
-* No state machine and no driver here: every transition is a ``worker.plan_*`` plan, and
-  on a file the core's own sqlite3 driver runs it, whole, on the connection's thread: one
-  hop per transaction, not per statement (each hop waits for the busy event loop to hand
-  over the GIL; the sink's ACKs wait for its commits).
+* No state machine and no driver here: every transition is a ``worker.plan_*`` plan, run
+  by a store's driver: on a file aiosqlite's (``asnackq.sqlite_aio``), on a
+  ``postgresql://`` URL psycopg's (``asnackq.pg``); the same face, the same plans.
 * One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
   interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
   caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
 * No transaction is ever open across a network await: sends happen between plans.
-* ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with
-  a bounded, jittered backoff (on the connection's thread), then surfaces as ``QueueBusy``.
-* A queue is a *store*: a file on its own thread (``SqliteStore``) or a ``postgresql://``
-  URL through psycopg (``asnackq.pg.AsyncStore``); the same face, the same plans.
+* A queue on a connection the application owns (``AsyncQueue.within``) runs its intakes
+  inside the application's open transaction (``asnackq.borrowed``) and refuses the rest.
 """
 
 from __future__ import annotations
@@ -21,16 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import random
-import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
+from asnackq.sqlite_aio import QueueBusy, SqliteStore, call_fault
 from asnackq.targets import is_url
 
 __all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]  # and, lazily, Dispatcher and Summary
@@ -39,82 +33,11 @@ T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
 
 
-class QueueBusy(sqlite3.OperationalError):
-    """Raised when the queue file stayed locked by other processes beyond the retry bound."""
-
-
 def check_async_fault(fault: object) -> w.Fault:
     """A fault hook must be a plain callable: one returning a coroutine is refused."""
     if inspect.iscoroutinefunction(fault):
         raise TypeError("fault must be a plain callable, not a coroutine function")
     return w.check_fault(fault)
-
-
-def call_fault(fault: w.Fault, point: str) -> None:
-    if fault is None:
-        return
-    result = fault(point)
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
-
-
-def begin(con: sqlite3.Connection, attempts: int) -> None:
-    """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff (``QueueBusy``).
-
-    Runs on the connection's own thread: its waits never block the event loop.
-    """
-    for attempt in range(attempts):
-        try:
-            con.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error) and "busy" not in str(error):
-                raise
-            if attempt == attempts - 1:
-                raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
-            time.sleep(random.uniform(0, 0.01 * 2**attempt))
-
-
-def run_plan(con: sqlite3.Connection, plan: w.Plan[T], fault: w.Fault, attempts: int) -> T:
-    """One transaction on the connection's thread: the retried BEGIN, then the core's driver."""
-    begin(con, attempts)  # outside the driver: a failed BEGIN owns no transaction
-    return w.transact(con, plan, None if fault is None else partial(call_fault, fault))
-
-
-def connect_file(
-    path: Any, schema: tuple[str, ...], busy_s: float, attempts: int, pragmas: tuple[str, ...]
-) -> sqlite3.Connection:
-    """Open a DB file with ``pragmas``, creating ``schema`` through the core's plan.
-
-    The schema goes first: its BEGIN waits out a file another process holds with the same
-    bounded backoff as every transaction (``QueueBusy`` after it); once the schema is
-    read, the PRAGMAs need no lock.
-    """
-    con = sqlite3.connect(path, timeout=busy_s, isolation_level=None, check_same_thread=False)
-    try:
-        run_plan(con, w.plan_schema(schema), None, attempts)
-        for pragma in pragmas:
-            con.execute(pragma).fetchall()
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
-def close_file(con: sqlite3.Connection, closing: tuple[str, ...]) -> None:
-    """Run ``closing`` (best effort: another connection may still hold the file), then close."""
-    try:
-        with contextlib.suppress(sqlite3.Error):  # e.g. SQLITE_BUSY: the file is shared
-            for statement in closing:
-                con.execute(statement).fetchall()
-    finally:
-        con.close()
-
-
-def fetch_rows(con: sqlite3.Connection, sql: str, params: Any) -> list[tuple[Any, ...]]:
-    return con.execute(sql, params).fetchall()
 
 
 class Store(Protocol):
@@ -131,69 +54,6 @@ class Store(Protocol):
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
 
     async def close(self) -> None: ...
-
-
-class SqliteStore:
-    """A DB file as a ``Store``: one sqlite3 connection, owned by one thread of its own.
-
-    Each transaction is one hop to that thread, where the core's own driver runs the plan
-    from BEGIN to COMMIT: a statement never waits for the event loop (nor the loop for a
-    statement, a busy file or an fsync).
-    """
-
-    def __init__(
-        self,
-        con: sqlite3.Connection,
-        thread: ThreadPoolExecutor,
-        attempts: int = 8,
-        closing: tuple[str, ...] = (),
-    ) -> None:
-        self.con, self.thread, self.attempts, self.closing = con, thread, attempts, closing
-
-    @classmethod
-    async def open(
-        cls,
-        path: Any,
-        schema: tuple[str, ...],
-        busy_s: float,
-        attempts: int = 8,
-        pragmas: tuple[str, ...] = w.PRAGMAS,
-        closing: tuple[str, ...] = (),
-    ) -> SqliteStore:
-        thread = ThreadPoolExecutor(1, thread_name_prefix="asnackq-sqlite")
-        try:
-            con = await asyncio.get_running_loop().run_in_executor(
-                thread, connect_file, path, schema, busy_s, attempts, pragmas
-            )
-        except BaseException:
-            thread.shutdown(wait=False)
-            raise
-        return cls(con, thread, attempts, closing)
-
-    async def _call(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.thread, function, *args)
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.con.in_transaction
-
-    async def transact(
-        self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]], fault: w.Fault = None
-    ) -> Any:
-        return await self._call(run_plan, self.con, plan, fault, self.attempts)
-
-    async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        return await self._call(fetch_rows, self.con, sql, params)
-
-    async def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
-        """Have ``callback`` see every statement (it is called on the connection's thread)."""
-        await self._call(self.con.set_trace_callback, callback)
-
-    async def close(self) -> None:
-        try:
-            await self._call(close_file, self.con, self.closing)
-        finally:
-            self.thread.shutdown(wait=False)
 
 
 async def open_store(

@@ -109,6 +109,7 @@ STATEMENTS: dict[str, str] = {
     },
 }
 
+
 def register(statements: dict[str, str]) -> None:
     """Add PostgreSQL texts for another module's statements (the sink's)."""
     for sql, text in statements.items():

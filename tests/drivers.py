@@ -22,6 +22,7 @@ from psycopg.pq import TransactionStatus
 from asnackq import aio, pg
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
+from asnackq.sqlite_aio import SqliteStore
 
 from .pgdb import tracing
 
@@ -57,8 +58,8 @@ class AioBridge:
         if isinstance(store, pg.AsyncStore):
             store.con.cursor_factory = tracing(callback)[1] if callback else psycopg.AsyncCursor
         else:
-            assert isinstance(store, aio.SqliteStore)
-            self.wait(store.set_trace_callback(callback))
+            assert isinstance(store, SqliteStore)
+            self.wait(store.db.set_trace_callback(callback))
 
     def close(self) -> None:
         self.wait(self.queue.close())
