@@ -1,12 +1,16 @@
 """Requests/s of the sink (group commit) vs an HTTP-only ceiling and commit-per-request.
 
     python benchmarks/sink_throughput.py [--requests 2000] [--concurrency 1,16,64,256]
+                                         [--rounds 1] [--baseline TREE]
 
 Each server runs in its own process on 127.0.0.1 port 0 (the client in this one):
   ceiling   an aiohttp handler that validates the body and commits nothing
   sink      `asnackq sink` (group commit)
   per-req   `asnackq sink --batch-max 1` (one commit per request)
-Every request carries a new id, so every request is an applied effect.
+  base      with ``--baseline TREE``: `asnackq sink` importing asnackq from another checkout
+            (``git worktree add /tmp/base <commit>``), the code a change is measured against
+Every request carries a new id, so every request is an applied effect.  With ``--rounds``,
+each round measures every server in turn (medians printed): all see the same machine.
 Targets at concurrency 64: sink >= 0.6 x ceiling, sink >= 5 x per-request.
 """
 
@@ -15,11 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from statistics import median
 
 import aiohttp
 from aiohttp import web
@@ -47,10 +53,16 @@ def serve_null() -> None:
     asyncio.run(main())
 
 
-def start(command: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def start(command: list[str], tree: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start a server printing its URL; ``tree``: the checkout its asnackq is imported from."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=tree_env(tree))
     assert proc.stdout is not None
     return proc, proc.stdout.readline().split()[-1]
+
+
+def tree_env(tree: str | None) -> dict[str, str] | None:
+    """The environment of a child importing asnackq from ``tree`` (None: this one's)."""
+    return None if tree is None else {**os.environ, "PYTHONPATH": tree}
 
 
 async def rate(post: Callable[[int], Awaitable[None]], requests: int, concurrency: int) -> float:
@@ -83,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--baseline", help="a checkout of the code to compare with")
     parser.add_argument("--serve-null", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_null:
@@ -90,42 +104,56 @@ def main() -> None:
         return
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
+        sink = [sys.executable, "-m", "asnackq", "sink", "--db"]
         servers = {
-            "ceiling": [sys.executable, __file__, "--serve-null"],
-            "sink": [sys.executable, "-m", "asnackq", "sink", "--db", f"{tmp}/group.db"],
-            "per-req": [
-                sys.executable,
-                "-m",
-                "asnackq",
-                "sink",
-                "--db",
-                f"{tmp}/single.db",
-                "--batch-max",
-                "1",
-            ],
+            "ceiling": ([sys.executable, __file__, "--serve-null"], None),
+            "sink": ([*sink, f"{tmp}/group.db"], None),
+            "per-req": ([*sink, f"{tmp}/single.db", "--batch-max", "1"], None),
         }
-        results: dict[str, dict[int, float]] = {}
-        for name, command in servers.items():
-            proc, url = start(command)
-            try:
-                asyncio.run(load(url, 200, 16, "warm"))
-                results[name] = {
-                    c: asyncio.run(load(url, args.requests, c, f"c{c}")) for c in levels
-                }
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-    print(
-        f"{'concurrency':>11} {'ceiling':>9} {'sink':>9} {'per-req':>9} "
-        f"{'sink/ceiling':>13} {'sink/per-req':>13}"
-    )
+        if args.baseline:
+            servers["base"] = ([*sink, f"{tmp}/base.db"], args.baseline)
+        results = measure(servers, levels, args.requests, args.rounds)
+    report(results, levels)
+
+
+Servers = dict[str, tuple[list[str], str | None]]
+Results = dict[str, dict[int, list[float]]]
+
+
+def measure(servers: Servers, levels: list[int], requests: int, rounds: int) -> Results:
+    """Requests/s of each server at each level, ``rounds`` times, the servers in turn."""
+    results: Results = {name: {c: [] for c in levels} for name in servers}
+    procs = {name: start(command, tree) for name, (command, tree) in servers.items()}
+    try:
+        for _, url in procs.values():
+            asyncio.run(load(url, 200, 16, "warm"))
+        for r in range(rounds):
+            for c in levels:
+                for name, (_, url) in procs.items():
+                    results[name][c].append(asyncio.run(load(url, requests, c, f"r{r}c{c}")))
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    return results
+
+
+def report(results: Results, levels: list[int]) -> None:
+    names = list(results)
+    ratios = ["sink/ceiling", "sink/per-req", *(["sink/base"] if "base" in results else [])]
+    print(f"medians of {len(results['sink'][levels[0]])} rounds (ratio ranges in brackets)")
+    print(f"{'concurrency':>11} " + " ".join(f"{n:>9}" for n in [*names, *ratios]))
     for c in levels:
-        ceiling, group, single = (results[n][c] for n in ("ceiling", "sink", "per-req"))
-        print(
-            f"{c:>11} {ceiling:>9.0f} {group:>9.0f} {single:>9.0f} "
-            f"{group / ceiling:>13.2f} {group / single:>13.2f}"
-        )
+        cells = [f"{median(results[n][c]):>9.0f}" for n in names]
+        cells += [ratio(results, *name.split("/"), c) for name in ratios]
+        print(f"{c:>11} " + " ".join(cells))
     print("targets at concurrency 64: sink/ceiling >= 0.60, sink/per-req >= 5.0")
+
+
+def ratio(results: Results, a: str, b: str, c: int) -> str:
+    """The median of the per-round ratios a/b at concurrency c, and their range."""
+    ratios = sorted(x / y for x, y in zip(results[a][c], results[b][c], strict=True))
+    return f"{median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
 if __name__ == "__main__":
