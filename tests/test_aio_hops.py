@@ -1,0 +1,99 @@
+"""Awaits on the aiosqlite connection per transaction: fixed, whatever the batch."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import aiosqlite
+
+from asnackq.aio import AsyncQueue
+from asnackq.core import worker as w
+from asnackq.inbox import SINK_SCHEMA, plan_inbox
+from asnackq.sqlite_aio import HOPS, SqliteStore
+
+from .conftest import T0
+
+COUNTED = ("execute", "execute_fetchall", "executemany", "executescript", "commit", "rollback")
+
+
+class Counting:
+    """An aiosqlite connection whose public awaitable methods count their calls."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.db = db
+        self.awaits = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.db, name)
+        if name not in COUNTED:
+            return method
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.awaits += 1
+            return await method(*args, **kwargs)
+
+        return counted
+
+
+async def counting_queue(path) -> tuple[AsyncQueue, Counting]:
+    store = await SqliteStore.open(path, w.SCHEMA, 1.0)
+    counting = Counting(store.db)
+    store.db = counting  # type: ignore[assignment]
+    return AsyncQueue(store, limits=w.CONTRACT), counting
+
+
+async def awaits(counting: Counting, call: Any) -> tuple[Any, int]:
+    before = counting.awaits
+    result = await call
+    return result, counting.awaits - before
+
+
+def results(tickets: list[w.Ticket], now: int) -> list[tuple[w.Ticket, str, int, int]]:
+    return [(t, "ok" if i % 3 else "retry", now, 10) for i, t in enumerate(tickets)]
+
+
+async def test_a_cycle_of_one_and_a_cycle_of_five_hundred_take_the_same_awaits(db):
+    queue, counting = await counting_queue(db)
+    try:
+        items = [({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(2_600)]
+        assert all(await queue.enqueue_many(items[:1], T0))
+        (_, hops) = await awaits(counting, queue.enqueue_many(items[1:], T0))
+        assert hops == HOPS["enqueue"]
+        # some jobs the quarantine ends in both cycles: spent budgets, passed deadlines
+        await queue.enqueue_many([({"id": f"d{i}", "qty": 1}, 5, 1) for i in range(300)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 1024)
+        held += await queue.claim_many("w1", T0 + 1, 5_000, 1024)
+        small, hops_small = await awaits(
+            counting, queue.cycle(results(held[:1], T0 + 20), held[1:2], "w1", T0 + 20, 5_000, 1)
+        )
+        big, hops_big = await awaits(
+            counting,
+            queue.cycle(results(held[2:502], T0 + 30), held[502:1002], "w1", T0 + 30, 5_000, 500),
+        )
+    finally:
+        await queue.close()
+    assert len(small[0]) == len(small[1]) == len(small[2]) == 1
+    assert len(big[0]) == len(big[1]) == len(big[2]) == 500
+    assert all(small[0]) and all(big[0]) and all(small[1]) and all(big[1])
+    assert small[3] == {"deadline": 300}  # the quarantine in the small cycle
+    assert hops_small == hops_big == HOPS["cycle"]
+
+
+async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(tmp_path):
+    store = await SqliteStore.open(tmp_path / "sink.db", SINK_SCHEMA, 1.0)
+    counting = Counting(store.db)
+    store.db = counting  # type: ignore[assignment]
+    try:
+        hops = []
+        for size in (1, 300):
+            known = [(f"old{size}-{i}", 1, None) for i in range(size)]  # duplicates, too
+            await store.transact(plan_inbox(known, T0), partial(plan_inbox, known, T0))
+            batch = [(f"new{size}-{i}", 2, 7) for i in range(size)] + known
+            make = partial(plan_inbox, batch, T0)
+            statuses, n = await awaits(counting, store.transact(make(), make))
+            assert statuses == ["applied"] * size + ["duplicate"] * size
+            hops.append(n)
+    finally:
+        await store.close()
+    assert hops == [HOPS["inbox"], HOPS["inbox"]]
