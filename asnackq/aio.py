@@ -31,6 +31,10 @@ __all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]  # and, lazily, Dispatcher and
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
+NOT_AN_INTAKE = (
+    "on the application's connection a queue only enqueues: claims, finishes and the "
+    "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
+)
 
 
 def check_async_fault(fault: object) -> w.Fault:
@@ -76,11 +80,14 @@ async def open_store(
 class AsyncQueue:
     """A queue driven through a ``Store``: the same validation, results and hooks as the core."""
 
-    def __init__(self, db: Store, attempts: int = 8, limits: w.Limits = w.PRODUCT) -> None:
+    def __init__(
+        self, db: Store, attempts: int = 8, limits: w.Limits = w.PRODUCT, intakes_only: bool = False
+    ) -> None:
         self._db = db
         self._attempts = attempts
         self._lock = asyncio.Lock()
         self.limits = limits
+        self.intakes_only = intakes_only  # on the application's connection: see ``within``
 
     @classmethod
     async def connect(
@@ -113,7 +120,26 @@ class AsyncQueue:
         finally:
             await queue.close()
 
+    @classmethod
+    async def within(
+        cls, con: object, *, attempts: int = 8, limits: w.Limits = w.PRODUCT
+    ) -> AsyncQueue:
+        """A queue on a connection the application owns: an ``aiosqlite.Connection`` on the
+        queue's file or a psycopg ``AsyncConnection`` (``asnackq.borrowed``).
+
+        ``enqueue`` and ``enqueue_many`` run inside the application's open transaction and
+        commit with it; claims, finishes and the Dispatcher are refused (they are the
+        queue's own transactions: open the queue with ``connect`` for them).  The tables are
+        created here, in a transaction of their own.
+        """
+        from asnackq import borrowed
+
+        w.check_int(attempts, "attempts", 1, 100)
+        store = await borrowed.adopt(con, w.SCHEMA, attempts)
+        return cls(store, attempts, limits, intakes_only=True)
+
     async def close(self) -> None:
+        """Close the queue's connection (on the application's connection: nothing)."""
         async with self._lock:
             await self._db.close()
 
@@ -121,13 +147,17 @@ class AsyncQueue:
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
 
-    async def _run(self, make: Callable[[], w.Plan[T]], fault: w.Fault = None) -> T:
+    async def _run(
+        self, make: Callable[[], w.Plan[T]], fault: w.Fault = None, intake: bool = False
+    ) -> T:
         """Run one plan under the lock, shielded: cancellation never splits the transaction.
 
         ``make`` builds the plan, validating it before any I/O (a store may build it again
         to retry a transaction that met a concurrent one).
         """
         plan = make()
+        if self.intakes_only and not intake:
+            raise ValueError(NOT_AN_INTAKE)
 
         async def locked() -> T:
             async with self._lock:
@@ -150,13 +180,13 @@ class AsyncQueue:
         self, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3
     ) -> bool:
         make = partial(w.plan_enqueue, event, now_ms, ttl_ms, max_attempts, limits=self.limits)
-        return bool(await self._run(make))
+        return bool(await self._run(make, intake=True))
 
     async def enqueue_many(
         self, items: list[tuple[dict[str, Any], int, int]], now_ms: int
     ) -> list[bool | w.Conflict]:
         make = partial(w.plan_enqueue_many, items, now_ms, limits=self.limits)
-        results: list[bool | w.Conflict] = await self._run(make)
+        results: list[bool | w.Conflict] = await self._run(make, intake=True)
         return results
 
     async def claim(

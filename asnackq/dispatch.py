@@ -22,7 +22,7 @@ import asyncio
 import random
 from collections.abc import Callable
 
-from asnackq.aio import AsyncQueue, AsyncSend
+from asnackq.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.committer import Claimed, Committer, Finish, Phase, Sent, Settings, Trace
 from asnackq.core import worker as w
@@ -127,6 +127,8 @@ class Dispatcher:
         breaker: BreakerPolicy = DEFAULT_BREAKER,
     ) -> None:
         limits = queue.limits
+        if queue.intakes_only:
+            raise ValueError(NOT_AN_INTAKE)
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         w.check_int(concurrency, "concurrency", 1, 1024)
         w.check_int(idle_ms, "idle_ms", 1, 60_000)

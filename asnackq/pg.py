@@ -274,3 +274,52 @@ class AsyncStore:
 
     async def close(self) -> None:
         await self.con.close()
+
+
+class BorrowedStore:
+    """An application's async session as a store: plans inside its open transaction
+    (``asnackq.borrowed``'s rules), each under a savepoint, re-run after a conflict."""
+
+    def __init__(self, con: psycopg.AsyncConnection[Any], attempts: int) -> None:
+        self.con, self.attempts = con, attempts
+
+    @classmethod
+    async def adopt(
+        cls, con: psycopg.AsyncConnection[Any], schema: tuple[str, ...], attempts: int
+    ) -> BorrowedStore:
+        """Check (or create) ``schema`` in a transaction of its own."""
+        if con.info.transaction_status != TransactionStatus.IDLE:
+            from asnackq.borrowed import BUSY
+
+            raise ValueError(BUSY)
+        async with con.transaction():
+            await _arun(con, plan_open(SCHEMAS[schema], True), None, _call)
+        return cls(con, attempts)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.con.info.transaction_status != TransactionStatus.IDLE
+
+    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
+        if self.con.info.transaction_status != TransactionStatus.INTRANS:
+            from asnackq.borrowed import NO_TRANSACTION
+
+            raise ValueError(NO_TRANSACTION)
+        for attempt in range(self.attempts):
+            try:
+                async with self.con.transaction():  # a savepoint: the caller's stays open
+                    result, _ = await _arun(self.con, plan, fault, _call)
+                return result
+            except Exception as error:
+                if not _conflict(error) or attempt == self.attempts - 1:
+                    raise
+                await asyncio.sleep(_backoff(attempt))
+                plan = make()
+        raise AssertionError("unreachable")
+
+    async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        cursor = await self.con.execute(*translate(sql, params))
+        return await cursor.fetchall()
+
+    async def close(self) -> None:
+        """Nothing: the session is the application's."""

@@ -1,0 +1,111 @@
+"""A connection the application owns: intakes inside the application's own transaction.
+
+Rules of this module:
+
+* The application begins, commits, rolls back and closes its connection; a borrowed
+  store never does.  An intake (``enqueue``, ``enqueue_many``, the outbox's ``accept``)
+  runs inside the transaction the application has open, under a savepoint: a failing plan
+  leaves that transaction as it was, and nothing is durable before the application's
+  COMMIT - its own rows and the jobs commit together, or neither does.
+* Refused, in one line (``ValueError``), before anything is written: an intake with no
+  transaction open (autocommit, or nothing begun); a SQLite connection whose journal
+  settings differ from the queue's (``worker.PRAGMAS``: the rollback journal, every
+  commit synced); claims, finishes and the Dispatcher (``aio.AsyncQueue`` refuses them:
+  they are the queue's own transactions, each committed at once).
+* The tables are created when the store is built, in a transaction of their own: the
+  connection must have none open then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from typing import Any
+
+import aiosqlite
+
+from asnackq.core import worker as w
+from asnackq.sqlite_aio import pump, transact
+
+__all__ = ["BorrowedSqlite", "adopt", "check_journal"]
+
+Make = Any  # a zero-argument callable returning a fresh plan
+
+# What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
+JOURNAL = {"journal_mode": "delete", "synchronous": 2}
+NO_TRANSACTION = (
+    "an intake on the application's connection runs inside its open transaction, "
+    "and none is open: begin one first (BEGIN IMMEDIATE on SQLite, a transaction on psycopg)"
+)
+BUSY = "the application's connection has a transaction open: build the queue before beginning one"
+
+
+async def check_journal(db: aiosqlite.Connection) -> None:
+    """Refuse a connection whose journal settings differ from the queue file's."""
+    found = {name: list(await db.execute_fetchall(f"PRAGMA {name}"))[0][0] for name in JOURNAL}
+    found["journal_mode"] = str(found["journal_mode"]).lower()
+    if found != JOURNAL:
+        raise ValueError(
+            "the queue needs journal_mode=delete and synchronous=FULL (2) on its file; "
+            f"this connection has journal_mode={found['journal_mode']}, "
+            f"synchronous={found['synchronous']}"
+        )
+
+
+class BorrowedSqlite:
+    """An application's aiosqlite connection as a ``Store``: plans inside its transaction."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.db = db
+
+    @classmethod
+    async def adopt(cls, db: aiosqlite.Connection, schema: tuple[str, ...]) -> BorrowedSqlite:
+        """Check ``db`` and create ``schema`` in a transaction of its own."""
+        await check_journal(db)
+        if db.in_transaction:
+            raise ValueError(BUSY)
+        await transact(db, w.plan_schema(schema), None, 8)
+        return cls(db)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.db.in_transaction
+
+    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
+        """Run ``plan`` under a savepoint of the application's open transaction."""
+        if not self.db.in_transaction:
+            raise ValueError(NO_TRANSACTION)
+        await self.db.execute_fetchall("SAVEPOINT asnackq")
+        try:
+            result, _ = await pump(self.db, plan, fault)
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error, ValueError):  # the original error wins
+                await self.db.execute_fetchall("ROLLBACK TO asnackq")
+                await self.db.execute_fetchall("RELEASE asnackq")
+            raise
+        await self.db.execute_fetchall("RELEASE asnackq")
+        return result
+
+    async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
+
+    async def close(self) -> None:
+        """Nothing: the connection is the application's."""
+
+
+async def adopt(con: object, schema: tuple[str, ...], attempts: int) -> Any:
+    """A borrowed store on ``con``: an ``aiosqlite.Connection`` or a psycopg
+    ``AsyncConnection``; anything else is refused."""
+    if isinstance(con, aiosqlite.Connection):
+        return await BorrowedSqlite.adopt(con, schema)
+    with contextlib.suppress(ImportError):
+        import psycopg
+
+        if isinstance(con, psycopg.AsyncConnection):
+            from asnackq import pg
+
+            return await pg.BorrowedStore.adopt(con, schema, attempts)
+    raise ValueError(
+        f"a queue on the application's connection takes an aiosqlite.Connection or a "
+        f"psycopg.AsyncConnection, not {type(con).__name__}"
+    )
