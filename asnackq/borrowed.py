@@ -18,16 +18,18 @@ Rules of this module:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from typing import Any
 
 import aiosqlite
 
+from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.sqlite_aio import pump, transact
 
-__all__ = ["BorrowedSqlite", "adopt", "check_journal"]
+__all__ = ["BorrowedSqlite", "Source", "adopt", "check_journal"]
 
 Make = Any  # a zero-argument callable returning a fresh plan
 
@@ -109,3 +111,23 @@ async def adopt(con: object, schema: tuple[str, ...], attempts: int) -> Any:
         f"a queue on the application's connection takes an aiosqlite.Connection or a "
         f"psycopg.AsyncConnection, not {type(con).__name__}"
     )
+
+
+class Source:
+    """The outbox's source tables (``core.outbox``) on an application's aiosqlite connection:
+    ``accept`` writes the order and its outbox row inside the application's transaction."""
+
+    def __init__(self, store: BorrowedSqlite) -> None:
+        self.store = store
+        self.lock = asyncio.Lock()  # one savepoint at a time on the connection
+
+    @classmethod
+    async def within(cls, db: aiosqlite.Connection) -> Source:
+        """Check ``db`` and create the source tables, in a transaction of their own."""
+        return cls(await BorrowedSqlite.adopt(db, outbox.SOURCE_SCHEMA))
+
+    async def accept(self, event: dict[str, Any]) -> bool:
+        """``outbox.accept`` inside the open transaction: True accepted, False already there."""
+        plan = outbox.plan_accept(event)  # validated before anything is sent
+        async with self.lock:
+            return bool(await self.store.transact(plan, None))

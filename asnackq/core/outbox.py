@@ -4,6 +4,8 @@ Rules of this module (the style of ``worker.py``; standard library only):
 
 * ``accept`` writes the order and its outbox row in one transaction, as a plan driven by
   ``worker.drive``; the same id and qty again is ``False``, another qty ``Conflict``.
+  The same plan (``plan_accept``) runs inside an application's own transaction from
+  asyncio (``asnackq.borrowed.Source``).
 * ``pending`` reads unsent rows in insertion order ``seq`` (never by id or time) and leaves
   no transaction open: the read is over before anything is sent.
 * ``dispatch`` marks an item sent only after a strict ``True`` ACK, and stops at the
@@ -35,7 +37,7 @@ from asnackq.core.worker import (
     write_one,
 )
 
-__all__ = ["accept", "dispatch", "mark_sent", "open_source", "pending"]
+__all__ = ["accept", "dispatch", "mark_sent", "open_source", "pending", "plan_accept"]
 
 SOURCE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)",
@@ -62,8 +64,13 @@ def open_source(path: str | os.PathLike[str]) -> sqlite3.Connection:
 
 def accept(con: sqlite3.Connection, event: dict[str, Any]) -> bool:
     """Accept an order and its outbox row in one transaction (True), or recognise it (False)."""
-    job_id, qty = check_event(event)
-    return bool(drive(check_con(con), _accept(job_id, qty)))
+    plan = plan_accept(event)
+    return bool(drive(check_con(con), plan))
+
+
+def plan_accept(event: object) -> Plan[bool]:
+    """Validate an order and return its plan (result: True accepted, False already there)."""
+    return _accept(*check_event(event))
 
 
 def _accept(job_id: str, qty: int) -> Plan[bool]:

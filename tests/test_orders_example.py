@@ -1,0 +1,65 @@
+"""The example order service (examples/orders_app.py) and the outbox on an app's connection."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import aiosqlite
+import pytest
+
+from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.borrowed import Source
+from asnackq.core import outbox
+
+from .conftest import execute, job
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "orders_app.py"
+
+
+async def test_the_example_commits_each_order_with_its_delivery_job(tmp_path):
+    shop = tmp_path / "shop.db"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLE), str(shop), stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        url = (await asyncio.wait_for(child.stdout.readline(), 30)).decode().split()[-1]
+        async with aiohttp.ClientSession() as session:
+            answers = []
+            for body in ({"id": "o1", "qty": 3}, {"id": "o1", "qty": 5}, {"id": "o2", "qty": 0}):
+                async with session.post(url, json=body) as response:
+                    answers.append(response.status)
+    finally:
+        child.terminate()
+        await asyncio.wait_for(child.wait(), 30)
+    assert answers == [201, 409, 400]
+    assert execute(shop, "SELECT id, qty FROM orders") == [("o1", 3)]
+    assert job(shop, "o1")["status"] == "pending" and job(shop, "o2") is None
+    async with AsyncQueue.open(shop) as queue:  # a Dispatcher's queue delivers it
+        ticket = await queue.claim("w1", epoch_ms())
+        assert ticket is not None and (ticket["id"], ticket["qty"]) == ("o1", 3)
+
+
+@pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+async def test_the_outbox_accepts_inside_the_application_transaction(tmp_path, end):
+    path = tmp_path / "source.db"
+    async with aiosqlite.connect(path, isolation_level=None) as db:
+        source = await Source.within(db)
+        await db.execute("CREATE TABLE audit (note TEXT)")
+        await db.execute("BEGIN IMMEDIATE")
+        await db.execute("INSERT INTO audit VALUES ('order o1 taken')")
+        assert await source.accept({"id": "o1", "qty": 2}) is True
+        assert await source.accept({"id": "o1", "qty": 2}) is False
+        await db.execute(end)
+        with pytest.raises(ValueError, match="none is open"):
+            await source.accept({"id": "o2", "qty": 1})
+    committed = end == "COMMIT"
+    assert execute(path, "SELECT count(*) FROM audit") == [(int(committed),)]
+    with sqlite3.connect(path) as con:
+        assert outbox.pending(con) == ([{"id": "o1", "qty": 2}] if committed else [])
+    con.close()
