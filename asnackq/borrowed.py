@@ -27,11 +27,9 @@ import aiosqlite
 
 from asnackq.core import outbox
 from asnackq.core import worker as w
-from asnackq.sqlite_aio import pump, transact
+from asnackq.sqlite_aio import Make, pump, transact
 
 __all__ = ["BorrowedSqlite", "Source", "adopt", "check_journal"]
-
-Make = Any  # a zero-argument callable returning a fresh plan
 
 # What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
 JOURNAL = {"journal_mode": "delete", "synchronous": 2}
@@ -44,8 +42,10 @@ BUSY = "the application's connection has a transaction open: build the queue bef
 
 async def check_journal(db: aiosqlite.Connection) -> None:
     """Refuse a connection whose journal settings differ from the queue file's."""
-    found = {name: list(await db.execute_fetchall(f"PRAGMA {name}"))[0][0] for name in JOURNAL}
-    found["journal_mode"] = str(found["journal_mode"]).lower()
+    found = {}
+    for name in JOURNAL:
+        (row,) = await db.execute_fetchall(f"PRAGMA {name}")
+        found[name] = str(row[0]).lower() if name == "journal_mode" else row[0]
     if found != JOURNAL:
         raise ValueError(
             "the queue needs journal_mode=delete and synchronous=FULL (2) on its file; "

@@ -6,11 +6,11 @@ Rules of this module:
   id and qty again is a ``duplicate`` (no effect); another qty is a ``conflict`` (nothing
   changes).
 * Group commit: one writer task takes every delivery waiting at that moment and decides
-  them in arrival order inside one transaction (``plan_inbox``, run by the core's driver)
+  them in arrival order inside one transaction (``plan_inbox``, run by the store's driver)
   - exactly as if they had come one by one.  A failed batch fails each of its deliveries
   (``SinkUnavailable``) and changes nothing.
 * One connection and one lock: a read never sees the writer's open transaction.  The DB
-  is a file (WAL mode, on its own thread) or a ``postgresql://`` URL shared by replicas
+  is a file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas
   (``pg_sink``).
 """
 
@@ -73,7 +73,7 @@ def decide(known: dict[str, int], event_id: str, qty: int) -> str:
 
 
 def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[list[str]]:
-    """One group commit as a plan (run by the core's driver): decisions in arrival order.
+    """One group commit as a plan (run by the store's driver): decisions in arrival order.
 
     Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.
     """

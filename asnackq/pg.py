@@ -12,6 +12,8 @@ Rules of this module:
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
+* ``BorrowedStore``: an application's own session, on which intakes run inside the
+  application's open transaction (``asnackq.borrowed``'s rules).
 """
 
 from __future__ import annotations

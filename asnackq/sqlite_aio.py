@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import random
 import sqlite3
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -32,6 +33,7 @@ from asnackq.core import worker as w
 __all__ = ["HOPS", "QueueBusy", "SqliteStore", "call_fault", "pump", "transact"]
 
 T = TypeVar("T")
+Make = Callable[[], w.Plan[Any]] | None  # builds the plan again (unused: see ``transact``)
 
 # Awaits on the connection per transaction, at most, whatever its batch: BEGIN, the plan's
 # statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
@@ -145,7 +147,9 @@ class SqliteStore:
     def in_transaction(self) -> bool:
         return self.db.in_transaction
 
-    async def transact(self, plan: w.Plan[Any], make: Any, fault: w.Fault = None) -> Any:
+    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
+        """Run ``plan`` in one transaction (``make`` is not needed: SQLite serialises
+        writers, so a plan never meets a concurrent one)."""
         return await transact(self.db, plan, fault, self.attempts)
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
