@@ -125,11 +125,11 @@ def test_a_connection_the_server_announced_closing_is_never_sent_on(announce):
 
 
 def test_a_connection_the_server_closed_while_idle_is_left_for_a_new_one():
-    with raw_server(lambda conn, request, event_id: ack(event_id) + b"|close") as server:
-        with HttpSender(server.url) as send:
-            assert send({"id": "a", "qty": 1}) is True
-            assert server.closed.wait(5)  # closed after its answer, unannounced
-            assert send({"id": "b", "qty": 1}) is True
+    closing = lambda conn, request, event_id: ack(event_id) + b"|close"  # noqa: E731
+    with raw_server(closing) as server, HttpSender(server.url) as send:
+        assert send({"id": "a", "qty": 1}) is True
+        assert server.closed.wait(5)  # closed after its answer, unannounced
+        assert send({"id": "b", "qty": 1}) is True
     assert server.requests == [(0, "a"), (1, "b")]
 
 
