@@ -31,18 +31,15 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-__all__ = ["POOL_IDLE_S", "Pool", "time_left", "tls_context"]
+__all__ = ["POOL_IDLE_S", "STALE", "Pool", "time_left"]
 
 # An idle pooled connection is closed after this, below the sink's idle timeout (10 s):
 # the sender closes first, so a send rarely races the sink closing the same connection.
 POOL_IDLE_S = 5.0
 # Closed before an answer began: the marks of a stale kept-alive connection.
 STALE = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
-T = TypeVar("T")
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
@@ -52,40 +49,6 @@ def time_left(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError("the request's timeout_s has passed")
     return left
-
-
-def tls_context(
-    scheme: str, ca_file: object = None, cert_file: object = None, key_file: object = None
-) -> ssl.SSLContext | None:
-    """The client context for a sink URL's scheme: None for http; for https the system's
-    trust store, or only ``ca_file``'s CAs, and ``cert_file`` (+ ``key_file``) presented
-    as the client certificate.  A file that is missing or not PEM is a ``ValueError``."""
-    named = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file}
-    for name, value in named.items():
-        if value is not None and not isinstance(value, (str, Path)):
-            raise ValueError(f"{name} must be a path: {value!r}")
-    if scheme != "https":
-        if any(value is not None for value in named.values()):
-            raise ValueError("ca_file, cert_file and key_file need an https:// sink URL")
-        return None
-    if key_file is not None and cert_file is None:
-        raise ValueError("key_file needs cert_file")
-    cafile = None if ca_file is None else str(ca_file)
-    context = pem("ca_file", ca_file, lambda: ssl.create_default_context(cafile=cafile))
-    if cert_file is not None:
-        keyfile = None if key_file is None else str(key_file)
-        pem("cert_file", cert_file, lambda: context.load_cert_chain(str(cert_file), keyfile))
-    return context
-
-
-def pem(name: str, path: object, load: Callable[[], T]) -> T:
-    """``load()``; a file that cannot be had or is not PEM is one ``ValueError`` line."""
-    try:
-        return load()
-    except (OSError, ssl.SSLError) as error:
-        plain = isinstance(error, OSError) and not isinstance(error, ssl.SSLError)
-        why = error.strerror if plain and error.strerror else "not a PEM file (or not a match)"
-        raise ValueError(f"{name} {str(path)!r}: {why}") from None
 
 
 class Exchange:

@@ -37,7 +37,8 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
-from asnackq.http_conn import POOL_IDLE_S, STALE, Pool, time_left, tls_context
+from asnackq.http_conn import POOL_IDLE_S, STALE, Pool, time_left
+from asnackq.tls import tls_context
 
 # aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
 # HttpSender starts 0.15 s sooner.
@@ -158,6 +159,19 @@ class Untrusted(BadAck):
     certificate it wanted and did not get). Nothing was sent, or nothing proves anything."""
 
 
+def failure(event_id: str, error: BaseException) -> Unavailable | Untrusted:
+    """What a send that got no answer raises: ``Untrusted`` if TLS refused (a certificate,
+    a handshake alert: ``ssl.SSLError`` in the error or its causes, but a plain EOF),
+    else ``Unavailable``."""
+    text = f"sending {event_id!r}: {error!r}"
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError) and not isinstance(cause, STALE):
+            return Untrusted(text)
+        cause = cause.__cause__ or cause.__context__
+    return Unavailable(text)
+
+
 class HttpSender:
     """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises.
 
@@ -190,12 +204,8 @@ class HttpSender:
         deadline = time.monotonic() + self.timeout_s
         try:
             answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
-        except ssl.SSLError as error:
-            if not isinstance(error, STALE):
-                raise Untrusted(f"sending {event_id!r}: {error!r}") from error
-            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
         except (OSError, http.client.HTTPException, zlib.error) as error:  # resets, timeouts
-            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
+            raise failure(event_id, error) from error
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
         return judge(answer.status, answer.body, event_id)
@@ -284,10 +294,6 @@ class AsyncHttpSender:
             ) as response:
                 answer = await read_bounded(response.content)
                 status = response.status
-        except (aiohttp.ClientSSLError, ssl.SSLError) as error:
-            if isinstance(error, STALE):
-                raise Unavailable(f"sending {event_id!r}: {error!r}") from error
-            raise Untrusted(f"sending {event_id!r}: {error!r}") from error
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
+            raise failure(event_id, error) from error
         return judge(status, answer, event_id)

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from asnackq.http_send import AsyncHttpSender, HttpSender
 from asnackq.http_sink import SinkConfig, make_app
 
 Answer = Callable[[str], tuple[int, bytes]]
@@ -219,3 +220,27 @@ def serving(
     else:
         with threaded_http_server(kind, answer, tls) as peer:
             yield peer
+
+
+async def send_each(url, ids=("a", "b", "c"), **options):
+    """Send ``ids`` with one HttpSender, then with one AsyncHttpSender; what each gave."""
+
+    def sync():
+        with HttpSender(url, **options) as send:
+            return [outcome(send, event_id) for event_id in ids]
+
+    def outcome(send, event_id):
+        try:
+            return send({"id": event_id, "qty": 1})
+        except Exception as error:
+            return type(error)
+
+    first = await asyncio.to_thread(sync)
+    async with AsyncHttpSender(url, **options) as send:
+        second = []
+        for event_id in ids:
+            try:
+                second.append(await send({"id": event_id, "qty": 1}))
+            except Exception as error:
+                second.append(type(error))
+    return first, second

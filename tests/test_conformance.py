@@ -3,41 +3,15 @@ from each, and the stdlib sender's connections kept alive exactly while the serv
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
 from asnackq.core.worker import BadAck, Permanent, Unavailable
-from asnackq.http_send import AsyncHttpSender, HttpSender
 
-from .peers import KEPT_ALIVE, KINDS, serving
+from .peers import KEPT_ALIVE, KINDS, send_each, serving
 
 IDS = ("a", "b", "c")
-
-
-async def send_each(url, ids=IDS):
-    """Send ``ids`` with one HttpSender, then with one AsyncHttpSender; what each gave."""
-
-    def sync():
-        with HttpSender(url) as send:
-            return [outcome(send, event_id) for event_id in ids]
-
-    def outcome(send, event_id):
-        try:
-            return send({"id": event_id, "qty": 1})
-        except Exception as error:
-            return type(error)
-
-    first = await asyncio.to_thread(sync)
-    async with AsyncHttpSender(url) as send:
-        second = []
-        for event_id in ids:
-            try:
-                second.append(await send({"id": event_id, "qty": 1}))
-            except Exception as error:
-                second.append(type(error))
-    return first, second
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import sqlite3
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -21,7 +22,10 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    add_sink_tls,
     exact_int,
+    renamed,
+    sink_tls,
     sink_url,
     within,
 )
@@ -225,6 +229,21 @@ def add_sink(commands: Commands) -> None:
         help="past this, a new connection closes the oldest idle ones "
         "(default 1024, lowered to fit the descriptor limit)",
     )
+    sink.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="serve https: this certificate (PEM, its chain after it)",
+    )
+    sink.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="its key (PEM)")
+    sink.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="require of every client a certificate from these CAs (PEM)",
+    )
     sink.set_defaults(run=run_sink)
 
 
@@ -249,16 +268,39 @@ def run_sink(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise Usage(str(error)) from None
+    tls = sink_server_tls(args)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, args.host, args.port, stop)
+        await serve(config, args.host, args.port, stop, tls)
 
     asyncio.run(main())
     return 0
+
+
+TLS_FILES = ("tls_client_ca", "tls_cert", "tls_key")
+
+
+def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The sink's TLS context from ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``."""
+    if args.tls_cert is None and args.tls_key is None and args.tls_client_ca is None:
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise Usage("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
+    from asnackq.tls import server_context
+
+    try:
+        return server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except ValueError as error:
+        flags = {
+            "tls_cert": "--tls-cert",
+            "tls_key": "--tls-key",
+            "tls_client_ca": "--tls-client-ca",
+        }
+        raise Usage(renamed(error, flags)) from None
 
 
 def add_outbox(commands: Commands) -> None:
@@ -274,6 +316,7 @@ def add_outbox(commands: Commands) -> None:
     dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
     dispatch.add_argument("source", type=Path)
     dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
+    add_sink_tls(dispatch)
     dispatch.add_argument("--limit", type=within(int, 1, 16), default=16)
     dispatch.add_argument("--timeout-s", type=TIMEOUT, default=2.0)
     outbox.set_defaults(run=run_outbox)
@@ -291,7 +334,7 @@ def run_outbox(args: argparse.Namespace) -> int:
     if args.action == "accept":
         check_event({"id": args.id, "qty": args.qty})  # before the file is created
     else:
-        sender = HttpSender(args.sink, timeout_s=args.timeout_s)
+        sender = HttpSender(args.sink, timeout_s=args.timeout_s, **sink_tls(args))
         with ops.read_only(args.source, "outbox", "source DB"):
             pass  # an existing source DB only
     con = outbox.open_source(args.source)
@@ -309,6 +352,8 @@ def run_outbox(args: argparse.Namespace) -> int:
                 raise Failure(f"stopped at the first failure: {error}") from None
     finally:
         con.close()
+        if args.action == "dispatch":
+            sender.close()
     return 0
 
 
