@@ -14,6 +14,7 @@ from typing import TypeVar
 __all__ = ["server_context", "tls_context"]
 
 T = TypeVar("T")
+KEY_WHY = "not PEM, or no key that matches the certificate"
 
 
 def tls_context(
@@ -34,11 +35,8 @@ def tls_context(
     context = pem("ca_file", ca_file, lambda: ssl.create_default_context(cafile=cafile))
     if cert_file is not None:
         keyfile = None if key_file is None else str(key_file)
-        pem(
-            "cert_file/key_file",
-            cert_file,
-            lambda: context.load_cert_chain(str(cert_file), keyfile),
-        )
+        load = lambda: context.load_cert_chain(str(cert_file), keyfile)  # noqa: E731
+        pem("cert_file/key_file", cert_file, load, KEY_WHY)
     return context
 
 
@@ -51,14 +49,15 @@ def files(named: dict[str, object]) -> None:
             raise ValueError(f"{name} {str(value)!r}: no such file")
 
 
-def pem(name: str, path: object, load: Callable[[], T]) -> T:
-    """``load()``; a file that cannot be had or is not PEM is one ``ValueError`` line."""
+def pem(name: str, path: object, load: Callable[[], T], why: str = "not PEM") -> T:
+    """``load()``; a file that cannot be read, or not as ``why`` says, is one
+    ``ValueError`` line."""
     try:
         return load()
     except (OSError, ssl.SSLError) as error:
         plain = isinstance(error, OSError) and not isinstance(error, ssl.SSLError)
-        why = error.strerror if plain and error.strerror else "not PEM, or a key for another"
-        raise ValueError(f"{name} {str(path)!r}: {why}") from None
+        reason = error.strerror if plain and error.strerror else why
+        raise ValueError(f"{name} {str(path)!r}: {reason}") from None
 
 
 def server_context(cert_file: Path, key_file: Path, client_ca: Path | None) -> ssl.SSLContext:
@@ -66,7 +65,8 @@ def server_context(cert_file: Path, key_file: Path, client_ca: Path | None) -> s
     certificate signed by that CA is required of every connection."""
     files({"tls_cert": cert_file, "tls_key": key_file, "tls_client_ca": client_ca})
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    pem("tls_cert/tls_key", cert_file, lambda: context.load_cert_chain(cert_file, key_file))
+    load = lambda: context.load_cert_chain(cert_file, key_file)  # noqa: E731
+    pem("tls_cert/tls_key", cert_file, load, KEY_WHY)
     if client_ca is not None:
         pem("tls_client_ca", client_ca, lambda: context.load_verify_locations(client_ca))
         context.verify_mode = ssl.CERT_REQUIRED
