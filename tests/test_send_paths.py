@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import trustme
+from rich.console import Console
 
 from asnackq import procs
 from asnackq.aio import AsyncQueue
@@ -18,6 +19,7 @@ from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
 from asnackq.http_send import AsyncHttpSender, HttpSender
+from asnackq.lab import LabConfig, run_lab
 
 from .conftest import rows
 from .peers import KINDS, serving
@@ -185,3 +187,26 @@ def test_the_sink_refuses_tls_files_that_cannot_be_used(options, why, tmp_path, 
     code, out, err = asnackq("sink", "--db", "sink.db", *options)
     assert (code, out) == (2, "") and err.startswith(f"asnackq sink: {why}")
     assert err.count("\n") == 1 and not (tmp_path / "sink.db").exists()
+
+
+def test_the_lab_runs_its_sinks_on_https(pki, tmp_path):
+    tls = {"tls_cert": pki / "server.pem", "tls_key": pki / "server.key", "sink_ca": pki / "ca.pem"}
+    config = LabConfig(jobs=40, processes=1, concurrency=4, directory=tmp_path / "lab", **tls)
+    with open(os.devnull, "w") as devnull:
+        result = run_lab(config, Console(file=devnull))
+    assert (result["violations"], result["liveness_failures"]) == ([], [])
+    assert {status for _, status in statuses(tmp_path / "lab" / "queue.db")} == {"done"}
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"tls_cert": "server.pem"}, "--tls-cert, --tls-key and --sink-ca go together"),
+        ({"tls_cert": "ca.pem", "tls_key": "ca.pem", "sink_ca": "ca.pem"}, "tls_cert/tls_key"),
+        ({"tls_cert": "server.pem", "tls_key": "server.key", "sink_ca": "x.pem"}, "ca_file"),
+    ],
+)
+def test_the_lab_refuses_tls_files_that_cannot_be_used(files, why, pki):
+    config = LabConfig(jobs=1, **{name: pki / path for name, path in files.items()})
+    with pytest.raises(ValueError, match="^" + why):
+        config.check()

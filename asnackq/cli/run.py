@@ -119,6 +119,10 @@ def add_lab(commands: Commands) -> None:
         metavar="DIR",
         help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
     )
+    add_tls_files(lab, "the sinks serve https")
+    lab.add_argument(
+        "--sink-ca", type=Path, default=None, metavar="FILE", help="the workers trust this CA"
+    )
     lab.set_defaults(run=run_lab)
 
 
@@ -146,6 +150,9 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_sinks=args.kill_sinks,
         pg_local=args.pg_local,
         kill_after_acks=args.kill_after_acks,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        sink_ca=args.sink_ca,
     )
     if args.report is not None:
         report.check_target(args.report)
@@ -229,14 +236,7 @@ def add_sink(commands: Commands) -> None:
         help="past this, a new connection closes the oldest idle ones "
         "(default 1024, lowered to fit the descriptor limit)",
     )
-    sink.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="serve https: this certificate (PEM, its chain after it)",
-    )
-    sink.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="its key (PEM)")
+    add_tls_files(sink, "serve https")
     sink.add_argument(
         "--tls-client-ca",
         type=Path,
@@ -279,6 +279,18 @@ def run_sink(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tls-cert`` and ``--tls-key``: a sink's certificate and key."""
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"{what}: this certificate (PEM, its chain after it)",
+    )
+    parser.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="its key (PEM)")
 
 
 TLS_FILES = ("tls_client_ca", "tls_cert", "tls_key")
