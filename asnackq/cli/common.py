@@ -91,24 +91,21 @@ def sink_url(text: str) -> str:
     return text
 
 
+def add_files(parser: argparse.ArgumentParser, helps: dict[str, str]) -> None:
+    """Options naming a file each (``--flag FILE``), absent by default."""
+    for flag, text in helps.items():
+        parser.add_argument(flag, type=Path, default=None, metavar="FILE", help=text)
+
+
 def add_sink_tls(parser: argparse.ArgumentParser) -> None:
     """The options of a command that sends to an https:// sink."""
-    parser.add_argument(
-        "--sink-ca",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="trust only the CAs in this PEM file (default: the system's trust store)",
-    )
-    parser.add_argument(
-        "--sink-cert", type=Path, default=None, metavar="FILE", help="a client certificate (PEM)"
-    )
-    parser.add_argument(
-        "--sink-key",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="its private key (PEM; default: in --sink-cert)",
+    add_files(
+        parser,
+        {
+            "--sink-ca": "trust only the CAs in this PEM file (default: the system's trust store)",
+            "--sink-cert": "a client certificate (PEM)",
+            "--sink-key": "its private key (PEM; default: in --sink-cert)",
+        },
     )
 
 

@@ -22,6 +22,7 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    add_files,
     add_sink_tls,
     exact_int,
     renamed,
@@ -120,9 +121,7 @@ def add_lab(commands: Commands) -> None:
         help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
     )
     add_tls_files(lab, "the sinks serve https")
-    lab.add_argument(
-        "--sink-ca", type=Path, default=None, metavar="FILE", help="the workers trust this CA"
-    )
+    add_files(lab, {"--sink-ca": "the workers trust this CA"})
     lab.set_defaults(run=run_lab)
 
 
@@ -237,13 +236,7 @@ def add_sink(commands: Commands) -> None:
         "(default 1024, lowered to fit the descriptor limit)",
     )
     add_tls_files(sink, "serve https")
-    sink.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="require of every client a certificate from these CAs (PEM)",
-    )
+    add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
     sink.set_defaults(run=run_sink)
 
 
@@ -283,14 +276,13 @@ def run_sink(args: argparse.Namespace) -> int:
 
 def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
     """``--tls-cert`` and ``--tls-key``: a sink's certificate and key."""
-    parser.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"{what}: this certificate (PEM, its chain after it)",
+    add_files(
+        parser,
+        {
+            "--tls-cert": f"{what}: this certificate (PEM, its chain after it)",
+            "--tls-key": "its key (PEM)",
+        },
     )
-    parser.add_argument("--tls-key", type=Path, default=None, metavar="FILE", help="its key (PEM)")
 
 
 TLS_FILES = ("tls_client_ca", "tls_cert", "tls_key")
