@@ -11,20 +11,22 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
 * ``timeout_s`` bounds the whole request - connect, send, headers and body - not each
-  read; a body shorter than its ``Content-Length`` proves nothing (``Retryable``).
+  read; a body shorter than its ``Content-Length`` proves nothing (``Unavailable``).
+* https: an untrusted certificate (unknown CA, another host's name, expired) or a failed
+  handshake raises ``Untrusted``, a ``BadAck``: never evidence, never an outage.
 """
 
 from __future__ import annotations
 
-import functools
 import http.client
-import io
 import ipaddress
 import json
 import socket
 import ssl
 import time
 import urllib.parse
+import zlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asnackq.core.worker import (
@@ -35,13 +37,22 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
+from asnackq.http_conn import POOL_IDLE_S, STALE, Pool, time_left
+from asnackq.tls import tls_context
 
 # aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
 # HttpSender starts 0.15 s sooner.
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["MAX_ACK_BYTES", "TOKEN_HEADER", "AsyncHttpSender", "HttpSender", "judge"]
+__all__ = [
+    "MAX_ACK_BYTES",
+    "TOKEN_HEADER",
+    "AsyncHttpSender",
+    "HttpSender",
+    "Untrusted",
+    "judge",
+]
 
 TOKEN_HEADER = "X-Asnackq-Token"
 MAX_ACK_BYTES = 4096
@@ -49,9 +60,6 @@ PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 ACK_STATUSES = ("applied", "duplicate")
-# An idle pooled connection is closed after this, below the sink's idle timeout (10 s):
-# the sender closes first, so a send never races the sink closing the same connection.
-POOL_IDLE_S = 5.0
 
 
 def judge(status: int, body: bytes, event_id: str) -> bool:
@@ -145,66 +153,72 @@ async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
     return b"".join(chunks)
 
 
-def time_left(deadline: float) -> float:
-    """Seconds until ``deadline`` (``time.monotonic``); ``TimeoutError`` once it has passed."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the request's timeout_s has passed")
-    return left
+class Untrusted(BadAck):
+    """Raised when an https sink cannot be trusted: its certificate is not from a trusted
+    CA, names another host or has expired, or the TLS handshake failed (a client
+    certificate it wanted and did not get). Nothing was sent, or nothing proves anything."""
 
 
-class UntilDeadline(io.RawIOBase):
-    """A socket's receiving side on which every read waits only for the time left."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        self.sock.settimeout(time_left(self.deadline))
-        return self.sock.recv_into(buffer)
-
-
-class BoundedResponse(http.client.HTTPResponse):
-    """``http.client``'s response, reading its status line, headers and body by a deadline."""
-
-    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
-        super().__init__(sock, *args, **kwargs)
-        self.fp.close()  # the unbounded reader the base class made
-        self.fp = io.BufferedReader(UntilDeadline(sock, deadline))
+def failure(event_id: str, error: BaseException) -> Unavailable | Untrusted:
+    """What a send that got no answer raises: ``Untrusted`` if TLS refused (a certificate,
+    a handshake alert: ``ssl.SSLError`` in the error or its causes, but a plain EOF),
+    else ``Unavailable``."""
+    text = f"sending {event_id!r}: {error!r}"
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError) and not isinstance(cause, STALE):
+            return Untrusted(text)
+        cause = cause.__cause__ or cause.__context__
+    return Unavailable(text)
 
 
 class HttpSender:
-    """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises."""
+    """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises.
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False) -> None:
+    One connection per thread, kept alive while the server keeps it (``asnackq.http_conn``);
+    ``close()`` (or ``with``) ends them. For https: the system's trust store, or ``ca_file``,
+    and a client certificate from ``cert_file`` and ``key_file``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        allow_remote: bool = False,
+        ca_file: str | Path | None = None,
+        cert_file: str | Path | None = None,
+        key_file: str | Path | None = None,
+    ) -> None:
         self.parts = check_url(url, allow_remote)
         self.timeout_s = check_timeout(timeout_s)
+        self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
         self.path = self.parts.path or "/"
         if self.parts.query:
             self.path += "?" + self.parts.query
+        # http.client never consults proxy variables and never follows redirects.
+        self.pool = Pool(self.parts.hostname or "", self.port, self.connect)
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         event_id, body, headers = request_parts(event, token)
         deadline = time.monotonic() + self.timeout_s
-        # http.client never consults proxy variables and never follows redirects.
-        conn = http.client.HTTPConnection(self.parts.hostname or "", self.port)
-        conn.response_class = functools.partial(BoundedResponse, deadline=deadline)  # type: ignore[assignment]
         try:
-            conn.sock = self.connect(deadline)
-            conn.request("POST", self.path, body=body, headers=headers)
-            response = conn.getresponse()
-            answer = response.read(MAX_ACK_BYTES + 1)
-        except (OSError, http.client.HTTPException) as error:  # resets, timeouts, refusals
-            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
-        finally:
-            conn.close()
-        if response.length and len(answer) <= MAX_ACK_BYTES:  # fewer bytes than announced
-            raise Unavailable(f"the answer for {event_id!r} ended {response.length} bytes short")
-        return judge(response.status, answer, event_id)
+            answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
+        except (OSError, http.client.HTTPException, zlib.error) as error:  # resets, timeouts
+            raise failure(event_id, error) from error
+        if answer.short:
+            raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
+        return judge(answer.status, answer.body, event_id)
+
+    def close(self) -> None:
+        """Close every kept connection."""
+        self.pool.close()
+
+    def __enter__(self) -> HttpSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def port(self) -> int:
@@ -216,11 +230,9 @@ class HttpSender:
         sock = socket.create_connection((self.parts.hostname or "", self.port), time_left(deadline))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.parts.scheme == "https":
+            if self.tls is not None:
                 sock.settimeout(time_left(deadline))
-                sock = ssl.create_default_context().wrap_socket(
-                    sock, server_hostname=self.parts.hostname
-                )
+                sock = self.tls.wrap_socket(sock, server_hostname=self.parts.hostname)
             sock.settimeout(time_left(deadline))
         except BaseException:
             sock.close()
@@ -235,18 +247,29 @@ class AsyncHttpSender:
     """
 
     def __init__(
-        self, url: str, *, timeout_s: float = 2.0, allow_remote: bool = False, limit: int = 256
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        allow_remote: bool = False,
+        limit: int = 256,
+        ca_file: str | Path | None = None,
+        cert_file: str | Path | None = None,
+        key_file: str | Path | None = None,
     ) -> None:
-        check_url(url, allow_remote)
+        parts = check_url(url, allow_remote)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
+        self.tls = tls_context(parts.scheme, ca_file, cert_file, key_file)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncHttpSender:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=POOL_IDLE_S)
+        connector = aiohttp.TCPConnector(
+            limit=self.limit, keepalive_timeout=POOL_IDLE_S, ssl=self.tls or True
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             trust_env=False,
@@ -272,5 +295,5 @@ class AsyncHttpSender:
                 answer = await read_bounded(response.content)
                 status = response.status
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise Unavailable(f"sending {event_id!r}: {error!r}") from error
+            raise failure(event_id, error) from error
         return judge(status, answer, event_id)

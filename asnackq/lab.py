@@ -47,6 +47,7 @@ from asnackq.http_send import check_number
 from asnackq.pg_server import DURABLE, local_server
 from asnackq.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.targets import Target, is_url, shown
+from asnackq.tls import server_context, tls_context
 from asnackq.traces import read_traces
 
 __all__ = ["INVARIANTS", "LabConfig", "report_rows", "run_lab", "verify"]
@@ -77,6 +78,9 @@ class LabConfig:
     kill_sinks: bool = False  # every other SIGKILL hits a sink (a random one)
     pg_local: bool = False  # db: a throwaway local server, stopped at the end
     kill_after_acks: int = 0  # the first worker alone, SIGKILLed after its Nth ACK
+    tls_cert: Path | None = None  # the sinks serve https with this certificate,
+    tls_key: Path | None = None  # and this key;
+    sink_ca: Path | None = None  # the workers trust this CA
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -100,8 +104,24 @@ class LabConfig:
             raise ValueError("sink replicas share a PostgreSQL inbox: give --db or --pg-local")
         if self.kill_sinks and not self.kill_every:
             raise ValueError("--kill-sinks needs --kill-every")
+        self.check_tls()
         if self.directory is not None and self.directory.exists() and any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
+
+    def check_tls(self) -> None:
+        files = (self.tls_cert, self.tls_key, self.sink_ca)
+        if any(files) and not all(files):
+            raise ValueError("--tls-cert, --tls-key and --sink-ca go together")
+        if self.tls_cert and self.tls_key:
+            server_context(self.tls_cert, self.tls_key, None)
+            tls_context("https", self.sink_ca)
+
+    @property
+    def https(self) -> tuple[tuple[object, ...], tuple[object, ...]]:
+        """The sinks' TLS options and the workers', when the sinks serve https."""
+        if self.tls_cert is None:
+            return (), ()
+        return ("--tls-cert", self.tls_cert, "--tls-key", self.tls_key), ("--sink-ca", self.sink_ca)
 
     @property
     def ttl_ms(self) -> int:
@@ -197,8 +217,9 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         config.delay_ms,
         "--seed",
         config.seed,
+        *config.https[0],
     )
-    with Replicas(sink_db, config.sinks, *options) as sinks:
+    with Replicas(sink_db, config.sinks, *options, ca_file=config.sink_ca) as sinks:
         workers = Workers(
             root,
             queue,
@@ -211,6 +232,7 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
                 "--timeout-s",
                 config.send_timeout_s,
                 "--accept-dead",
+                *config.https[1],
             ),
         )  # the lab judges dead jobs itself
         sampler = Sampler(queue, sinks)

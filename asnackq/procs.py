@@ -19,6 +19,7 @@ import contextlib
 import json
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -138,9 +139,12 @@ def sink_process(db: Target, *options: object, stderr: Stream = None) -> Iterato
         yield sinks.urls[0]
 
 
-def sink_stats(url: str) -> dict[str, int]:
-    """The sink's counters (``GET /stats`` next to its ``/events`` URL)."""
-    with urllib.request.urlopen(url.rsplit("/", 1)[0] + "/stats", timeout=10) as answer:
+def sink_stats(url: str, ca_file: Path | None = None) -> dict[str, int]:
+    """The sink's counters (``GET /stats`` next to its ``/events`` URL; for https, the
+    certificate is verified with ``ca_file``'s CAs, or the system's)."""
+    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+    stats_url = url.rsplit("/", 1)[0] + "/stats"
+    with urllib.request.urlopen(stats_url, timeout=10, context=context) as answer:
         stats: dict[str, int] = json.load(answer)
     return stats
 
@@ -153,8 +157,16 @@ class Replicas:
     The counters of a killed process die with it: ``counters()`` sums the live ones.
     """
 
-    def __init__(self, db: Target, count: int, *options: object, stderr: Stream = None) -> None:
+    def __init__(
+        self,
+        db: Target,
+        count: int,
+        *options: object,
+        stderr: Stream = None,
+        ca_file: Path | None = None,
+    ) -> None:
         self.db, self.count, self.options, self.stderr = db, count, options, stderr
+        self.ca_file = ca_file  # an https sink's CA, for its counters
         self.procs: list[Proc] = []
         self.urls: list[str] = []
         self.codes: list[int] = []
@@ -187,7 +199,7 @@ class Replicas:
     def counters(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for url in self.urls:
-            for key, value in sink_stats(url).items():
+            for key, value in sink_stats(url, self.ca_file).items():
                 if key != "stock":  # one stock, shared: not a counter
                     totals[key] = totals.get(key, 0) + value
         return totals

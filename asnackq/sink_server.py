@@ -21,6 +21,7 @@ import asyncio
 import logging
 import re
 import resource
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -150,8 +151,14 @@ def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> 
         loop.default_exception_handler(context)
 
 
-async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set; print the listening line first (flushed).
+async def serve(
+    config: SinkConfig,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    tls: ssl.SSLContext | None = None,
+) -> None:
+    """Serve until ``stop`` is set (https with ``tls``); print the listening line first.
 
     The port is bound before the DB is opened: an address that cannot be had creates no file.
     """
@@ -160,7 +167,9 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
     loop.set_exception_handler(log_loop_error)
     app = make_app(config)
     gate = Gate(app, connection_limit(config.max_connections))
-    listener = await loop.create_server(gate, host, port, backlog=BACKLOG, start_serving=False)
+    listener = await loop.create_server(
+        gate, host, port, backlog=BACKLOG, start_serving=False, ssl=tls
+    )
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -184,7 +193,8 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
         await listener.start_serving()
         bound = listener.sockets[0].getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"asnackq sink listening on http://{shown}:{bound[1]}/events", flush=True)
+        scheme = "http" if tls is None else "https"
+        print(f"asnackq sink listening on {scheme}://{shown}:{bound[1]}/events", flush=True)
         await stop.wait()
     finally:
         listener.close()

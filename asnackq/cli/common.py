@@ -6,11 +6,13 @@ import argparse
 import math
 import re
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeAlias
+from pathlib import Path
+from typing import Any, NoReturn, TypeAlias, TypedDict
 
 from asnackq import faults, stores
 from asnackq.http_send import check_url
 from asnackq.targets import Target
+from asnackq.tls import tls_context
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -87,3 +89,50 @@ def sink_url(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def add_files(parser: argparse.ArgumentParser, helps: dict[str, str]) -> None:
+    """Options naming a file each (``--flag FILE``), absent by default."""
+    for flag, text in helps.items():
+        parser.add_argument(flag, type=Path, default=None, metavar="FILE", help=text)
+
+
+def add_sink_tls(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that sends to an https:// sink."""
+    add_files(
+        parser,
+        {
+            "--sink-ca": "trust only the CAs in this PEM file (default: the system's trust store)",
+            "--sink-cert": "a client certificate (PEM)",
+            "--sink-key": "its private key (PEM; default: in --sink-cert)",
+        },
+    )
+
+
+class SinkTls(TypedDict):
+    """A sender's TLS files (its ``ca_file``, ``cert_file`` and ``key_file`` arguments)."""
+
+    ca_file: Path | None
+    cert_file: Path | None
+    key_file: Path | None
+
+
+def sink_tls(args: argparse.Namespace) -> SinkTls:
+    """The sender's TLS options from ``add_sink_tls``'s, checked now (a usage error:
+    exit 2), before any file is opened."""
+    files = SinkTls(ca_file=args.sink_ca, cert_file=args.sink_cert, key_file=args.sink_key)
+    try:
+        tls_context(args.sink.split(":", 1)[0], **files)
+    except ValueError as error:
+        flags = {"ca_file": "--sink-ca", "cert_file": "--sink-cert", "key_file": "--sink-key"}
+        raise Usage(renamed(error, flags)) from None
+    return files
+
+
+def renamed(error: ValueError, names: dict[str, str]) -> str:
+    """``error``'s text with its parameter names given as options (the words before the
+    first quote: a file's name is never changed)."""
+    head, quote, tail = str(error).partition("'")
+    for name, flag in names.items():
+        head = head.replace(name, flag)
+    return head + quote + tail

@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import sqlite3
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -21,7 +22,11 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    add_files,
+    add_sink_tls,
     exact_int,
+    renamed,
+    sink_tls,
     sink_url,
     within,
 )
@@ -115,6 +120,8 @@ def add_lab(commands: Commands) -> None:
         metavar="DIR",
         help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
     )
+    add_tls_files(lab, "the sinks serve https")
+    add_files(lab, {"--sink-ca": "the workers trust this CA"})
     lab.set_defaults(run=run_lab)
 
 
@@ -142,6 +149,9 @@ def run_lab(args: argparse.Namespace) -> int:
         kill_sinks=args.kill_sinks,
         pg_local=args.pg_local,
         kill_after_acks=args.kill_after_acks,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        sink_ca=args.sink_ca,
     )
     if args.report is not None:
         report.check_target(args.report)
@@ -225,6 +235,8 @@ def add_sink(commands: Commands) -> None:
         help="past this, a new connection closes the oldest idle ones "
         "(default 1024, lowered to fit the descriptor limit)",
     )
+    add_tls_files(sink, "serve https")
+    add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
     sink.set_defaults(run=run_sink)
 
 
@@ -249,16 +261,50 @@ def run_sink(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise Usage(str(error)) from None
+    tls = sink_server_tls(args)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, args.host, args.port, stop)
+        await serve(config, args.host, args.port, stop, tls)
 
     asyncio.run(main())
     return 0
+
+
+def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tls-cert`` and ``--tls-key``: a sink's certificate and key."""
+    add_files(
+        parser,
+        {
+            "--tls-cert": f"{what}: this certificate (PEM, its chain after it)",
+            "--tls-key": "its key (PEM)",
+        },
+    )
+
+
+TLS_FILES = ("tls_client_ca", "tls_cert", "tls_key")
+
+
+def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The sink's TLS context from ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``."""
+    if args.tls_cert is None and args.tls_key is None and args.tls_client_ca is None:
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise Usage("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
+    from asnackq.tls import server_context
+
+    try:
+        return server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except ValueError as error:
+        flags = {
+            "tls_cert": "--tls-cert",
+            "tls_key": "--tls-key",
+            "tls_client_ca": "--tls-client-ca",
+        }
+        raise Usage(renamed(error, flags)) from None
 
 
 def add_outbox(commands: Commands) -> None:
@@ -274,6 +320,7 @@ def add_outbox(commands: Commands) -> None:
     dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
     dispatch.add_argument("source", type=Path)
     dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
+    add_sink_tls(dispatch)
     dispatch.add_argument("--limit", type=within(int, 1, 16), default=16)
     dispatch.add_argument("--timeout-s", type=TIMEOUT, default=2.0)
     outbox.set_defaults(run=run_outbox)
@@ -291,7 +338,7 @@ def run_outbox(args: argparse.Namespace) -> int:
     if args.action == "accept":
         check_event({"id": args.id, "qty": args.qty})  # before the file is created
     else:
-        sender = HttpSender(args.sink, timeout_s=args.timeout_s)
+        sender = HttpSender(args.sink, timeout_s=args.timeout_s, **sink_tls(args))
         with ops.read_only(args.source, "outbox", "source DB"):
             pass  # an existing source DB only
     con = outbox.open_source(args.source)
@@ -309,6 +356,8 @@ def run_outbox(args: argparse.Namespace) -> int:
                 raise Failure(f"stopped at the first failure: {error}") from None
     finally:
         con.close()
+        if args.action == "dispatch":
+            sender.close()
     return 0
 
 

@@ -23,8 +23,10 @@ from asnackq.cli.common import (
     QUEUE_HELP,
     TIMEOUT,
     Commands,
+    add_sink_tls,
     exact_int,
     existing_queue,
+    sink_tls,
     sink_url,
     within,
 )
@@ -52,6 +54,7 @@ def add_work(commands: Commands) -> None:
     )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
+    add_sink_tls(work)
     work.add_argument("--concurrency", type=exact_int, default=64)
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
@@ -136,11 +139,14 @@ def run_work(args: argparse.Namespace) -> int:
     from asnackq.dispatch import Dispatcher, Summary
     from asnackq.http_send import AsyncHttpSender
 
+    tls = sink_tls(args)
     existing_queue(args.queue)
     owner = args.owner or default_owner()
     retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
     breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
-    sender = AsyncHttpSender(args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote)
+    sender = AsyncHttpSender(
+        args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls
+    )
     exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
