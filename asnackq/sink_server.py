@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_sink import BUSY, LOG, STATS, SinkConfig, as_json, make_app
+from asnackq.http_sink import BUSY, LOG, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
 
 __all__ = ["serve"]
 
@@ -171,6 +171,7 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
         max_line_size=MAX_LINE,
         max_field_size=MAX_LINE,
         max_headers=MAX_HEADERS,
+        **SERVER_OPTIONS,
     )
     try:
         await runner.setup()  # opens (or creates) the DB

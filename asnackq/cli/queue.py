@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops, stores
+from asnackq import ops, stores, strict_json
 from asnackq.cli.common import (
     QUEUE_HELP,
     TTL_MS,
@@ -80,7 +80,7 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = strict_json.loads(line)
             if type(record) is not dict:
                 raise ValueError("each line must be a JSON object")
             unknown = record.keys() - INTAKE_KEYS
@@ -94,8 +94,6 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
             w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
-        except RecursionError:
-            raise Failure(f"{name}:{number}: nested too deeply") from None
         items.append(item)
     return items
 
