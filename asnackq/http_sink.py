@@ -28,6 +28,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -126,7 +127,7 @@ def require_token(request: web.Request) -> None:
 # The sink decodes a body's Content-Encoding itself, strictly (a gzip stream must end with
 # its checksum and length; aiohttp's decoder accepts one cut short): serve ``make_app``
 # with these runner options, so that aiohttp hands over the bytes as they came.
-SERVER_OPTIONS = {"auto_decompress": False}
+SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 CODINGS = {"": None, "identity": None, "gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import logging
 import math
 import sys
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from asnackq import logs
 from asnackq.http_send import is_loopback
 
 if TYPE_CHECKING:
@@ -264,11 +266,15 @@ def exposition(text: str) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
-    """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``)."""
+async def serving(
+    app: web.Application, host: str, port: int, log: logging.Logger | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``);
+    aiohttp's server errors (a malformed request) go to ``log``."""
     from aiohttp import web
 
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    options: dict[str, Any] = {} if log is None else {"logger": log}
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, **options)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -318,7 +324,8 @@ class WorkerMetrics:
 
             app = web.Application()
             app.router.add_get("/metrics", self.get_metrics)
-            url = await self._stack.enter_async_context(serving(app, self.host, self.port))
+            log = logs.to_stderr(logging.getLogger("asnackq.work.metrics"), "asnackq work")
+            url = await self._stack.enter_async_context(serving(app, self.host, self.port, log))
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 

@@ -22,6 +22,7 @@ from asnackq.targets import Target, is_url
 
 __all__ = [
     "AUDIT_SQL",
+    "Locked",
     "audit",
     "dead",
     "enqueue_all",
@@ -66,11 +67,26 @@ def hint(error: sqlite3.Error) -> str:
     return ""
 
 
+class Locked(ValueError):
+    """Raised when a file stayed locked by a writer for longer than the reader would wait."""
+
+
+def locked(error: BaseException) -> bool:
+    """Whether ``error`` is SQLite saying that another connection holds the file."""
+    return isinstance(error, Locked) or (
+        isinstance(error, sqlite3.OperationalError)
+        and error.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED")
+    )
+
+
 @contextlib.contextmanager
-def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]:
+def read_only(
+    path: Target, table: str, what: str = "queue", busy_s: float = 5.0
+) -> Iterator[Reader]:
     """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
 
-    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``.
+    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``; a
+    file locked by a writer for over ``busy_s`` raises ``Locked``.
     """
     if is_url(path):
         with stores.pg_read_only(str(path), table, what) as reader:
@@ -79,7 +95,7 @@ def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_s)
     kind = what.removesuffix(" DB")  # "sink DB" -> "is not a sink DB"
     try:
         try:
@@ -87,7 +103,8 @@ def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
             ).fetchone()
         except sqlite3.OperationalError as error:
-            raise ValueError(f"cannot read {path} now: {error}{hint(error)}") from None
+            why = Locked if locked(error) else ValueError
+            raise why(f"cannot read {path} now: {error}{hint(error)}") from None
         except sqlite3.DatabaseError as error:
             raise ValueError(f"{path} is not a {kind} DB: {error}") from None
         if found is None:
@@ -292,14 +309,23 @@ def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[
 
 
 def audit(
-    queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = None, limit: int = 50
+    queue: Target,
+    sink_db: Target,
+    now_ms: int,
+    *,
+    job_id: str | None = None,
+    limit: int = 50,
+    busy_s: float = 5.0,
 ) -> dict[str, Any]:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
         with stores.local_copies(queue, sink_db) as (queue_copy, sink_copy):
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
-    with read_only(sink_db, "inbox", "sink DB"), read_only(queue, "jobs") as con:
+    with (
+        read_only(sink_db, "inbox", "sink DB", busy_s),
+        read_only(queue, "jobs", busy_s=busy_s) as con,
+    ):
         con.execute("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
         stages: dict[str, int] = {}
         flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)

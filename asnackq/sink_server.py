@@ -18,14 +18,13 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import resource
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from asnackq import logs
 from asnackq.http_sink import BUSY, LOG, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
 
 __all__ = ["serve"]
@@ -35,7 +34,6 @@ FD_RESERVE = 64  # descriptors kept for the DB, its journal and the listening so
 LINGER_S = 2.0  # how long an unread request body is drained before the close
 MAX_LINE = 4096  # bytes in the request line, and in each header line
 MAX_HEADERS = 32
-UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 TOO_MANY_BODY = b'{"status": "too many connections"}'
 TOO_MANY = (
@@ -115,30 +113,9 @@ def connection_limit(wanted: int) -> int:
     return max(1, min(wanted, soft - BACKLOG - FD_RESERVE))
 
 
-class OneLine(logging.Formatter):
-    """A record on one line: its message and its exception's type and text, no traceback.
-
-    Clients choose much of the text (paths, header values): every byte outside printable
-    ASCII is escaped, so a request can neither split a line nor reach the terminal.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        error = record.exc_info[1] if record.exc_info else None
-        if error is not None:
-            text += f": {type(error).__name__}: {error}"
-        text = UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], " ".join(text.split()))
-        return "asnackq sink: " + text[:400]
-
-
 def log_to_stderr() -> None:
     """The sink's own log and aiohttp's server errors go to stderr, one line each."""
-    if not LOG.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(OneLine())
-        LOG.addHandler(handler)
-        LOG.setLevel(logging.INFO)
-        LOG.propagate = False
+    logs.to_stderr(LOG, "asnackq sink")
 
 
 def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

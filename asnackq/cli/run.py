@@ -322,9 +322,12 @@ def add_dashboard(commands: Commands) -> None:
         "audit's attention items. /api/state is the same data as JSON, /metrics in the "
         "Prometheus format. The DBs are opened read-only.",
     )
-    dashboard.add_argument("queue", type=Path)
+    dashboard.add_argument("queue", type=target, help="a queue file, or a postgresql:// URL")
     dashboard.add_argument(
-        "--sink-db", type=Path, default=None, help="the sink's DB: inbox counters and the audit"
+        "--sink-db",
+        type=target,
+        default=None,
+        help="the sink's DB file or postgresql:// URL: inbox counters and the audit",
     )
     dashboard.add_argument("--host", default="127.0.0.1")
     dashboard.add_argument("--port", type=metrics.port, default=0, help="0 picks a free port")
