@@ -38,22 +38,24 @@ Intake = tuple[dict[str, Any], int, int]
 
 
 def enqueue_all(
-    path: Target, items: list[Intake], advance: Callable[[int], object] | None = None
+    path: Target,
+    items: list[Intake],
+    advance: Callable[[list[bool | w.Conflict]], object] | None = None,
 ) -> list[bool | w.Conflict]:
     """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
-    is called with each committed chunk's size (a progress bar).
+    is called with each committed chunk's results (a progress bar; where to resume when a
+    later chunk fails).
     """
     results: list[bool | w.Conflict] = []
     with stores.open_queue(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
-            results += store.run(
-                partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
-            )
+            done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
+            results += done
             if advance is not None:
-                advance(len(chunk))
+                advance(done)
     return results
 
 

@@ -56,4 +56,4 @@ def loads(data: bytes | str) -> Any:
             data, object_pairs_hook=_object, parse_int=_integer, parse_constant=_constant
         )
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise ValueError("nested too deeply") from None
