@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from asnackq import files
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
 from asnackq.targets import is_url
@@ -210,6 +211,7 @@ async def open_store(
         from asnackq import pg
 
         return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
+    await asyncio.to_thread(files.holds, target, schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
 
