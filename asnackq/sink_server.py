@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import resource
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from asnackq import logs
 from asnackq.http_sink import BUSY, LOG, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
+from asnackq.metrics import screen_expect
 
 __all__ = ["serve"]
 
@@ -83,27 +83,6 @@ class Gate:
         return len(idle) >= excess
 
 
-RequestHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
-
-def screen_expect(handler: RequestHandler) -> RequestHandler:
-    """Refuse (417) any ``Expect`` but ``100-continue`` before the application sees it.
-
-    aiohttp's own expect handler echoes the header into its 417: a byte that is not UTF-8
-    made that a 500, on every path and method (found by the fuzz test).
-    """
-
-    async def screened(request: web.BaseRequest) -> web.StreamResponse:
-        expect = request.headers.get("Expect")
-        if expect and expect.lower() != "100-continue":
-            raise as_json(
-                request, web.HTTPExpectationFailed(text="only 'Expect: 100-continue' is understood")
-            )
-        return await handler(request)
-
-    return screened
-
-
 def connection_limit(wanted: int) -> int:
     """``wanted``, lowered so that the live connections, one accept batch and the DB's
     files stay within the process's descriptor limit (no ``accept()`` failures)."""
@@ -156,7 +135,7 @@ async def serve(config: SinkConfig, host: str, port: int, stop: asyncio.Event) -
         listener.close()
         raise
     assert runner.server is not None
-    runner.server.request_handler = screen_expect(runner.server.request_handler)
+    runner.server.request_handler = screen_expect(runner.server.request_handler, as_json)
     gate.server = runner.server
     try:
         await listener.start_serving()

@@ -90,6 +90,9 @@ def test_malformed_requests_are_one_log_line_each_at_most(dbs, tmp_path):
     with dashboard(queue, log=log) as url:
         for data in bad * 3:
             assert raw(url, data)[:12] in (b"HTTP/1.0 400", b"HTTP/1.1 400", b""), data[:40]
+        for expect in (b"Expect: \xff", b"Expect: bogus", b"Expect: 100-continue\xff"):
+            for path in (b"/", b"/api/state", b"/nope"):
+                assert raw(url, get(path, expect)) == b"HTTP/1.1 417 Expectation Failed"
         assert state(url)["error"] is None  # still serving
     lines = log.read_text().splitlines()
     assert len(lines) <= len(bad) * 3
