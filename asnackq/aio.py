@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from asnackq import files
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
 from asnackq.sqlite_aio import QueueBusy, SqliteStore, call_fault
@@ -74,6 +75,7 @@ async def open_store(
         from asnackq import pg
 
         return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
+    await asyncio.to_thread(files.holds, target, schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
 

@@ -2,13 +2,21 @@
 
 Rules of this module:
 
-* Read-only.  Each sample opens the DBs through ``ops.read_only`` (``mode=ro`` URIs) and
-  closes them; the dashboard never writes, creates or migrates a file.  The numbers are
-  ``ops.stats`` and ``ops.audit``, the same as ``asnackq stats`` and ``asnackq audit``.
-* One sampler task reads the DBs every ``SAMPLE_S`` (in a thread; less often when a read
-  takes longer than a tenth of that) and keeps the last minute of done counts for the
-  throughput.  Requests are answered from the latest sample, so open pages add no load on
-  the queue.  The audit (a join over every job) runs at most every ten times its duration.
+* Read-only.  Each sample opens the DBs through ``ops.read_only`` (``mode=ro`` URIs for a
+  file, read-only transactions for a ``postgresql://`` URL) and closes them; the dashboard
+  never writes, creates or migrates anything.  The numbers are ``ops.stats`` and
+  ``ops.audit``, the same as ``asnackq stats`` and ``asnackq audit``.  A URL is shown with
+  its password as ``***``.
+* One sampler task reads the DBs every ``SAMPLE_S`` (in a thread), or ten times the last
+  sample's reading time when that is longer, never more than ``MAX_GAP_S`` apart; it
+  keeps the last minute of done counts for the throughput.  Requests are answered from the
+  latest sample, so open pages add no load on the queue.  The audit (a join over every
+  job) runs at most every ten times its duration, at least every ``MAX_AUDIT_GAP_S``.
+* A file locked by a writer is not waited on inside SQLite: the read is retried for
+  ``LOCK_WAIT_S``, then the page says so (the last figures stay, marked) and the next
+  try comes after ``SAMPLE_S``.  A wait for a lock never counts as reading time.
+* Every log line is one line (``asnackq.logs``): a malformed request never writes a
+  traceback.
 * Only ``GET`` (and ``HEAD``) on ``/`` (the page), ``/api/state`` (the JSON the page shows,
   for scripts too) and ``/metrics`` (Prometheus): other methods get 405, other paths 404.
 * Loopback only unless ``--allow-remote``; on loopback, a request whose Host header names
@@ -27,23 +35,30 @@ import hashlib
 import hmac
 import importlib.resources
 import itertools
+import logging
 import re
 import signal
-import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from asnackq import metrics, ops
+from asnackq import logs, metrics, ops, stores
 from asnackq.core import worker as w
 from asnackq.http_send import is_loopback
+from asnackq.stores import Reader
+from asnackq.targets import Target, one_line, shown
 
 __all__ = ["Sampler", "make_app", "run_dashboard"]
 
 SAMPLE_S = 1.0
+MAX_GAP_S = 5.0  # the longest pause between samples, however long a read takes
+MAX_AUDIT_GAP_S = 60.0  # the longest pause between audits
+LOCK_WAIT_S = 1.0  # a writer's lock held longer than this shows as an error
+LOCK_POLL_S = 0.02
 WINDOW_MS = 60_000  # throughput over the last minute
 REDRIVES_SHOWN = 10
 AUDIT_LISTED = 20
@@ -51,33 +66,51 @@ SQL_LATEST_REDRIVES = "SELECT id, token, at_ms, note FROM redrives ORDER BY seq 
 SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliveries), 0)
 FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
 TOKEN = re.compile(r"[\x21-\x7e]{1,256}")  # visible ASCII: it travels in a header
+LOG = logging.getLogger("asnackq.dashboard")
 
 
-def read(what: str, path: Path, table: str, reader: Any) -> Any:
-    """``reader(con)`` on a read-only connection; ``ValueError`` for anything unreadable."""
-    try:
-        with ops.read_only(path, table, what) as con:
-            return reader(con)
-    except sqlite3.Error as error:
-        raise ValueError(f"cannot read the {what} {path}: {error}") from None
+Reading = Callable[[], Any]
 
 
-def read_queue(queue: Path, now_ms: int) -> dict[str, Any]:
-    def reader(con: sqlite3.Connection) -> dict[str, Any]:
-        redrives = [
-            dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
-            for row in con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))
-        ]
-        return {"stats": ops.stats(con, now_ms), "redrives": redrives}
+def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
+    """``read()`` and the seconds it took, retried while a writer holds the file.
 
-    result: dict[str, Any] = read("queue", queue, "jobs", reader)
-    return result
+    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``ops.Locked``), not
+    inside SQLite's busy handler: the time returned is that of the read that succeeded, so a
+    wait for a writer is never taken for the cost of reading.  Anything unreadable is a
+    ``ValueError`` (one line; a URL's password never shown).
+    """
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        started = time.monotonic()
+        try:
+            return read(), time.monotonic() - started
+        except Exception as error:
+            if ops.locked(error):
+                if time.monotonic() < deadline:
+                    time.sleep(LOCK_POLL_S)
+                    continue
+                raise ops.Locked(
+                    f"the {what} {shown(where)} is locked by another process (held over "
+                    f"{LOCK_WAIT_S:g} s): the figures shown are older"
+                ) from None
+            if isinstance(error, ValueError):
+                raise
+            if not stores.database_error(error):
+                raise
+            raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
 
 
-def read_inbox(sink_db: Path) -> dict[str, int]:
-    rows, deliveries, stock = read(
-        "sink DB", sink_db, "inbox", lambda con: con.execute(SQL_INBOX).fetchone()
-    )
+def read_queue(con: Reader, now_ms: int) -> dict[str, Any]:
+    redrives = [
+        dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
+        for row in con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))
+    ]
+    return {"stats": ops.stats(con, now_ms), "redrives": redrives}
+
+
+def read_inbox(con: Reader) -> dict[str, int]:
+    rows, deliveries, stock = con.execute(SQL_INBOX).fetchone()
     return {
         "effects_applied": rows,
         "deliveries": deliveries,
@@ -86,11 +119,7 @@ def read_inbox(sink_db: Path) -> dict[str, int]:
     }
 
 
-def read_audit(queue: Path, sink_db: Path, now_ms: int) -> dict[str, Any]:
-    try:
-        audited = ops.audit(queue, sink_db, now_ms, limit=AUDIT_LISTED)
-    except sqlite3.Error as error:
-        raise ValueError(f"cannot audit {queue} against {sink_db}: {error}") from None
+def audit_state(audited: dict[str, Any], now_ms: int) -> dict[str, Any]:
     return {
         "at_ms": now_ms,
         "flags": audited["flags"],
@@ -101,36 +130,60 @@ def read_audit(queue: Path, sink_db: Path, now_ms: int) -> dict[str, Any]:
     }
 
 
+def reading(where: Target, table: str, what: str, reader: Callable[[Reader], Any]) -> Reading:
+    """One read-only session on ``where`` (a file, without waiting on a lock, or a URL)."""
+
+    def read() -> Any:
+        with ops.read_only(where, table, what, busy_s=0) as con:
+            return reader(con)
+
+    return read
+
+
 @dataclass
 class Sampler:
     """The latest reading of the DBs, and the done counts of the last minute."""
 
-    queue: Path
-    sink_db: Path | None = None
+    queue: Target
+    sink_db: Target | None = None
     state: dict[str, Any] = field(default_factory=dict)
     done: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
     audit_due: float = 0.0
+    took: float = 0.0  # seconds the last sample spent reading (lock waits excluded)
 
     def sample(self) -> None:
-        """Read everything once; ``ValueError`` if a DB cannot be read."""
+        """Read everything once; ``ValueError`` (``ops.Locked`` for a lock) if a DB cannot be
+        read, and then the last state stays."""
         now = w.epoch_ms()
+        queue, took = attempt(
+            "queue",
+            self.queue,
+            reading(self.queue, "jobs", "queue", partial(read_queue, now_ms=now)),
+        )
         state = {
-            "queue": str(self.queue),
-            "sink_db": self.sink_db and str(self.sink_db),
+            "queue": shown(self.queue),
+            "sink_db": self.sink_db and shown(self.sink_db),
             "at_ms": now,
             "error": None,
-            **read_queue(self.queue, now),
+            **queue,
             "inbox": None,
             "audit": self.state.get("audit"),
         }
         if self.sink_db is not None:
-            state["inbox"] = read_inbox(self.sink_db)
+            read = reading(self.sink_db, "inbox", "sink DB", read_inbox)
+            state["inbox"], inbox_s = attempt("sink DB", self.sink_db, read)
+            took += inbox_s
             if time.monotonic() >= self.audit_due:
-                started = time.monotonic()
-                state["audit"] = read_audit(self.queue, self.sink_db, now)
-                self.audit_due = time.monotonic() + 10 * (time.monotonic() - started)
+                audited, audit_s = attempt("queue and sink DB", self.queue, self.audit(now))
+                state["audit"] = audit_state(audited, now)
+                self.audit_due = time.monotonic() + min(10 * audit_s, MAX_AUDIT_GAP_S)
         state["throughput"] = self.throughput(now, state["stats"]["by_status"]["done"])
-        self.state = state
+        self.state, self.took = state, took
+
+    def audit(self, now_ms: int) -> Reading:
+        assert self.sink_db is not None
+        sink_db = self.sink_db
+        return lambda: ops.audit(self.queue, sink_db, now_ms, limit=AUDIT_LISTED, busy_s=0)
 
     def throughput(self, now_ms: int, done: int) -> dict[str, Any]:
         """Done jobs per second over the last minute (``None`` until two samples)."""
@@ -151,22 +204,22 @@ class Sampler:
             "done_per_s": round(max(0, done - first) / span_s, 1) if span_s > 0 else None,
         }
 
-    async def run(self) -> None:
-        """Sample until cancelled; a failed read shows as ``error``.
+    def pause(self) -> float:
+        """Seconds until the next sample: ``SAMPLE_S``, or ten times the last sample's reading
+        time when that is longer (a reader delays the writers' commits on a rollback journal:
+        the dashboard reads at most a tenth of the time), never over ``MAX_GAP_S``."""
+        return min(max(SAMPLE_S, 10 * self.took), MAX_GAP_S)
 
-        A reader delays the writers' commits on a rollback journal, so the next sample waits
-        ``SAMPLE_S`` or ten times the last one's duration, whichever is longer: the dashboard
-        reads at most a tenth of the time, however large the queue.
-        """
-        took = 0.0
+    async def run(self) -> None:
+        """Sample until cancelled; a failed read shows as ``error`` over the last state, and
+        the next try comes after ``SAMPLE_S`` (a lock or an error is no cost to scale by)."""
         while True:
-            await asyncio.sleep(max(SAMPLE_S, 10 * took))
-            started = time.monotonic()
+            await asyncio.sleep(self.pause())
             try:
                 await asyncio.to_thread(self.sample)
             except ValueError as error:
                 self.state = {**self.state, "error": str(error), "at_ms": w.epoch_ms()}
-            took = time.monotonic() - started
+                self.took = 0.0
 
 
 # --- the web app ---------------------------------------------------------------------------
@@ -195,8 +248,13 @@ HEADERS = {
 
 
 def authorized(header: str, token: str) -> bool:
-    """``Bearer TOKEN``, or HTTP Basic with TOKEN as the password (any user name)."""
-    if hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+    """``Bearer TOKEN``, or HTTP Basic with TOKEN as the password (any user name).
+
+    A token is visible ASCII (``TOKEN``): a header with any other byte never matches.
+    """
+    if not header.isascii():
+        return False
+    if hmac.compare_digest(header, f"Bearer {token}"):
         return True
     scheme, _, encoded = header.partition(" ")
     if scheme.lower() != "basic":
@@ -205,7 +263,7 @@ def authorized(header: str, token: str) -> bool:
         password = base64.b64decode(encoded, validate=True).decode().partition(":")[2]
     except (ValueError, UnicodeDecodeError):
         return False
-    return hmac.compare_digest(password.encode(), token.encode())
+    return password.isascii() and hmac.compare_digest(password, token)
 
 
 def host_name(host: str) -> str:
@@ -279,13 +337,14 @@ def run_dashboard(args: argparse.Namespace) -> int:
     sampler = Sampler(args.queue, args.sink_db)
     sampler.sample()  # a missing or unreadable DB: one line, exit 1
     app = make_app(sampler, args.auth_token, loopback_only=not args.allow_remote)
+    logs.to_stderr(LOG, "asnackq dashboard")
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with metrics.serving(app, args.host, args.port) as url:
+        async with metrics.serving(app, args.host, args.port, LOG) as url:
             print(f"asnackq dashboard listening on {url}/", flush=True)
             await stop.wait()
 

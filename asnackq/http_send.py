@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
-import json
 import socket
 import ssl
 import time
@@ -29,6 +28,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asnackq import strict_json
 from asnackq.core.worker import (
     BadAck,
     Permanent,
@@ -75,9 +75,9 @@ def judge(status: int, body: bytes, event_id: str) -> bool:
     if len(body) > MAX_ACK_BYTES:
         raise BadAck(f"ACK for {event_id!r} is over {MAX_ACK_BYTES} bytes")
     try:
-        ack = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadAck(f"ACK for {event_id!r} is not JSON") from None
+        ack = strict_json.loads(body)
+    except ValueError as error:
+        raise BadAck(f"ACK for {event_id!r} is not JSON: {error}") from None
     if type(ack) is not dict or ack.get("id") != event_id or ack.get("status") not in ACK_STATUSES:
         raise BadAck(f"ACK {ack!r} does not confirm {event_id!r}")
     return True

@@ -24,13 +24,15 @@ import json
 import logging
 import random
 import re
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from asnackq import faults
+from asnackq import faults, strict_json
 from asnackq.core.worker import (
     check_event,
     check_identifier,
@@ -39,7 +41,7 @@ from asnackq.core.worker import (
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 from asnackq.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK, Inbox, SinkUnavailable, open_sink_db
 
-__all__ = ["SinkConfig", "make_app"]
+__all__ = ["SERVER_OPTIONS", "SinkConfig", "make_app"]
 
 COUNTERS = (
     "requests",
@@ -122,27 +124,68 @@ def require_token(request: web.Request) -> None:
         )
 
 
+# The sink decodes a body's Content-Encoding itself, strictly (a gzip stream must end with
+# its checksum and length; aiohttp's decoder accepts one cut short): serve ``make_app``
+# with these runner options, so that aiohttp hands over the bytes as they came.
+SERVER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
+CODINGS = {"": None, "identity": None, "gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits
+
+
+def content_coding(request: web.Request) -> int | None:
+    """The zlib ``wbits`` of the body's coding (None: as is); 415 for any other coding."""
+    given = request.headers.getall("Content-Encoding", [])
+    coding = given[0].strip().lower() if len(given) == 1 else ",".join(given)
+    if coding not in CODINGS:
+        raise web.HTTPUnsupportedMediaType(
+            text=f"Content-Encoding {coding[:40]!r} is not understood: use gzip, deflate "
+            "or identity"
+        )
+    return CODINGS[coding]
+
+
+def decoded(body: bytes, wbits: int | None) -> bytes:
+    """``body`` decoded, whole and nothing after it; 400 or 413 (measured decoded)."""
+    if wbits is None:
+        return body
+    decoder = zlib.decompressobj(wbits)
+    try:
+        data = decoder.decompress(body, MAX_ACK_BYTES + 1)
+    except zlib.error as error:
+        raise web.HTTPBadRequest(text=f"the body cannot be read: {error}") from None
+    if len(data) > MAX_ACK_BYTES:
+        raise web.HTTPRequestEntityTooLarge(MAX_ACK_BYTES, len(data))
+    if not decoder.eof or decoder.unused_data:
+        raise web.HTTPBadRequest(
+            text="the body cannot be read: its compressed stream is cut off or followed by "
+            "other bytes"
+        )
+    return data
+
+
 async def read_body(request: web.Request) -> bytes:
-    """The whole body within ``body_timeout_s``; a body that cannot be had is a 4xx.
+    """The whole body, decoded, within ``body_timeout_s``; a body that cannot be had is a 4xx.
 
     While a body is still arriving its connection does not count as busy: nothing has been
     done for it yet, so past the connection limit it may be closed for a newcomer.  A body
     that cannot be had spoils the rest: it is marked ended, so that aiohttp does not drain
     it after the answer (nor log its error a second time), and the connection closes.
     """
+    wbits = content_coding(request)
     timeout_s, busy = request.app[CONFIG].body_timeout_s, request.app[BUSY]
     arrived = request.content.is_eof()  # usually the body came with the headers
     if not arrived:
         busy.discard(request.protocol)
     try:
         async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
-            return await request.read()  # over client_max_size: aiohttp raises 413
+            body = await request.read()  # over client_max_size: aiohttp raises 413
     except TimeoutError:
         refusal: web.HTTPException = web.HTTPRequestTimeout(
             text=f"the body did not arrive within {timeout_s:g} s"
         )
-    except (web.RequestPayloadError, ConnectionError) as error:  # bad encoding, hang-up
+    except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
         refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
+    else:
+        return decoded(body, wbits)
     finally:
         busy.add(request.protocol)
     request.content.feed_eof()
@@ -156,9 +199,9 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
         raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
     body = await read_body(request)
     try:
-        event_id, qty = check_event(json.loads(body))
+        event_id, qty = check_event(strict_json.loads(body))
         token = check_token_header(request.headers.get(TOKEN_HEADER))
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+    except ValueError as error:
         raise web.HTTPBadRequest(text=str(error)) from None
     return event_id, qty, token
 

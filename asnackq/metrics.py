@@ -15,14 +15,16 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import logging
 import math
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from asnackq import logs
 from asnackq.http_send import is_loopback
 
 if TYPE_CHECKING:
@@ -263,13 +265,42 @@ def exposition(text: str) -> web.Response:
     )
 
 
-@contextlib.asynccontextmanager
-async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[str]:
-    """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``)."""
+RequestHandler = Callable[["web.BaseRequest"], Awaitable["web.StreamResponse"]]
+Refusal = Callable[["web.BaseRequest", "web.HTTPException"], "web.HTTPException"]
+
+
+def screen_expect(handler: RequestHandler, shape: Refusal | None = None) -> RequestHandler:
+    """Refuse (417) any ``Expect`` but ``100-continue`` before the application sees it
+    (``shape`` may give the refusal its body and log it).
+
+    aiohttp's own expect handler echoes the header into its 417: a byte that is not UTF-8
+    made that a 500, on every path and method (found by the fuzz tests).
+    """
     from aiohttp import web
 
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    async def screened(request: web.BaseRequest) -> web.StreamResponse:
+        expect = request.headers.get("Expect")
+        if expect and expect.lower() != "100-continue":
+            refusal = web.HTTPExpectationFailed(text="only 'Expect: 100-continue' is understood")
+            raise refusal if shape is None else shape(request, refusal)
+        return await handler(request)
+
+    return screened
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: web.Application, host: str, port: int, log: logging.Logger | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``);
+    aiohttp's server errors (a malformed request) go to ``log``."""
+    from aiohttp import web
+
+    options: dict[str, Any] = {} if log is None else {"logger": log}
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, **options)
     await runner.setup()
+    assert runner.server is not None
+    runner.server.request_handler = screen_expect(runner.server.request_handler)
     try:
         await web.TCPSite(runner, host, port).start()
         bound = runner.addresses[0]
@@ -318,7 +349,8 @@ class WorkerMetrics:
 
             app = web.Application()
             app.router.add_get("/metrics", self.get_metrics)
-            url = await self._stack.enter_async_context(serving(app, self.host, self.port))
+            log = logs.to_stderr(logging.getLogger("asnackq.work.metrics"), "asnackq work")
+            url = await self._stack.enter_async_context(serving(app, self.host, self.port, log))
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 

@@ -22,6 +22,7 @@ from asnackq.targets import Target, is_url
 
 __all__ = [
     "AUDIT_SQL",
+    "Locked",
     "audit",
     "dead",
     "enqueue_all",
@@ -37,22 +38,24 @@ Intake = tuple[dict[str, Any], int, int]
 
 
 def enqueue_all(
-    path: Target, items: list[Intake], advance: Callable[[int], object] | None = None
+    path: Target,
+    items: list[Intake],
+    advance: Callable[[list[bool | w.Conflict]], object] | None = None,
 ) -> list[bool | w.Conflict]:
     """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
-    is called with each committed chunk's size (a progress bar).
+    is called with each committed chunk's results (a progress bar; where to resume when a
+    later chunk fails).
     """
     results: list[bool | w.Conflict] = []
     with stores.open_queue(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
-            results += store.run(
-                partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
-            )
+            done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
+            results += done
             if advance is not None:
-                advance(len(chunk))
+                advance(done)
     return results
 
 
@@ -66,11 +69,26 @@ def hint(error: sqlite3.Error) -> str:
     return ""
 
 
+class Locked(ValueError):
+    """Raised when a file stayed locked by a writer for longer than the reader would wait."""
+
+
+def locked(error: BaseException) -> bool:
+    """Whether ``error`` is SQLite saying that another connection holds the file."""
+    return isinstance(error, Locked) or (
+        isinstance(error, sqlite3.OperationalError)
+        and error.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED")
+    )
+
+
 @contextlib.contextmanager
-def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]:
+def read_only(
+    path: Target, table: str, what: str = "queue", busy_s: float = 5.0
+) -> Iterator[Reader]:
     """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
 
-    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``.
+    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``; a
+    file locked by a writer for over ``busy_s`` raises ``Locked``.
     """
     if is_url(path):
         with stores.pg_read_only(str(path), table, what) as reader:
@@ -79,7 +97,7 @@ def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_s)
     kind = what.removesuffix(" DB")  # "sink DB" -> "is not a sink DB"
     try:
         try:
@@ -87,7 +105,8 @@ def read_only(path: Target, table: str, what: str = "queue") -> Iterator[Reader]
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
             ).fetchone()
         except sqlite3.OperationalError as error:
-            raise ValueError(f"cannot read {path} now: {error}{hint(error)}") from None
+            why = Locked if locked(error) else ValueError
+            raise why(f"cannot read {path} now: {error}{hint(error)}") from None
         except sqlite3.DatabaseError as error:
             raise ValueError(f"{path} is not a {kind} DB: {error}") from None
         if found is None:
@@ -292,14 +311,23 @@ def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[
 
 
 def audit(
-    queue: Target, sink_db: Target, now_ms: int, *, job_id: str | None = None, limit: int = 50
+    queue: Target,
+    sink_db: Target,
+    now_ms: int,
+    *,
+    job_id: str | None = None,
+    limit: int = 50,
+    busy_s: float = 5.0,
 ) -> dict[str, Any]:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
         with stores.local_copies(queue, sink_db) as (queue_copy, sink_copy):
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
-    with read_only(sink_db, "inbox", "sink DB"), read_only(queue, "jobs") as con:
+    with (
+        read_only(sink_db, "inbox", "sink DB", busy_s),
+        read_only(queue, "jobs", busy_s=busy_s) as con,
+    ):
         con.execute("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
         stages: dict[str, int] = {}
         flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)

@@ -18,16 +18,15 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import resource
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_sink import BUSY, LOG, STATS, SinkConfig, as_json, make_app
+from asnackq import logs
+from asnackq.http_sink import BUSY, LOG, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
+from asnackq.metrics import screen_expect
 
 __all__ = ["serve"]
 
@@ -36,7 +35,6 @@ FD_RESERVE = 64  # descriptors kept for the DB, its journal and the listening so
 LINGER_S = 2.0  # how long an unread request body is drained before the close
 MAX_LINE = 4096  # bytes in the request line, and in each header line
 MAX_HEADERS = 32
-UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 TOO_MANY_BODY = b'{"status": "too many connections"}'
 TOO_MANY = (
@@ -86,27 +84,6 @@ class Gate:
         return len(idle) >= excess
 
 
-RequestHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
-
-def screen_expect(handler: RequestHandler) -> RequestHandler:
-    """Refuse (417) any ``Expect`` but ``100-continue`` before the application sees it.
-
-    aiohttp's own expect handler echoes the header into its 417: a byte that is not UTF-8
-    made that a 500, on every path and method (found by the fuzz test).
-    """
-
-    async def screened(request: web.BaseRequest) -> web.StreamResponse:
-        expect = request.headers.get("Expect")
-        if expect and expect.lower() != "100-continue":
-            raise as_json(
-                request, web.HTTPExpectationFailed(text="only 'Expect: 100-continue' is understood")
-            )
-        return await handler(request)
-
-    return screened
-
-
 def connection_limit(wanted: int) -> int:
     """``wanted``, lowered so that the live connections, one accept batch and the DB's
     files stay within the process's descriptor limit (no ``accept()`` failures)."""
@@ -116,30 +93,9 @@ def connection_limit(wanted: int) -> int:
     return max(1, min(wanted, soft - BACKLOG - FD_RESERVE))
 
 
-class OneLine(logging.Formatter):
-    """A record on one line: its message and its exception's type and text, no traceback.
-
-    Clients choose much of the text (paths, header values): every byte outside printable
-    ASCII is escaped, so a request can neither split a line nor reach the terminal.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        error = record.exc_info[1] if record.exc_info else None
-        if error is not None:
-            text += f": {type(error).__name__}: {error}"
-        text = UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], " ".join(text.split()))
-        return "asnackq sink: " + text[:400]
-
-
 def log_to_stderr() -> None:
     """The sink's own log and aiohttp's server errors go to stderr, one line each."""
-    if not LOG.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(OneLine())
-        LOG.addHandler(handler)
-        LOG.setLevel(logging.INFO)
-        LOG.propagate = False
+    logs.to_stderr(LOG, "asnackq sink")
 
 
 def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -180,6 +136,7 @@ async def serve(
         max_line_size=MAX_LINE,
         max_field_size=MAX_LINE,
         max_headers=MAX_HEADERS,
+        **SERVER_OPTIONS,
     )
     try:
         await runner.setup()  # opens (or creates) the DB
@@ -187,7 +144,7 @@ async def serve(
         listener.close()
         raise
     assert runner.server is not None
-    runner.server.request_handler = screen_expect(runner.server.request_handler)
+    runner.server.request_handler = screen_expect(runner.server.request_handler, as_json)
     gate.server = runner.server
     try:
         await listener.start_serving()

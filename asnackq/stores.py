@@ -7,7 +7,8 @@ Rules of this module:
   transaction, ``execute(sql, params)`` reads with SQLite's placeholders.
 * Nothing creates a queue but ``open_queue(..., create=True)`` (``init``, the lab, the
   demo); every other opening insists the queue (or the sink DB) is already there, and
-  inspecting opens read-only.
+  inspecting opens read-only.  A file is written only if it is new, empty or already a
+  queue (``asnackq.files``): never another application's database.
 * psycopg is imported only when a URL is used.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from asnackq import files
 from asnackq.core import worker as w
 from asnackq.pg_sql import Missing
 from asnackq.targets import Target, is_url, shown
@@ -105,6 +107,7 @@ def open_queue(where: Target, *, create: bool = False) -> Iterator[Store]:
     else:
         if not create:
             require(where)
+        files.holds(where, w.SCHEMA)  # never another application's database
         store = SqliteFile(w.open_queue(where))
     try:
         yield store
@@ -121,17 +124,20 @@ def require(where: Target, what: str = "queue") -> None:
             raise ValueError(
                 f"no {what} at {shown(where)} (create one with: asnackq init {shown(where)})"
             ) from None
-    elif not Path(where).is_file():
+    elif not files.holds(where, w.SCHEMA):
         raise ValueError(f"no {what} at {where} (create one with: asnackq init {where})")
 
 
 def init(where: Target) -> tuple[bool, int]:
     """Create a queue if absent: ``(created, jobs)``."""
-    try:
-        require(where)
-        created = False
-    except ValueError:
-        created = True
+    if is_url(where):
+        try:
+            require(where)
+            created = False
+        except ValueError:
+            created = True
+    else:
+        created = not files.holds(where, w.SCHEMA)
     with open_queue(where, create=True) as store:
         (jobs,) = store.execute("SELECT count(*) FROM jobs").fetchone()
     return created, int(jobs)

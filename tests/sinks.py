@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_sink import SinkConfig, make_app
+from asnackq.http_sink import SERVER_OPTIONS, SinkConfig, make_app
 from asnackq.targets import is_url
 
 from .pgdb import query
@@ -30,7 +30,7 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def serving(app: web.Application) -> AsyncIterator[Running]:
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -420,11 +420,19 @@ async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
 
 def test_work_refuses_a_timeout_longer_than_the_lease(queue):
     assert "must be below the lease" in fails(
-        "work", queue, "--sink", "http://127.0.0.1:9/e", "--lease-ms", "1000", "--timeout-s", "2"
+        "work",
+        queue,
+        "--sink",
+        "http://127.0.0.1:9/e",
+        "--lease-ms",
+        "1000",
+        "--timeout-s",
+        "2",
+        code=2,
     )
-    assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events")
+    assert "non-loopback" in fails("work", queue, "--sink", "http://example.com/events", code=2)
     assert "prefetch must be" in fails(
-        "work", queue, "--sink", "http://127.0.0.1:9/e", "--prefetch", "-1"
+        "work", queue, "--sink", "http://127.0.0.1:9/e", "--prefetch", "-1", code=2
     )
     for bad in ("-1", "1001", "0.5", "ten"):
         assert "--gather-ms: must be an int in 0..1000" in fails(
@@ -529,5 +537,5 @@ def test_lab_verification_catches_a_lost_effect(tmp_path):
 
 
 def test_lab_refuses_bad_settings():
-    assert "below the lease" in fails("lab", "--lease-ms", "500", "--send-timeout-s", "1")
+    assert "below the lease" in fails("lab", "--lease-ms", "500", "--send-timeout-s", "1", code=2)
     fails("lab", "--fail-rate", "2", code=2)

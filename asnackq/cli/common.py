@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
 from asnackq import faults, stores
-from asnackq.http_send import check_url
+from asnackq.http_send import check_url, is_loopback
 from asnackq.targets import Target
 from asnackq.tls import tls_context
 
@@ -79,6 +80,13 @@ def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[
 RATE = within(float, *faults.RATE)  # a sink's fault rate
 DELAY_MS = within(int, *faults.DELAY_MS)  # a sink's delay before each answer
 TIMEOUT = within(float, 0.001, 600)  # a sender's timeout_s
+
+
+def check_sink(url: str, allow_remote: bool) -> None:
+    """Refuse (usage) a non-loopback sink unless ``--allow-remote`` was given."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if not allow_remote and not is_loopback(host):
+        raise Usage(f"refusing non-loopback sink {host!r} without --allow-remote")
 
 
 def sink_url(text: str) -> str:

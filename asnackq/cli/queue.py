@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops, stores
+from asnackq import ops, stores, strict_json
 from asnackq.cli.common import (
     QUEUE_HELP,
     TTL_MS,
@@ -23,7 +23,7 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
-from asnackq.targets import Target, shown, target
+from asnackq.targets import Target, one_line, shown, target
 
 
 def add_init(commands: Commands) -> None:
@@ -73,14 +73,17 @@ Intake = ops.Intake
 INTAKE_KEYS = frozenset({"id", "qty", "ttl_ms", "max_attempts"})
 
 
-def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> list[Intake]:
+Numbered = list[tuple[int, Intake]]  # each intake with its input's line number
+
+
+def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> Numbered:
     """Parse and validate every JSON line (``NAME:LINE: why`` on the first bad one)."""
     items = []
     for number, line in enumerate(stream, 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = strict_json.loads(line)
             if type(record) is not dict:
                 raise ValueError("each line must be a JSON object")
             unknown = record.keys() - INTAKE_KEYS
@@ -94,10 +97,23 @@ def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> 
             w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
         except ValueError as error:
             raise Failure(f"{name}:{number}: {error}") from None
-        except RecursionError:
-            raise Failure(f"{name}:{number}: nested too deeply") from None
-        items.append(item)
+        items.append((number, item))
     return items
+
+
+def read_input(args: argparse.Namespace) -> Numbered:
+    """The intakes ``enqueue`` was given: ``--id``/``--qty``, a file, or stdin (``-``)."""
+    if args.input is None:
+        return [(0, ({"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts))]
+    if args.input == "-":
+        if sys.stdin is None:
+            raise Failure("stdin is closed: give a file, or pipe the JSON Lines in")
+        return read_intakes(sys.stdin, "stdin", args.ttl_ms, args.max_attempts)
+    try:
+        with open(args.input, encoding="utf-8") as stream:
+            return read_intakes(stream, args.input, args.ttl_ms, args.max_attempts)
+    except UnicodeDecodeError as error:
+        raise Failure(f"{args.input}: not UTF-8 text: {error}") from None
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
@@ -106,17 +122,8 @@ def run_enqueue(args: argparse.Namespace) -> int:
     if (args.id is None) != (args.qty is None):
         raise Usage("--id and --qty go together")
     existing_queue(args.queue)
-    if args.input is None:
-        items = [({"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts)]
-    elif args.input == "-":
-        items = read_intakes(sys.stdin, "stdin", args.ttl_ms, args.max_attempts)
-    else:
-        try:
-            with open(args.input, encoding="utf-8") as stream:
-                items = read_intakes(stream, args.input, args.ttl_ms, args.max_attempts)
-        except UnicodeDecodeError as error:
-            raise Failure(f"{args.input}: not UTF-8 text: {error}") from None
-    results = intake(args.queue, items, show_progress=args.input is not None)
+    numbered = read_input(args)
+    results = intake(args.queue, numbered, args.input)
     conflicts = [str(r) for r in results if isinstance(r, w.Conflict)]
     counts = {
         "inserted": sum(r is True for r in results),
@@ -138,14 +145,44 @@ def run_enqueue(args: argparse.Namespace) -> int:
     return 1 if conflicts else 0
 
 
-def intake(queue: Target, items: list[Intake], show_progress: bool) -> list[bool | w.Conflict]:
-    """``ops.enqueue_all`` with a progress bar on a terminal."""
+def intake(queue: Target, numbered: Numbered, source: str | None) -> list[bool | w.Conflict]:
+    """``ops.enqueue_all`` with a progress bar on a terminal; stopped by a database or
+    OS error (a full disk), a ``Failure`` that says what was committed and where to resume."""
     console = Console(stderr=True)
+    committed: list[bool | w.Conflict] = []
     with Progress(
-        console=console, transient=True, disable=not (show_progress and console.is_terminal)
+        console=console, transient=True, disable=not (source and console.is_terminal)
     ) as progress:
-        task = progress.add_task("enqueue", total=len(items))
-        return ops.enqueue_all(queue, items, lambda n: progress.advance(task, n))
+        task = progress.add_task("enqueue", total=len(numbered))
+
+        def advance(done: list[bool | w.Conflict]) -> None:
+            committed.extend(done)
+            progress.advance(task, len(done))
+
+        try:
+            return ops.enqueue_all(queue, [item for _, item in numbered], advance)
+        except Exception as error:
+            if not (isinstance(error, OSError) or stores.database_error(error)):
+                raise
+            raise Failure(stopped(error, committed, numbered, source)) from None
+
+
+def stopped(
+    error: BaseException, committed: list[bool | w.Conflict], numbered: Numbered, source: str | None
+) -> str:
+    """What an intake stopped by ``error`` committed, and where the rest begins."""
+    done, inserted = len(committed), sum(r is True for r in committed)
+    text = (
+        f"{one_line(error)}: stopped after {done} of {len(numbered)} jobs were committed "
+        f"({inserted} inserted)"
+    )
+    if source is None or done == 0:
+        return text + "; nothing after that was written"
+    name = "stdin" if source == "-" else source
+    return (
+        f"{text}; the rest begins at {name} line {numbered[done][0]} (run the same input "
+        "again: the committed jobs count as already present)"
+    )
 
 
 def add_inspect(commands: Commands) -> None:

@@ -24,6 +24,7 @@ from asnackq.cli.common import (
     Usage,
     add_files,
     add_sink_tls,
+    check_sink,
     exact_int,
     renamed,
     sink_tls,
@@ -35,7 +36,7 @@ from asnackq.http_send import is_loopback
 from asnackq.targets import target
 
 if TYPE_CHECKING:
-    pass
+    from asnackq.lab import LabConfig
 
 
 def add_lab(commands: Commands) -> None:
@@ -97,8 +98,8 @@ def add_lab(commands: Commands) -> None:
     )
     lab.add_argument(
         "--kill-after-acks",
-        type=within(int, 0, 10_000_000),
-        default=0,
+        type=within(int, 1, 10_000_000),
+        default=None,
         metavar="N",
         help="instead of --kill-every: the first worker runs alone "
         "and is SIGKILLed right after its Nth verified ACK, then the P workers "
@@ -125,10 +126,9 @@ def add_lab(commands: Commands) -> None:
     lab.set_defaults(run=run_lab)
 
 
-def run_lab(args: argparse.Namespace) -> int:
-    from asnackq import report
-    from asnackq.lab import LabConfig, report_rows
-    from asnackq.lab import run_lab as experiment
+def lab_config(args: argparse.Namespace) -> LabConfig:
+    """The lab's configuration from its options, checked (``ValueError`` for one out of range)."""
+    from asnackq.lab import LabConfig
 
     config = LabConfig(
         jobs=args.jobs,
@@ -148,11 +148,24 @@ def run_lab(args: argparse.Namespace) -> int:
         sinks=args.sinks,
         kill_sinks=args.kill_sinks,
         pg_local=args.pg_local,
-        kill_after_acks=args.kill_after_acks,
+        kill_after_acks=args.kill_after_acks or 0,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         sink_ca=args.sink_ca,
     )
+    config.check()
+    return config
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    from asnackq import report
+    from asnackq.lab import report_rows
+    from asnackq.lab import run_lab as experiment
+
+    try:  # the lab's own ranges: an option out of range is a usage error
+        config = lab_config(args)
+    except ValueError as error:
+        raise Usage(str(error)) from None
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
@@ -323,6 +336,7 @@ def add_outbox(commands: Commands) -> None:
     add_sink_tls(dispatch)
     dispatch.add_argument("--limit", type=within(int, 1, 16), default=16)
     dispatch.add_argument("--timeout-s", type=TIMEOUT, default=2.0)
+    dispatch.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
     outbox.set_defaults(run=run_outbox)
 
 
@@ -338,7 +352,10 @@ def run_outbox(args: argparse.Namespace) -> int:
     if args.action == "accept":
         check_event({"id": args.id, "qty": args.qty})  # before the file is created
     else:
-        sender = HttpSender(args.sink, timeout_s=args.timeout_s, **sink_tls(args))
+        check_sink(args.sink, args.allow_remote)
+        sender = HttpSender(
+            args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **sink_tls(args)
+        )
         with ops.read_only(args.source, "outbox", "source DB"):
             pass  # an existing source DB only
     con = outbox.open_source(args.source)
@@ -371,9 +388,12 @@ def add_dashboard(commands: Commands) -> None:
         "audit's attention items. /api/state is the same data as JSON, /metrics in the "
         "Prometheus format. The DBs are opened read-only.",
     )
-    dashboard.add_argument("queue", type=Path)
+    dashboard.add_argument("queue", type=target, help="a queue file, or a postgresql:// URL")
     dashboard.add_argument(
-        "--sink-db", type=Path, default=None, help="the sink's DB: inbox counters and the audit"
+        "--sink-db",
+        type=target,
+        default=None,
+        help="the sink's DB file or postgresql:// URL: inbox counters and the audit",
     )
     dashboard.add_argument("--host", default="127.0.0.1")
     dashboard.add_argument("--port", type=metrics.port, default=0, help="0 picks a free port")

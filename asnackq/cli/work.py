@@ -23,7 +23,9 @@ from asnackq.cli.common import (
     QUEUE_HELP,
     TIMEOUT,
     Commands,
+    Usage,
     add_sink_tls,
+    check_sink,
     exact_int,
     existing_queue,
     sink_tls,
@@ -32,7 +34,7 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
-from asnackq.targets import target
+from asnackq.targets import one_line, target
 from asnackq.traces import Tracer
 
 if TYPE_CHECKING:
@@ -140,10 +142,14 @@ def run_work(args: argparse.Namespace) -> int:
     from asnackq.http_send import AsyncHttpSender
 
     tls = sink_tls(args)
+    check_sink(args.sink, args.allow_remote)
+    try:
+        retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
+        breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
+    except ValueError as error:
+        raise Usage(str(error)) from None
     existing_queue(args.queue)
     owner = args.owner or default_owner()
-    retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
-    breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
     sender = AsyncHttpSender(
         args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls
     )
@@ -152,23 +158,26 @@ def run_work(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
 
-    async def main() -> tuple[Summary, bool]:
+    async def main() -> tuple[Summary, bool, BaseException | None]:
         async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
             send: AsyncSend = http
             if args.kill_after_acks:
                 send = killed_after(args.kill_after_acks, http)
-            dispatcher = Dispatcher(
-                queue,
-                exporter.timed(send),
-                owner=owner,
-                concurrency=args.concurrency,
-                lease_ms=args.lease_ms,
-                trace=tracer,
-                prefetch=args.prefetch,
-                retry=retry,
-                breaker=breaker,
-                gather_ms=args.gather_ms,
-            )
+            try:  # the Dispatcher's own ranges: an option out of range is a usage error
+                dispatcher = Dispatcher(
+                    queue,
+                    exporter.timed(send),
+                    owner=owner,
+                    concurrency=args.concurrency,
+                    lease_ms=args.lease_ms,
+                    trace=tracer,
+                    prefetch=args.prefetch,
+                    retry=retry,
+                    breaker=breaker,
+                    gather_ms=args.gather_ms,
+                )
+            except ValueError as error:
+                raise Usage(str(error)) from None
             exporter.watch(dispatcher)
             running = asyncio.ensure_future(
                 dispatcher.run(
@@ -199,12 +208,10 @@ def run_work(args: argparse.Namespace) -> int:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             stopped = running.cancelled()
-            if not stopped:
-                running.result()
-            return dispatcher.summary, stopped
+            return dispatcher.summary, stopped, None if stopped else running.exception()
 
     try:
-        run, stopped = asyncio.run(main())
+        run, stopped, failure = asyncio.run(main())
     finally:
         if tracer is not None:
             tracer.close()
@@ -217,6 +224,7 @@ def run_work(args: argparse.Namespace) -> int:
         "stopped_by_signal": stopped,
         "retry": retry._asdict(),
         "breaker": dataclasses.asdict(breaker),
+        "error": None if failure is None else one_line(failure),
     }
     emit(
         args,
@@ -238,6 +246,8 @@ def run_work(args: argparse.Namespace) -> int:
             )
         ),
     )
+    if failure is not None:  # the summary first: what was done before the run died
+        raise failure
     if run.dead_unanswered and not args.accept_dead:
         print(
             f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
