@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from asnackq.aio import AsyncQueue
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
+from asnackq.runclock import RunClock
 from asnackq.summary import Summary
 
 __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace"]
@@ -97,10 +98,6 @@ class Settings:
         """How long results may gather: ``gather_ms``, at most a tenth of the lease."""
         return min(self.gather_ms, self.lease_ms // 10) / 1000
 
-    def now(self, name: str = "clock reading") -> int:
-        """A checked reading of the run's clock."""
-        return w.check_now(self.clock(), name, self.limits)
-
 
 class Committer:
     """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
@@ -110,6 +107,7 @@ class Committer:
     ) -> None:
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
+        self.now = RunClock(settings.clock, settings.limits)  # the run's readings
         self.breaker = Breaker(breaker, self.kick_now)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
@@ -159,7 +157,7 @@ class Committer:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""
         if not self._holds(ticket):
             return 0.0
-        return max(0.0, (int(self.held[ticket["id"]]["lease_until"]) - self.settings.now()) / 1000)
+        return max(0.0, (int(self.held[ticket["id"]]["lease_until"]) - self.now()) / 1000)
 
     def _taking(self, claimed: Claimed) -> Claimed:
         self.taken += 1
@@ -188,6 +186,7 @@ class Committer:
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
+        self.summary.clock_steps, self.summary.clock_step_ms = self.now.steps, self.now.largest_ms
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -202,7 +201,7 @@ class Committer:
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         self.kick.clear()
-        now = self.settings.now()
+        now = self.now()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
         if self.inbox or due or (want and not self.dry):
