@@ -254,9 +254,18 @@ class AsyncQueue:
         now_ms: int,
         lease_ms: int,
         count: int,
+        fresh: int = 0,
     ) -> w.Cycle:
         make = partial(
-            w.plan_cycle, results, held, owner, now_ms, lease_ms, count, limits=self.limits
+            w.plan_cycle,
+            results,
+            held,
+            owner,
+            now_ms,
+            lease_ms,
+            count,
+            fresh,
+            limits=self.limits,
         )
         outcome: w.Cycle = await self._run(make)
         return outcome

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from asnackq.aio import AsyncQueue
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
+from asnackq.runclock import RunClock
 from asnackq.summary import Summary
 
 __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace"]
@@ -67,6 +68,19 @@ class Finish(NamedTuple):
     delay_ms: int
 
 
+class Want(NamedTuple):
+    """A cycle's claims: one per waiting coroutine (any claimable job), and those kept
+    ahead of demand (jobs never attempted: a ticket that waits unsent in the hands of a
+    worker that dies costs its job's first attempt at most)."""
+
+    waiting: int
+    ahead: int
+
+    @property
+    def total(self) -> int:
+        return self.waiting + self.ahead
+
+
 class Phase(enum.Enum):
     """Where a run stands; it only ever moves forward."""
 
@@ -97,10 +111,6 @@ class Settings:
         """How long results may gather: ``gather_ms``, at most a tenth of the lease."""
         return min(self.gather_ms, self.lease_ms // 10) / 1000
 
-    def now(self, name: str = "clock reading") -> int:
-        """A checked reading of the run's clock."""
-        return w.check_now(self.clock(), name, self.limits)
-
 
 class Committer:
     """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
@@ -110,6 +120,7 @@ class Committer:
     ) -> None:
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
+        self.now = RunClock(settings.clock, settings.limits)  # the run's readings
         self.breaker = Breaker(breaker, self.kick_now)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
@@ -159,7 +170,7 @@ class Committer:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""
         if not self._holds(ticket):
             return 0.0
-        return max(0.0, (int(self.held[ticket["id"]]["lease_until"]) - self.settings.now()) / 1000)
+        return max(0.0, (int(self.held[ticket["id"]]["lease_until"]) - self.now()) / 1000)
 
     def _taking(self, claimed: Claimed) -> Claimed:
         self.taken += 1
@@ -188,6 +199,7 @@ class Committer:
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
+        self.summary.clock_steps, self.summary.clock_step_ms = self.now.steps, self.now.largest_ms
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -202,10 +214,10 @@ class Committer:
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         self.kick.clear()
-        now = self.settings.now()
+        now = self.now()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
-        if self.inbox or due or (want and not self.dry):
+        if self.inbox or due or (want.total and not self.dry):
             pause = self._pause(bool(due or pressing), wake_ms)
             if pause > 0:
                 await self._gather(pause)
@@ -289,18 +301,17 @@ class Committer:
         need = math.ceil(2 * self.rate * max(self.period, settings.gather_s + self.txn_s))
         return max(settings.concurrency // 4, min(need, 8 * settings.concurrency, 1024))
 
-    def _want(self) -> int:
+    def _want(self) -> Want:
         """How many tickets to claim now: one per idle coroutine plus those kept ahead."""
         if self.phase is not Phase.CLAIMING:
-            return 0
+            return Want(0, 0)
         if self.breaker.is_open:  # one ticket to probe with, if none is held
-            return int(not self.held and bool(self.waiters))  # (closing, it kicks us)
-        want = len(self.waiters) + self._ahead() - len(self.ready)
-        if self.budget is not None:
-            want = min(want, self.budget)
-        return max(0, min(want, 1024))
+            return Want(int(not self.held and bool(self.waiters)), 0)  # (closing, it kicks us)
+        budget = 1024 if self.budget is None else min(self.budget, 1024)
+        waiting = min(len(self.waiters), budget)  # (a waiter means no ticket is ready)
+        return Want(waiting, max(0, min(self._ahead() - len(self.ready), budget - waiting)))
 
-    async def _cycle(self, now: int, due: list[w.Ticket], want: int) -> None:
+    async def _cycle(self, now: int, due: list[w.Ticket], want: Want) -> None:
         """One transaction: settle what came back, keep what is held, claim ``want``."""
         sent, self.inbox = self.inbox, []
         finishes = self._finishes(sent)
@@ -312,15 +323,15 @@ class Committer:
         self.cycling = True
         try:
             statuses, extended, tickets, ended = await self.queue.cycle(
-                finishes, due, self.settings.owner, now, self.settings.lease_ms, want
+                finishes, due, self.settings.owner, now, self.settings.lease_ms, *want
             )
         finally:
             self.cycling = False
             self.txn_s = self.clock() - started
         self.summary.commits += 1
         self.summary.ended(ended)
-        if want:
-            self.dry = len(tickets) < want
+        if want.total:
+            self.dry = len(tickets) < want.total
         self._settled(finishes, statuses)
         self._kept(now, due, extended)
         self._claimed(now, tickets)

@@ -13,7 +13,9 @@ Rules of this module:
 * A coroutine sends a ticket only while the run holds its lease; a lost ticket is never
   sent again, and its result is dropped.
 * The clock's reading at a claim is the delivery's first reading; the coroutine takes the
-  second when the send returns, exactly as ``run_once`` does.
+  second when the send returns, exactly as ``run_once`` does.  Both come from the run's
+  ``RunClock``: a wall clock stepped back holds the run's time, never ends the run.
+* Every task the run creates is awaited and its exception retrieved, on every path.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ async def deliver(committer: Committer, send: AsyncSend) -> None:
     while (claimed := await committer.take()) is not None:
         try:
             sent = await send_until_answered(committer, send, claimed)
-        except Exception:  # a bad clock: the run fails, the job
+        except Exception:  # a bad clock or jitter: the run fails, the job
             committer.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
             committer.drain()
             raise
@@ -56,7 +58,7 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
     ticket, again = claimed.ticket, 0
     while True:
         probe = await breaker.admit(committer.lease_left_s(ticket)) if breaker.is_open else False
-        if (again or probe is not False) and not committer.keeps(ticket, settings.now()):
+        if (again or probe is not False) and not committer.keeps(ticket, committer.now()):
             breaker.record(probe, None)  # (a first send's ticket was just checked)
             return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
@@ -91,7 +93,7 @@ def outcome_at(
     committer: Committer, claimed: Claimed, outcome: tuple[str, int]
 ) -> tuple[str, int, int]:
     """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
-    now = w.second_reading(committer.settings.clock, claimed.first, committer.settings.limits)
+    now = w.second_reading(committer.now, claimed.first, committer.settings.limits)
     return outcome[0], now, outcome[1]
 
 
@@ -206,10 +208,17 @@ class Dispatcher:
                 task.cancel()
             await asyncio.wait(workers)
             await committer.close(loop)
+            first_failure([loop, *workers])
             raise
         await committer.close(loop)
-        for task in workers:
-            task.result()  # a coroutine's unexpected failure is the run's
-        if committer.failure is not None:
-            raise committer.failure
+        failure = first_failure([loop, *workers]) or committer.failure
+        if failure is not None:  # a coroutine's unexpected failure is the run's
+            raise failure
         return self.summary
+
+
+def first_failure(tasks: list[asyncio.Future[None]]) -> BaseException | None:
+    """The first exception of these finished tasks; every task's is retrieved, so none is
+    ever reported as "never retrieved"."""
+    failures = [task.exception() for task in tasks if not task.cancelled()]
+    return next((failure for failure in failures if failure is not None), None)

@@ -71,6 +71,11 @@ PG_NEXT_CLAIMABLE = f"""
 WITH pending AS ({_CLAIMABLE.format(status="pending", ready="available_at")}),
 expired AS ({_CLAIMABLE.format(status="leased", ready="lease_until")})
 SELECT * FROM pending UNION ALL SELECT * FROM expired ORDER BY seq LIMIT %(n)s"""
+PG_NEXT_FRESH = """
+SELECT seq, id, qty, attempts, token, deadline FROM jobs
+WHERE status = 'pending' AND available_at <= %(now)s AND attempts = 0
+  AND deadline > %(now)s AND attempts < max_attempts
+ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
 
 # Rows read to decide on are locked, in one order for every transaction.
 PG_JOBS = """
@@ -93,6 +98,7 @@ RETURNING seq"""
 STATEMENTS: dict[str, str] = {
     w.SQL_QUARANTINE: PG_QUARANTINE,
     w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
+    w.SQL_NEXT_FRESH: PG_NEXT_FRESH,
     w.SQL_JOBS: PG_JOBS,
     w.SQL_JOB: PG_JOB,
     w.SQL_LEASE: PG_LEASE,

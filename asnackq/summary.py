@@ -29,6 +29,8 @@ class Summary:
     outages: int = 0  # the circuit breaker: times it opened,
     probes: int = 0  # sends it let through while open,
     paused_ms: int = 0  # and the time it was open
+    clock_steps: int = 0  # times the clock stepped back (the run's clock held: see RunClock)
+    clock_step_ms: int = 0  # the largest step back
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

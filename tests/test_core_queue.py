@@ -748,3 +748,27 @@ def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
     assert rows(where["many"]) == before
     one.close()
     many.close()
+
+
+def test_a_cycles_claims_ahead_take_only_jobs_never_attempted(driver, place):
+    where = place("q")
+    con = open_con(driver, where)
+    q.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(8)], T0)
+    q.claim_many(con, "w1", T0, 100, 2)  # j0, j1: their leases end at T0 + 100
+    retried = q.claim(con, "w1", T0, 500)  # j2: back to pending, one attempt spent
+    q.finish(con, retried, "retry", T0 + 1, 0)
+    _, _, tickets, _ = q.cycle(con, [], [], "w2", T0 + 200, 500, 1, 3)
+    assert [(t["id"], t["attempt"]) for t in tickets] == [
+        ("j0", 2),  # the claim for a waiting coroutine: any claimable job
+        ("j3", 1),  # ahead of demand: only jobs never attempted
+        ("j4", 1),
+        ("j5", 1),
+    ]
+    assert [t["id"] for t in q.cycle(con, [], [], "w2", T0 + 200, 500, 0, 5)[2]] == ["j6", "j7"]
+    assert [t["id"] for t in q.cycle(con, [], [], "w2", T0 + 200, 500, 3, 1)[2]] == ["j1", "j2"]
+    before = rows(where)
+    for fresh in (-1, 1025, True):
+        with pytest.raises(ValueError, match="fresh"):
+            q.cycle(con, [], [], "w2", T0 + 200, 500, 0, fresh)
+    assert rows(where) == before
+    con.close()

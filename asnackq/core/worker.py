@@ -359,6 +359,14 @@ SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN (
   ORDER BY seq LIMIT :n)
 ORDER BY seq"""
 
+# Claims ahead of demand (a ticket that may wait, unsent, in a dispatcher's hands) take only
+# jobs never attempted since their intake or redrive: a worker that dies holding such tickets
+# spends each job's first attempt at most, whatever the number of such deaths.
+SQL_NEXT_FRESH = """
+SELECT seq, id, qty, attempts, token, deadline FROM jobs
+WHERE status = 'pending' AND available_at <= :now AND attempts = 0
+ORDER BY seq LIMIT :n"""
+
 # Sets of jobs travel as one JSON array parameter (``json_each``): one statement, one
 # SQLite step, however many jobs, so a transaction's statements do not grow with its batch.
 # The plan has read the leased rows in the same transaction and computed each ticket from
@@ -576,16 +584,29 @@ def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan[Ticket | None]:
 
 
 def _lease(
-    owner: str, now_ms: int, lease_ms: int, count: int
+    owner: str, now_ms: int, lease_ms: int, count: int, fresh: int = 0
 ) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
-    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs.
+    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs, then up to
+    ``fresh`` more of the lowest-seq jobs never attempted (``SQL_NEXT_FRESH``).
 
     Returns the tickets and how many jobs the quarantine ended, by reason.
     """
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
     dead = yield Sql(SQL_QUARANTINE, {"now": now_ms})
     ended = {reason: sum(1 for (why,) in dead if why == reason) for reason in QUARANTINE_REASONS}
-    rows = yield Sql(SQL_NEXT_CLAIMABLE, {"now": now_ms, "n": count})
+    tickets = (
+        (yield from _take(SQL_NEXT_CLAIMABLE, owner, now_ms, lease_ms, count)) if count else []
+    )
+    if fresh:  # after the first lease: the jobs it took are no longer pending
+        tickets += yield from _take(SQL_NEXT_FRESH, owner, now_ms, lease_ms, fresh)
+    return tickets, ended
+
+
+def _take(
+    sql: str, owner: str, now_ms: int, lease_ms: int, count: int
+) -> Generator[Step, Any, list[Ticket]]:
+    """Lease the jobs ``sql`` selects (up to ``count``): one claim each, in ``seq`` order."""
+    rows = yield Sql(sql, {"now": now_ms, "n": count})
     tickets = [
         {
             "id": job_id,
@@ -599,7 +620,7 @@ def _lease(
     ]
     if tickets:
         yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
-    return tickets, ended
+    return tickets
 
 
 def plan_claim_many(
@@ -754,6 +775,7 @@ def plan_cycle(
     now_ms: object,
     lease_ms: object,
     count: object,
+    fresh: object = 0,
     *,
     limits: Limits = CONTRACT,
 ) -> Plan[Cycle]:
@@ -761,13 +783,17 @@ def plan_cycle(
 
     Identical to ``finish_many(results)``, then ``extend_many(held, now_ms, lease_ms)``, then
     ``claim_many(owner, now_ms, lease_ms, count)``; each part may be empty (``count`` 0).
-    The result is ``(statuses, extended, tickets, ended)``: ``ended`` counts the jobs that
-    ended dead in it (finished dead, or by the claim's quarantine), by reason.
+    Then up to ``fresh`` more claims, of jobs never attempted (``SQL_NEXT_FRESH``): the
+    tickets a dispatcher keeps ahead of demand.  The result is ``(statuses, extended,
+    tickets, ended)``: ``ended`` counts the jobs that ended dead in it (finished dead, or by
+    the claim's quarantine), by reason.
     """
     checked = _checked_results(results, limits)
     tickets, _, _ = check_extend(held, now_ms, lease_ms, limits)
     many = check_int(count, "count", 0, 1024)
-    return _cycle(checked, tickets, *check_claim(owner, now_ms, lease_ms, limits), many)
+    ahead = check_int(fresh, "fresh", 0, 1024)
+    claim = check_claim(owner, now_ms, lease_ms, limits)
+    return _cycle(checked, tickets, *claim, many, ahead)
 
 
 def _cycle(
@@ -777,12 +803,13 @@ def _cycle(
     now_ms: int,
     lease_ms: int,
     count: int,
+    fresh: int = 0,
 ) -> Plan[Cycle]:
     ended: dict[str, int] = {}
     statuses = (yield from _settle(results, ended)) if results else []
     extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
     tickets, quarantined = (
-        (yield from _lease(owner, now_ms, lease_ms, count)) if count else ([], {})
+        (yield from _lease(owner, now_ms, lease_ms, count, fresh)) if count or fresh else ([], {})
     )
     for reason, n in quarantined.items():
         if n:
@@ -1044,9 +1071,10 @@ def cycle(
     now_ms: int,
     lease_ms: int,
     count: int,
+    fresh: int = 0,
 ) -> Cycle:
     """Finishes, extensions, then claims, in one transaction (see ``plan_cycle``)."""
-    return drive(con, plan_cycle(results, held, owner, now_ms, lease_ms, count))
+    return drive(con, plan_cycle(results, held, owner, now_ms, lease_ms, count, fresh))
 
 
 def redrive(
