@@ -38,10 +38,14 @@ COLORS = {
     "requests": "#457b9d",
     "applied": "#2a9d8f",
     "duplicates": "#e76f51",
+    "pg-restart": "#6a4c93",
+    "pg-kill-backends": "#ff595e",
+    "partition": "#1982c4",
 }
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
-    "traces), retries as a line; every worker start and SIGKILL is a vertical line. Jobs a "
+    "traces), retries as a line; every worker start and SIGKILL is a vertical line, every "
+    "scheduled fault a band from its start to its heal. Jobs a "
     "claim quarantined (out of attempts or past their deadline) show under jobs by status.",
     "latency": "From each job's claim to its accepted finish, for every finish in the "
     "traces, with p50, p90 and p99 marked.",
@@ -157,7 +161,12 @@ def throughput(series: dict[str, Any]) -> dict[str, Any]:
     return {
         "data": data,
         "layout": layout(
-            f"Jobs finished per {width:g} s", AXIS_S, "jobs", barmode="stack", bargap=0
+            f"Jobs finished per {width:g} s",
+            AXIS_S,
+            "jobs",
+            barmode="stack",
+            bargap=0,
+            shapes=kill_marks({**series, "events": []}),  # the faults' bands
         ),
     }
 
@@ -212,7 +221,8 @@ def latency(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def kill_marks(series: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every SIGKILL as a thin vertical line across a time plot."""
+    """Every SIGKILL as a thin vertical line across a time plot, every scheduled fault as
+    a band from its start to its heal, labelled with what it hit."""
     return [
         {
             "type": "line",
@@ -226,6 +236,21 @@ def kill_marks(series: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for e in series["events"]
         if e["e"] == "kill"
+    ] + [
+        {
+            "type": "rect",
+            "xref": "x",
+            "yref": "paper",
+            "x0": f["t_s"],
+            "x1": max(f["end_s"], f["t_s"] + 0.05),  # an instant fault: a thin band
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": COLORS[f["kind"]],
+            "opacity": 0.18,
+            "line": {"width": 0},
+            "label": {"text": f"{f['kind']} {f['detail']}", "textposition": "top left"},
+        }
+        for f in series.get("faults", [])
     ]
 
 
