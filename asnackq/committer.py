@@ -11,6 +11,11 @@ Rules of this module:
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
   is dropped - never finished.  What a stopped run abandons stays leased and is reclaimed
   after the lease.
+* While the queue's database is away (``StoreUnavailable``) the committer waits for the
+  store's next reconnection and tries the cycle again: nothing of a failed cycle was
+  committed, so its finishes are kept for the next one, and every held ticket is checked
+  by the fence there (a lease that ended meanwhile is stale or lost, never trusted).  A
+  closing run waits ``CLOSE_WAIT_S`` at most, then leaves what it holds leased.
 * While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
   that settles them: fewer, larger transactions cost less CPU per job.  Gathering never
   keeps anyone waiting: a coroutine without a ticket, a lease to keep, a result whose lease
@@ -32,6 +37,7 @@ from typing import Any, NamedTuple
 from asnackq.aio import AsyncQueue
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
+from asnackq.outage import CommitUnknown, StoreUnavailable
 from asnackq.summary import Summary
 
 __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace"]
@@ -39,6 +45,7 @@ __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
 Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
+CLOSE_WAIT_S = 10.0  # how long a closing run waits for its database to come back
 
 
 class Claimed(NamedTuple):
@@ -127,6 +134,7 @@ class Committer:
         self.gathering = False  # results are let gather (no kick per result)
         self.started = -math.inf  # the event loop's time at the last cycle
         self.clock = asyncio.get_running_loop().time
+        self.closing_at = math.inf  # the event loop's time when the run began to close
 
     # --- the coroutines' side ----------------------------------------------------------
 
@@ -182,19 +190,28 @@ class Committer:
     async def close(self, task: asyncio.Future[None]) -> None:
         """Every coroutine is done: let the committer settle the last results and end."""
         self.phase = Phase.CLOSING
+        self.closing_at = self.clock()
         self.kick.set()
         await asyncio.wait([task])
         self.breaker.stop()
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
+        if self.queue.health is not None:
+            for name, value in self.queue.health.counts().items():
+                setattr(self.summary, name, value)
 
     # --- the loop -----------------------------------------------------------------------
 
     async def run(self, until_empty: bool, follow: bool) -> None:
         try:
             while self.phase is not Phase.CLOSED:
-                await self._step(until_empty, follow)
+                try:
+                    await self._step(until_empty, follow)
+                except StoreUnavailable as error:
+                    if isinstance(error, CommitUnknown):
+                        raise
+                    await self._outage(error)
         except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
             self.ready.clear()
@@ -219,6 +236,13 @@ class Committer:
             self.drain()
         else:
             await self._sleep(wake_ms)
+
+    async def _outage(self, error: StoreUnavailable) -> None:
+        """Wait for the store's next reconnection attempt (a closing run: up to a bound)."""
+        if self.clock() - self.closing_at > CLOSE_WAIT_S:
+            self.phase = Phase.CLOSED  # what it holds stays leased, reclaimed later
+            return
+        await asyncio.sleep(max(error.retry_in_s, 0.01))
 
     async def _over(self, until_empty: bool, follow: bool) -> bool:
         """Whether the run has nothing more to claim (nothing is held right now)."""
@@ -314,6 +338,9 @@ class Committer:
             statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, want
             )
+        except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
+            self.inbox[:0] = [item for item in sent if item.outcome is not None]
+            raise
         finally:
             self.cycling = False
             self.txn_s = self.clock() - started

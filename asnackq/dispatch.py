@@ -165,10 +165,17 @@ class Dispatcher:
         """Whether the current run is paused by its circuit breaker (the sink is away)."""
         return self._breaker is not None and self._breaker.is_open
 
+    @property
+    def db_down(self) -> bool:
+        """Whether the queue's database is away right now (its store is reconnecting)."""
+        return self.queue.health is not None and self.queue.health.down
+
     def snapshot(self) -> dict[str, int]:
         """The current (or last) run's counts so far; the circuit breaker's are live too
         (``summary`` gets them when the run ends)."""
         counts = self.summary.as_dict()
+        if self.queue.health is not None:
+            counts.update(self.queue.health.counts())
         if self._breaker is not None:
             live = self._breaker.counts
             counts.update(

@@ -29,6 +29,10 @@ class Summary:
     outages: int = 0  # the circuit breaker: times it opened,
     probes: int = 0  # sends it let through while open,
     paused_ms: int = 0  # and the time it was open
+    db_outages: int = 0  # the queue's database: sessions lost (``asnackq.outage``),
+    db_down_ms: int = 0  # the time without one,
+    db_reruns: int = 0  # transactions re-run after their session was lost,
+    db_cut_commits: int = 0  # and COMMITs whose answer was lost (their outcome looked up)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

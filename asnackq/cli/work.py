@@ -203,9 +203,10 @@ def run_work(args: argparse.Namespace) -> int:
                     if console.is_terminal:
                         live.update(
                             progress_line(
-                                dispatcher.summary.as_dict(),
+                                dispatcher.snapshot(),
                                 time.perf_counter() - started,
                                 dispatcher.paused,
+                                dispatcher.db_down,
                             ),
                             refresh=True,
                         )

@@ -1,0 +1,143 @@
+"""Database faults during a real run: ``asnackq work`` and ``asnackq sink`` on PostgreSQL
+while the server restarts, their sessions are killed, or the server is away for seconds.
+
+Each fault is its own test on a server of this module's own (the tests restart it).  After
+each one: the worker exited 0 with its summary, every job is done, every effect was applied
+once, no stale finish was accepted (``evidence.verify``), and the outage was counted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from asnackq import evidence
+from asnackq.pg_server import DURABLE, LocalServer
+from asnackq.procs import PIPE, command, kill, sink_process, sink_stats, worker
+from asnackq.traces import read_traces
+
+from . import pgdb
+
+JOBS = 1500
+# Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
+# (a crash of the server is not one of the machine), for speed.
+SETTINGS = {**DURABLE, "fsync": "off", "full_page_writes": "off"}
+Fault = Callable[[LocalServer, str], None]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    """A server for this module alone: its tests restart and stop it."""
+    for pool in pgdb.start_server(SETTINGS):
+        yield pool.server
+
+
+@pytest.fixture
+def url(server: LocalServer) -> Iterator[str]:
+    """A fresh database on the module's server (dropped after the test)."""
+    name = f"faults_{time.monotonic_ns()}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    yield server.url(name)
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def done(url: str) -> int:
+    """Jobs done so far, or -1 while the server does not answer."""
+    try:
+        return int(pgdb.query(url, "SELECT count(*) FROM jobs WHERE status = 'done'")[0][0])
+    except psycopg.OperationalError:
+        return -1
+
+
+def terminate(server: LocalServer, app: str) -> int:
+    """``pg_terminate_backend`` every session whose application_name is ``app``."""
+    rows = pgdb.query(
+        server.url(),
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name = %s AND pid <> pg_backend_pid()",
+        (app,),
+    )
+    return len(rows)
+
+
+def run_through(
+    fault: Fault, server: LocalServer, url: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, int], dict[str, int]]:
+    """A worker and a sink deliver ``JOBS`` jobs; ``fault`` strikes once a tenth is done.
+
+    Returns the worker's summary and the sink's counters, read after the run.
+    """
+    qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
+    lines = "".join(json.dumps({"id": i, "qty": q}) + "\n" for i, q in qty.items())
+    for args, stdin in (
+        (("init", url), None),
+        (("enqueue", url, "-", "--ttl-ms", "600000"), lines),
+    ):
+        made = subprocess.run(
+            command(*args), input=stdin, capture_output=True, text=True, timeout=60
+        )
+        assert made.returncode == 0, made.stderr
+    monkeypatch.setenv("PGAPPNAME", "fault-sink")  # (libpq names the session after it)
+    with sink_process(url, "--delay-ms", "2") as sink:
+        monkeypatch.setenv("PGAPPNAME", "fault-worker")
+        options = ("--until-empty", "--json", "--concurrency", "16", "--lease-ms", "4000")
+        work = worker(url, sink, *options, "--trace", tmp / "w.trace", stdout=PIPE, stderr=PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while done(url) < JOBS // 10 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert done(url) < JOBS, "the run ended before the fault"
+            fault(server, url)
+            out, err = work.communicate(timeout=120)
+        finally:
+            kill(work)
+        stats = sink_stats(sink)  # the sink answers again
+    assert work.returncode == 0, err
+    summary: dict[str, int] = json.loads(out)
+    result = evidence.verify(url, url, qty, read_traces(tmp), stats)
+    assert result["violations"] == []
+    assert result["statuses"] == {"done": JOBS}
+    assert result["inbox_rows"] == JOBS and result["stock"] == sum(qty.values())
+    return summary, stats
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_work_and_sink_ride_out_a_server_restart(server, url, tmp_path, monkeypatch, mode):
+    summary, stats = run_through(lambda s, _: s.restart(mode), server, url, tmp_path, monkeypatch)
+    assert summary["db_outages"] >= 1 and summary["db_down_ms"] > 0
+    assert stats["db_outages"] >= 1
+
+
+def test_work_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
+    summary, stats = run_through(
+        lambda s, _: terminate(s, "fault-worker"), server, url, tmp_path, monkeypatch
+    )
+    assert summary["db_outages"] == 1
+    assert stats["db_outages"] == 0
+
+
+def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
+    summary, stats = run_through(
+        lambda s, _: terminate(s, "fault-sink"), server, url, tmp_path, monkeypatch
+    )
+    assert summary["db_outages"] == 0
+    assert stats["db_outages"] == 1
+
+
+def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path, monkeypatch):
+    def away(s: LocalServer, _: str) -> None:
+        s.halt("fast")
+        time.sleep(3)  # the fault's length, not an ordering
+        s.resume()
+
+    summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
+    assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
+    assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
