@@ -161,16 +161,33 @@ class Sampler:
                 by_status = ops.stats(con, w.epoch_ms())["by_status"]
             counters = self.sinks.counters()
         except Exception as error:
-            if force or not (isinstance(error, (ValueError, OSError)) or database_error(error)):
+            if force or not passing(error):
                 raise
             return  # a SIGKILLed worker's hot journal, a database fault: the next sample
         self.statuses.append({"at": w.epoch_ms(), **by_status})
         self.sink.append({"at": w.epoch_ms(), **counters})
         self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
 
+    def last(self, within_s: float = 60) -> None:
+        """The final sample, tried again while a database fault lasts (up to ``within_s``)."""
+        deadline = time.perf_counter() + within_s
+        while True:
+            try:
+                return self(force=True)
+            except Exception as error:
+                if not passing(error) or time.perf_counter() > deadline:
+                    raise
+                time.sleep(0.2)
+
     @property
     def finished(self) -> int:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
+
+
+def passing(error: Exception) -> bool:
+    """Whether a sample failed for a reason that passes: a hot journal, a database or
+    sink away for a while (a 503 is an ``OSError`` too)."""
+    return isinstance(error, (ValueError, OSError)) or database_error(error)
 
 
 def require_empty(db: str) -> None:
@@ -233,7 +250,7 @@ def experiment(
         t0_ms, began = w.epoch_ms(), time.perf_counter()
         timed_out = watch(config, workers, sinks, sampler, rng, console, faulty)
         seconds = time.perf_counter() - began
-        sampler(force=True)  # the final state, while the sinks still answer
+        sampler.last()  # the final state, while the sinks still answer
         stats: dict[str, Any] = sampler.sink[-1]
         if sinks.kills:
             stats["applied"] = None  # a killed sink's counters are gone

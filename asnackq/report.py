@@ -222,36 +222,38 @@ def latency(figures: dict[str, Any]) -> dict[str, Any]:
 
 def kill_marks(series: dict[str, Any]) -> list[dict[str, Any]]:
     """Every SIGKILL as a thin vertical line across a time plot, every scheduled fault as
-    a band from its start to its heal, labelled with what it hit."""
-    return [
-        {
-            "type": "line",
-            "xref": "x",
-            "yref": "paper",
-            "x0": e["t_s"],
-            "x1": e["t_s"],
-            "y0": 0,
-            "y1": 1,
-            "line": {"color": COLORS["kill"], "width": 1, "dash": "dash"},
-        }
+    a band from its start to its heal (an instant one: a thin band), labelled."""
+    kills = [
+        mark("line", e["t_s"], e["t_s"], line={"color": COLORS["kill"], "width": 1, "dash": "dash"})
         for e in series["events"]
         if e["e"] == "kill"
-    ] + [
-        {
-            "type": "rect",
-            "xref": "x",
-            "yref": "paper",
-            "x0": f["t_s"],
-            "x1": max(f["end_s"], f["t_s"] + 0.05),  # an instant fault: a thin band
-            "y0": 0,
-            "y1": 1,
-            "fillcolor": COLORS[f["kind"]],
-            "opacity": 0.18,
-            "line": {"width": 0},
-            "label": {"text": f"{f['kind']} {f['detail']}", "textposition": "top left"},
-        }
+    ]
+    return kills + [
+        mark(
+            "rect",
+            f["t_s"],
+            max(f["end_s"], f["t_s"] + 0.05),
+            fillcolor=COLORS[f["kind"]],
+            opacity=0.18,
+            line={"width": 0},
+            label={"text": f"{f['kind']} {f['detail']}", "textposition": "top left"},
+        )
         for f in series.get("faults", [])
     ]
+
+
+def mark(kind: str, x0: float, x1: float, **style: Any) -> dict[str, Any]:
+    """A shape across the plot's height from ``x0`` to ``x1`` seconds."""
+    return {
+        "type": kind,
+        "xref": "x",
+        "yref": "paper",
+        "x0": x0,
+        "x1": x1,
+        "y0": 0,
+        "y1": 1,
+        **style,
+    }
 
 
 def lines(

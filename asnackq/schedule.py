@@ -166,12 +166,6 @@ def open_to(server: LocalServer, network: str, password: str) -> None:
         con.execute("SELECT pg_reload_conf()")
 
 
-def restart(server: LocalServer, mode: str) -> None:
-    """``pg_ctl restart -m MODE``; back when it returns (the server keeps its options)."""
-    data, log = str(server.data), str(server.root / "server.log")
-    server.binaries.run("pg_ctl", "-D", data, "-l", log, "-m", mode, "-w", "-t", "60", "restart")
-
-
 @dataclass
 class Schedule:
     """The faults of one run, each done when due; ``events`` records them (epoch ms)."""
@@ -213,7 +207,7 @@ class Schedule:
         assert self.site.server is not None
         mode = MODES[sum(e["kind"] == "pg-restart" for e in self.events) % 2]
         at = epoch_ms()
-        restart(self.site.server, mode)
+        self.site.server.restart(mode)
         self.record("pg-restart", mode, at, epoch_ms())
 
     def kill(self) -> None:

@@ -12,6 +12,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -168,16 +169,29 @@ def recovery_ms(fault: dict[str, Any], statuses: list[dict[str, Any]]) -> int | 
 def measured(
     faults: list[dict[str, Any]], statuses: list[dict[str, Any]], sink: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Each fault with its recovery time and the duplicates the sinks absorbed from its
-    start to its recovery (or the run's end); and the same by kind (``faults_by_kind``).
-    Faults that overlap share what happened while both were on."""
+    """Each fault with its recovery time and the duplicates the sinks absorbed while it was
+    on or recovering (from its start to its recovery, or the run's end); and the same by
+    kind (``faults_by_kind``).  Where faults overlap, a duplicate counts for the one that
+    began last, so no duplicate counts twice."""
     end = sink[-1]["at"] if sink else 0
     rows = []
     for fault in faults:
         took = recovery_ms(fault, statuses)
         until = end if took is None else (fault["until"] or fault["at"]) + took
-        gained = reading(sink, "duplicates", until) - reading(sink, "duplicates", fault["at"])
-        rows.append({**fault, "recovery_ms": took, "duplicates": max(0, gained)})
+        rows.append({**fault, "recovery_ms": took, "duplicates": 0, "_end": until})
+    for before, after in itertools.pairwise(sink):
+        gained = (after.get("duplicates") or 0) - (before.get("duplicates") or 0)
+        on = [row for row in rows if row["at"] < after["at"] <= row["_end"]]
+        if gained > 0 and on:
+            max(on, key=lambda row: row["at"])["duplicates"] += gained
+    for row in rows:
+        del row["_end"]
+    return {"faults": rows, "faults_by_kind": by_kind(rows)}
+
+
+def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per fault kind: how many, recovery p50 and max, how many never recovered, and the
+    duplicates counted for them."""
     kinds: dict[str, Any] = {}
     for row in rows:
         kind = kinds.setdefault(row["kind"], {"count": 0, "duplicates": 0, "recovery": []})
@@ -191,4 +205,4 @@ def measured(
             recovery_max_ms=max(times, default=None),
             unrecovered=kind["count"] - len(times),
         )
-    return {"faults": rows, "faults_by_kind": kinds}
+    return kinds

@@ -120,7 +120,7 @@ def test_a_sigtermed_lab_removes_its_namespaces_and_links(tmp_path):
     assert namespaces(lab.pid) == [] and links(lab.pid) == []
 
 
-def lab_with(tmp_path, *faults, jobs=1500):
+def lab_with(tmp_path, *faults, jobs=400):
     """A short lab on a throwaway server and 2 hosts with ``faults``; its result."""
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -152,14 +152,42 @@ def lab_with(tmp_path, *faults, jobs=1500):
     return result
 
 
+def of_kind(result, kind):
+    faults = [f for f in result["faults"] if f["kind"] == kind]
+    assert faults and result["faults_by_kind"][kind]["count"] == len(faults)
+    assert {f["kind"] for f in result["series"]["faults"]} == {kind}
+    assert sum(f["duplicates"] for f in faults) <= result["duplicates"]
+    return faults
+
+
 @needs_root
 @pytest.mark.timeout(300)
 def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
-    result = lab_with(tmp_path, "--hosts", "2", "--partition-every", "0.5", "--partition-for", "1")
-    partitions = [f for f in result["faults"] if f["kind"] == "partition"]
-    assert partitions and all(f["until"] - f["at"] >= 1000 for f in partitions[:-1])
-    assert result["faults_by_kind"]["partition"]["count"] == len(partitions)
-    assert result["series"]["faults"][0]["kind"] == "partition"
+    result = lab_with(
+        tmp_path, "--hosts", "2", "--partition-every", "2", "--partition-for", "1", jobs=800
+    )
+    partitions = of_kind(result, "partition")
+    assert all(f["until"] - f["at"] >= 1000 for f in partitions)
+    assert {f["detail"].split(" from ")[1] for f in partitions} <= {"db", "sinks", "both"}
+
+
+@pytest.mark.timeout(300)
+def test_lab_restarts_the_server_fast_and_immediate_and_every_job_ends_done(tmp_path):
+    restarts = of_kind(lab_with(tmp_path, "--pg-restart-every", "1"), "pg-restart")
+    assert [f["detail"] for f in restarts[:2]] == ["fast", "immediate"][: len(restarts)]
+
+
+@pytest.mark.timeout(300)
+def test_lab_kills_the_backends_and_every_job_ends_done(tmp_path):
+    kills = of_kind(lab_with(tmp_path, "--pg-kill-backends-every", "0.5"), "pg-kill-backends")
+    assert max(int(f["detail"].split()[0]) for f in kills) >= 2  # workers' and sinks'
+
+
+@needs_root
+@pytest.mark.timeout(300)
+def test_lab_skews_each_hosts_clock_and_every_job_ends_done(tmp_path):
+    result = lab_with(tmp_path, "--hosts", "2", "--clock-skew-ms", "300")
+    assert result["config"]["clock_skew_ms"] == 300 and result["faults"] == []
 
 
 def test_work_reads_the_clock_offset_it_is_given(tmp_path):
