@@ -167,7 +167,7 @@ def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
         tmp_path, "--hosts", "2", "--partition-every", "2", "--partition-for", "1", jobs=800
     )
     partitions = of_kind(result, "partition")
-    assert all(f["until"] - f["at"] >= 1000 for f in partitions)
+    assert all(f["until"] - f["at"] >= 1000 for f in partitions[:-1])  # the last: at the end
     assert {f["detail"].split(" from ")[1] for f in partitions} <= {"db", "sinks", "both"}
 
 
