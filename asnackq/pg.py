@@ -372,7 +372,7 @@ class AsyncStore:
         self.health.lost()
         wait = self.health.wait_s()
         if wait > 0:
-            raise StoreUnavailable(f"{self.why} (next try in {wait:.1f} s)", wait)
+            raise StoreUnavailable(f"{self.why} (next try in {wait * 1000:.0f} ms)", wait)
         try:
             self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
         except (Unreachable, psycopg.OperationalError) as error:

@@ -9,26 +9,28 @@ once, no stale finish was accepted (``evidence.verify``), and the outage was cou
 from __future__ import annotations
 
 import json
-import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from asnackq import evidence
+from asnackq import evidence, stores
+from asnackq.core import worker as w
 from asnackq.pg_server import DURABLE, LocalServer
-from asnackq.procs import PIPE, command, kill, sink_process, sink_stats, worker
+from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
 from asnackq.traces import read_traces
 
 from . import pgdb
 
-JOBS = 1500
+JOBS = 800
 # Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
 # (a crash of the server is not one of the machine), for speed.
 SETTINGS = {**DURABLE, "fsync": "off", "full_page_writes": "off"}
-Fault = Callable[[LocalServer, str], None]
+Fault = Callable[[LocalServer, str], None]  # (the server, the sink's URL)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +78,10 @@ def run_through(
     Returns the worker's summary and the sink's counters, read after the run.
     """
     qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
-    lines = "".join(json.dumps({"id": i, "qty": q}) + "\n" for i, q in qty.items())
-    for args, stdin in (
-        (("init", url), None),
-        (("enqueue", url, "-", "--ttl-ms", "600000"), lines),
-    ):
-        made = subprocess.run(
-            command(*args), input=stdin, capture_output=True, text=True, timeout=60
-        )
-        assert made.returncode == 0, made.stderr
+    stores.init(url)
+    with stores.open_queue(url) as queue:
+        items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
+        queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
     monkeypatch.setenv("PGAPPNAME", "fault-sink")  # (libpq names the session after it)
     with sink_process(url, "--delay-ms", "2") as sink:
         monkeypatch.setenv("PGAPPNAME", "fault-worker")
@@ -95,8 +92,8 @@ def run_through(
             while done(url) < JOBS // 10 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert done(url) < JOBS, "the run ended before the fault"
-            fault(server, url)
-            out, err = work.communicate(timeout=120)
+            fault(server, sink)
+            out, err = work.communicate(timeout=50)
         finally:
             kill(work)
         stats = sink_stats(sink)  # the sink answers again
@@ -133,9 +130,20 @@ def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatc
 
 
 def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path, monkeypatch):
-    def away(s: LocalServer, _: str) -> None:
+    def away(s: LocalServer, sink: str) -> None:
         s.halt("fast")
-        time.sleep(3)  # the fault's length, not an ordering
+        started = time.monotonic()
+        base = sink.rsplit("/", 1)[0]
+        for path in ("/stats", "/events/j1"):  # the reads answer 503, as JSON
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert refused.value.code == 503
+            assert json.load(refused.value)["status"] == "unavailable"
+            refused.value.close()
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert "asnackq_sink_db_up 0" in metrics and "asnackq_sink_stock" not in metrics
+        time.sleep(max(0.0, 3 - (time.monotonic() - started)))  # the fault's length
         s.resume()
 
     summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
