@@ -15,7 +15,9 @@ Rules of this module:
   store's next reconnection and tries the cycle again: nothing of a failed cycle was
   committed, so its finishes are kept for the next one, and every held ticket is checked
   by the fence there (a lease that ended meanwhile is stale or lost, never trusted).  A
-  closing run waits ``CLOSE_WAIT_S`` at most, then leaves what it holds leased.
+  cycle whose outcome stays unknown (``CommitUnknown``: its COMMIT unanswered, the server
+  restarted) lets go of the tickets it touched (``unconfirmed``).  A closing run waits
+  ``CLOSE_WAIT_S`` at most, then leaves what it holds leased.
 * While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
   that settles them: fewer, larger transactions cost less CPU per job.  Gathering never
   keeps anyone waiting: a coroutine without a ticket, a lease to keep, a result whose lease
@@ -209,8 +211,6 @@ class Committer:
                 try:
                     await self._step(until_empty, follow)
                 except StoreUnavailable as error:
-                    if isinstance(error, CommitUnknown):
-                        raise
                     await self._outage(error)
         except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
@@ -338,6 +338,9 @@ class Committer:
             statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, want
             )
+        except CommitUnknown:  # committed or not: the tickets it touched are let go
+            self._unconfirmed([finish.ticket for finish in finishes] + due)
+            raise
         except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
             self.inbox[:0] = [item for item in sent if item.outcome is not None]
             raise
@@ -396,6 +399,15 @@ class Committer:
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
             self._hand_out(Claimed(ticket, now))
+
+    def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
+        """A cycle's COMMIT went unanswered and its outcome is unknown: the tickets it
+        finished or extended are let go, never finished again by this run (each job is
+        done, or stays leased and is reclaimed after its lease).  Its claims, if they
+        committed, are reclaimed the same way."""
+        for ticket in tickets:
+            self._release(ticket["id"])
+        self.summary.unconfirmed += len(tickets)
 
     def _release(self, job_id: str) -> None:
         self.held.pop(job_id, None)

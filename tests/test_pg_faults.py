@@ -8,6 +8,7 @@ once, no stale finish was accepted (``evidence.verify``), and the outage was cou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
@@ -20,11 +21,15 @@ import pytest
 
 from asnackq import evidence, stores
 from asnackq.core import worker as w
+from asnackq.outage import CommitUnknown
 from asnackq.pg_server import DURABLE, LocalServer
 from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
 from asnackq.traces import read_traces
 
 from . import pgdb
+from .conftest import T0
+from .pgdb import query
+from .slow_commit import in_commit, job_row, slow_queue
 
 JOBS = 800
 # Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
@@ -149,3 +154,18 @@ def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path,
     summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
     assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
     assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
+
+
+async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):
+    async with slow_queue(url) as (queue, store):
+        claiming = asyncio.ensure_future(queue.claim("w1", T0 + 1, 5000))
+        await in_commit(url, store.con.info.backend_pid)
+        await asyncio.to_thread(server.restart, "immediate")
+        with pytest.raises(CommitUnknown):  # the id may be another transaction's by now
+            await claiming
+        assert job_row(url) == ("pending", 0)  # (it had not committed: the sleep was cut)
+        query(url, "DELETE FROM slow")
+        ticket = await queue.claim("w1", T0 + 2, 5000)
+        assert ticket is not None and ticket["token"] == 1
+        counts = store.health.counts()
+        assert (counts["db_outages"], counts["db_cut_commits"]) == (1, 1)

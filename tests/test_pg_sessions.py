@@ -16,59 +16,21 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from asnackq import aio, pg
+from asnackq import pg
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.outage import StoreUnavailable
 
 from .conftest import T0
 from .pgdb import query
-
-SLOW_COMMIT = (
-    "CREATE TABLE slow (one INTEGER)",
-    """CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM slow) THEN PERFORM pg_sleep(1); END IF;
-  RETURN NULL;
-END $$""",
-    """CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON jobs DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
-    "INSERT INTO slow VALUES (1)",
-)
+from .slow_commit import in_commit, job_row, slow_queue
 
 
 @pytest.fixture
 async def queue(pg_db) -> AsyncIterator[tuple[AsyncQueue, pg.AsyncStore, str]]:
     url = pg_db()
-    store = await aio.open_store(url, w.SCHEMA)
-    assert isinstance(store, pg.AsyncStore)
-    q = AsyncQueue(store)
-    assert await q.enqueue({"id": "a", "qty": 1}, T0, 60_000)
-    for sql in SLOW_COMMIT:
-        query(url, sql)
-    try:
+    async with slow_queue(url) as (q, store):
         yield q, store, url
-    finally:
-        await q.close()
-
-
-async def in_commit(url: str, pid: int) -> None:
-    """Return once session ``pid`` is running its COMMIT (bounded)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(
-            query, url, "SELECT query FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
-            (pid,),
-        )  # fmt: skip
-        if rows and rows[0][0] == "COMMIT":
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the COMMIT was never seen in flight")
-
-
-def job_row(url: str) -> tuple[str, int]:
-    status, token = query(url, "SELECT status, token FROM jobs WHERE id = 'a'")[0]
-    return status, token
 
 
 async def test_a_commit_cut_by_a_killed_session_is_found_aborted_and_re_run(queue):
