@@ -29,27 +29,30 @@ FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
 
 
 async def in_commit(url: str, pid: int) -> None:
-    """Return once session ``pid`` is running its COMMIT (bounded)."""
+    """Return once session ``pid`` is in a slow COMMIT (the trigger's sleep; bounded)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         rows = await asyncio.to_thread(
-            query, url, "SELECT query FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+            query,
+            url,
+            "SELECT query, wait_event FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
             (pid,),
-        )  # fmt: skip
-        if rows and rows[0][0] == "COMMIT":
+        )
+        if rows and rows[0] == ("COMMIT", "PgSleep"):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("the COMMIT was never seen in flight")
 
 
 @contextlib.asynccontextmanager
-async def slow_queue(url: str) -> AsyncIterator[tuple[AsyncQueue, pg.AsyncStore]]:
-    """A queue on ``url`` holding one pending job ``a``, whose COMMITs of an UPDATE are slow."""
+async def slow_queue(url: str, now_ms: int = T0) -> AsyncIterator[tuple[AsyncQueue, pg.AsyncStore]]:
+    """A queue on ``url`` holding one pending job ``a`` (enqueued at ``now_ms``), whose
+    COMMITs of an UPDATE are slow."""
     store = await aio.open_store(url, w.SCHEMA)
     assert isinstance(store, pg.AsyncStore)
     queue = AsyncQueue(store)
     try:
-        assert await queue.enqueue({"id": "a", "qty": 1}, T0, 60_000)
+        assert await queue.enqueue({"id": "a", "qty": 1}, now_ms, 60_000)
         for sql in SLOW_COMMIT:
             query(url, sql)
         yield queue, store

@@ -21,6 +21,7 @@ import pytest
 
 from asnackq import evidence, stores
 from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
 from asnackq.outage import CommitUnknown
 from asnackq.pg_server import DURABLE, LocalServer
 from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
@@ -169,3 +170,23 @@ async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(serv
         assert ticket is not None and ticket["token"] == 1
         counts = store.health.counts()
         assert (counts["db_outages"], counts["db_cut_commits"]) == (1, 1)
+
+
+async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(server, url):
+    async with slow_queue(url, w.epoch_ms()) as (queue, store):
+        sent = asyncio.Event()
+
+        async def send(event: dict[str, object], token: int) -> bool:
+            sent.set()
+            return True
+
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=4000)
+        run = asyncio.ensure_future(dispatcher.run())
+        await asyncio.wait_for(sent.wait(), 10)  # claimed (slowly) and sent
+        await in_commit(url, store.con.info.backend_pid)  # the cycle that keeps or finishes it
+        await asyncio.to_thread(server.restart, "immediate")
+        query(url, "DELETE FROM slow")
+        summary = await asyncio.wait_for(run, 30)  # reclaimed after its lease, and done
+    assert (summary.unconfirmed, summary.claimed, summary.done, summary.stale) == (1, 2, 1, 0)
+    assert summary.db_cut_commits == 1 and summary.db_outages == 1
+    assert job_row(url) == ("done", 2)
