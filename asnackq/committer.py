@@ -11,11 +11,10 @@ Rules of this module:
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
   is dropped - never finished.  What a stopped run abandons stays leased and is reclaimed
   after the lease.
-* While the queue's database is away (``StoreUnavailable``) the committer waits for the
-  store's next reconnection and tries the cycle again: nothing of a failed cycle was
-  committed, so its finishes are kept for the next one, and every held ticket is checked
-  by the fence there (a lease that ended meanwhile is stale or lost, never trusted).  A
-  closing run waits ``CLOSE_WAIT_S`` at most, then leaves what it holds leased.
+* While the database is away (``StoreUnavailable``: nothing committed) the cycle is tried
+  again at the store's next reconnection, with its finishes; held tickets meet the fence
+  there, never trusted.  A cycle of unknown outcome (``CommitUnknown``) lets go of the
+  tickets it touched (``unconfirmed``).  A closing run waits ``CLOSE_WAIT_S`` at most.
 * While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
   that settles them: fewer, larger transactions cost less CPU per job.  Gathering never
   keeps anyone waiting: a coroutine without a ticket, a lease to keep, a result whose lease
@@ -135,6 +134,7 @@ class Committer:
         self.started = -math.inf  # the event loop's time at the last cycle
         self.clock = asyncio.get_running_loop().time
         self.closing_at = math.inf  # the event loop's time when the run began to close
+        self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
 
@@ -197,9 +197,15 @@ class Committer:
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
-        if self.queue.health is not None:
-            for name, value in self.queue.health.counts().items():
-                setattr(self.summary, name, value)
+        for name, value in self.db_counts().items():
+            setattr(self.summary, name, value)
+
+    def db_counts(self) -> dict[str, int]:
+        """The queue's database outages during this run (``asnackq.outage``)."""
+        health = self.queue.health
+        if health is None:
+            return {}
+        return {name: n - self.db_before.get(name, 0) for name, n in health.counts().items()}
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -209,8 +215,6 @@ class Committer:
                 try:
                     await self._step(until_empty, follow)
                 except StoreUnavailable as error:
-                    if isinstance(error, CommitUnknown):
-                        raise
                     await self._outage(error)
         except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
@@ -338,6 +342,9 @@ class Committer:
             statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, want
             )
+        except CommitUnknown:  # committed or not: the tickets it touched are let go
+            self._unconfirmed([finish.ticket for finish in finishes] + due)
+            raise
         except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
             self.inbox[:0] = [item for item in sent if item.outcome is not None]
             raise
@@ -396,6 +403,13 @@ class Committer:
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
             self._hand_out(Claimed(ticket, now))
+
+    def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
+        """Let go of the tickets a cycle of unknown outcome finished or extended (each job
+        is done, or stays leased and is reclaimed after its lease, as are its claims)."""
+        for ticket in tickets:
+            self._release(ticket["id"])
+        self.summary.unconfirmed += len(tickets)
 
     def _release(self, job_id: str) -> None:
         self.held.pop(job_id, None)

@@ -183,6 +183,10 @@ WORKER_COUNTERS = {
     "db_outages": ("db_outages", "Sessions with the queue's database lost (each reconnected)."),
     "db_reruns": ("db_reruns", "Transactions re-run after their database session was lost."),
     "db_cut_commits": ("db_cut_commits", "COMMITs whose answer was lost (outcome looked up)."),
+    "unconfirmed": (
+        "unconfirmed",
+        "Tickets let go after a cycle whose COMMIT's outcome stayed unknown.",
+    ),
 }
 
 

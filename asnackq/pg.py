@@ -55,11 +55,12 @@ class Unreachable(ConnectionError):
 
 class CommitCut(Exception):
     """Raised by ``apump`` when the session was lost while its COMMIT was on the way: the
-    transaction ``xid`` may or may not have committed; ``result`` is what the plan returned."""
+    transaction ``begun`` (its id, and the server's start time) may or may not have
+    committed; ``result`` is what the plan returned."""
 
-    def __init__(self, xid: str, result: Any, changed: bool) -> None:
-        super().__init__(f"the session was lost during COMMIT of transaction {xid}")
-        self.xid, self.result, self.changed = xid, result, changed
+    def __init__(self, begun: tuple[str, str], result: Any, changed: bool) -> None:
+        super().__init__(f"the session was lost during COMMIT of transaction {begun[0]}")
+        self.begun, self.result, self.changed = begun, result, changed
 
 
 # --- conflicts and sessions -------------------------------------------------------
@@ -85,9 +86,12 @@ def _backoff(attempt: int) -> float:
 # (no transaction of ours waits on the client: sends happen between transactions).
 SQL_SESSION = "SET idle_in_transaction_session_timeout = 10000"
 # Every async transaction learns its id at BEGIN (same round trip): after a lost COMMIT, a
-# new session asks the server whether that transaction committed.
-SQL_BEGIN = "BEGIN; SELECT pg_current_xact_id()::text"
-SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
+# new session asks the server whether that transaction committed.  Only the server that
+# gave the id can say: after a crash, an id whose records never reached the disk is given
+# to another transaction, so a server restarted since BEGIN answers "restarted" (unknown).
+SQL_BEGIN = "BEGIN; SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text"
+SQL_XACT_STATUS = """SELECT CASE WHEN pg_postmaster_start_time()::text = %s
+  THEN pg_xact_status(%s::xid8) ELSE 'restarted' END"""
 # A peer that vanished (a cut network) is noticed within seconds, not at TCP's minutes:
 # keepalives on an idle session, and a bound on data left unacknowledged.
 TCP_OPTIONS: dict[str, Any] = {
@@ -233,7 +237,7 @@ async def apump(
     call = call or _call
     plan = make() if first is None else first
     for attempt in range(attempts):
-        xid = await _abegin(con)
+        begun = await _abegin(con)
         committing = False
         try:
             result, changed = await _arun(con, plan, fault, call)
@@ -241,7 +245,7 @@ async def apump(
             await con.execute("COMMIT")
         except BaseException as error:
             if committing and con.closed:
-                raise CommitCut(xid, result, changed) from error
+                raise CommitCut(begun, result, changed) from error
             await _arollback(con)
             if not _conflict(error) or attempt == attempts - 1:
                 raise
@@ -254,12 +258,13 @@ async def apump(
     raise AssertionError("unreachable")
 
 
-async def _abegin(con: psycopg.AsyncConnection[Any]) -> str:
-    """BEGIN, and the transaction's id (one round trip): a lost COMMIT is looked up by it."""
+async def _abegin(con: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
+    """BEGIN, the transaction's id and the server's start time (one round trip): a lost
+    COMMIT is looked up by them."""
     cursor = await con.execute(SQL_BEGIN)
     cursor.nextset()
-    (xid,) = await cursor.fetchone() or ("",)
-    return str(xid)
+    xid, started = await cursor.fetchone() or ("", "")
+    return str(xid), str(started)
 
 
 def _call(fault: w.Fault, point: str) -> None:
@@ -339,7 +344,7 @@ class AsyncStore:
             except CommitCut as cut:
                 self._lost(cut.__cause__)
                 self.health.cut_commits += 1
-                if await self._committed(cut.xid):
+                if await self._committed(*cut.begun):
                     if cut.changed:
                         self.call(fault, w.AFTER_COMMIT)
                     return cut.result
@@ -372,7 +377,7 @@ class AsyncStore:
         self.health.lost()
         wait = self.health.wait_s()
         if wait > 0:
-            raise StoreUnavailable(f"{self.why} (next try in {wait:.1f} s)", wait)
+            raise StoreUnavailable(f"{self.why} (next try in {wait * 1000:.0f} ms)", wait)
         try:
             self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
         except (Unreachable, psycopg.OperationalError) as error:
@@ -386,21 +391,26 @@ class AsyncStore:
         why = "closed" if error is None else one_line(error)
         self.why = f"lost the session to {shown(self.url)}: {why}"
 
-    async def _committed(self, xid: str) -> bool:
+    async def _committed(self, xid: str, started: str) -> bool:
         """Whether transaction ``xid`` committed, asked on a new session (``CommitUnknown``
-        if no session answers within ``resolve_s``)."""
+        if no session answers within ``resolve_s``, or the server restarted meanwhile)."""
         deadline = time.monotonic() + self.resolve_s
         while True:
             try:
-                rows = await self._query(SQL_XACT_STATUS, (xid,))
+                ((status,),) = await self._query(SQL_XACT_STATUS, (started, xid))
             except StoreUnavailable as error:
                 if time.monotonic() + error.retry_in_s > deadline:
-                    why = f"COMMIT of transaction {xid} unconfirmed: {error}"
-                    raise CommitUnknown(why) from None
+                    raise CommitUnknown(
+                        f"COMMIT of transaction {xid} unconfirmed: {error}"
+                    ) from None
                 await asyncio.sleep(error.retry_in_s)
                 continue
-            if rows[0][0] != "in progress":  # (the old session may still be ending)
-                return bool(rows[0][0] == "committed")
+            if status == "restarted":
+                raise CommitUnknown(f"COMMIT of transaction {xid} cut by a server restart")
+            if status != "in progress":  # (the old session may still be ending)
+                return bool(status == "committed")
+            if time.monotonic() > deadline:
+                raise CommitUnknown(f"COMMIT of transaction {xid} still in progress")
             await asyncio.sleep(0.05)
 
     @property

@@ -33,6 +33,7 @@ class Summary:
     db_down_ms: int = 0  # the time without one,
     db_reruns: int = 0  # transactions re-run after their session was lost,
     db_cut_commits: int = 0  # and COMMITs whose answer was lost (their outcome looked up)
+    unconfirmed: int = 0  # tickets let go after a cycle whose COMMIT's outcome stayed unknown
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -8,27 +8,35 @@ once, no stale finish was accepted (``evidence.verify``), and the outage was cou
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from asnackq import evidence
+from asnackq import evidence, stores
+from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
+from asnackq.outage import CommitUnknown
 from asnackq.pg_server import DURABLE, LocalServer
-from asnackq.procs import PIPE, command, kill, sink_process, sink_stats, worker
+from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
 from asnackq.traces import read_traces
 
 from . import pgdb
+from .conftest import T0
+from .pgdb import query
+from .slow_commit import in_commit, job_row, slow_queue
 
-JOBS = 1500
+JOBS = 800
 # Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
 # (a crash of the server is not one of the machine), for speed.
 SETTINGS = {**DURABLE, "fsync": "off", "full_page_writes": "off"}
-Fault = Callable[[LocalServer, str], None]
+Fault = Callable[[LocalServer, str], None]  # (the server, the sink's URL)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +84,10 @@ def run_through(
     Returns the worker's summary and the sink's counters, read after the run.
     """
     qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
-    lines = "".join(json.dumps({"id": i, "qty": q}) + "\n" for i, q in qty.items())
-    for args, stdin in (
-        (("init", url), None),
-        (("enqueue", url, "-", "--ttl-ms", "600000"), lines),
-    ):
-        made = subprocess.run(
-            command(*args), input=stdin, capture_output=True, text=True, timeout=60
-        )
-        assert made.returncode == 0, made.stderr
+    stores.init(url)
+    with stores.open_queue(url) as queue:
+        items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
+        queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
     monkeypatch.setenv("PGAPPNAME", "fault-sink")  # (libpq names the session after it)
     with sink_process(url, "--delay-ms", "2") as sink:
         monkeypatch.setenv("PGAPPNAME", "fault-worker")
@@ -95,8 +98,8 @@ def run_through(
             while done(url) < JOBS // 10 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert done(url) < JOBS, "the run ended before the fault"
-            fault(server, url)
-            out, err = work.communicate(timeout=120)
+            fault(server, sink)
+            out, err = work.communicate(timeout=50)
         finally:
             kill(work)
         stats = sink_stats(sink)  # the sink answers again
@@ -133,11 +136,57 @@ def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatc
 
 
 def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path, monkeypatch):
-    def away(s: LocalServer, _: str) -> None:
+    def away(s: LocalServer, sink: str) -> None:
         s.halt("fast")
-        time.sleep(3)  # the fault's length, not an ordering
+        started = time.monotonic()
+        base = sink.rsplit("/", 1)[0]
+        for path in ("/stats", "/events/j1"):  # the reads answer 503, as JSON
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert refused.value.code == 503
+            assert json.load(refused.value)["status"] == "unavailable"
+            refused.value.close()
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert "asnackq_sink_db_up 0" in metrics and "asnackq_sink_stock" not in metrics
+        time.sleep(max(0.0, 3 - (time.monotonic() - started)))  # the fault's length
         s.resume()
 
     summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
     assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
     assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
+
+
+async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):
+    async with slow_queue(url) as (queue, store):
+        claiming = asyncio.ensure_future(queue.claim("w1", T0 + 1, 5000))
+        await in_commit(url, store.con.info.backend_pid)
+        await asyncio.to_thread(server.restart, "immediate")
+        with pytest.raises(CommitUnknown):  # the id may be another transaction's by now
+            await claiming
+        assert job_row(url) == ("pending", 0)  # (it had not committed: the sleep was cut)
+        query(url, "DELETE FROM slow")
+        ticket = await queue.claim("w1", T0 + 2, 5000)
+        assert ticket is not None and ticket["token"] == 1
+        counts = store.health.counts()
+        assert (counts["db_outages"], counts["db_cut_commits"]) == (1, 1)
+
+
+async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(server, url):
+    async with slow_queue(url, w.epoch_ms()) as (queue, store):
+        sent = asyncio.Event()
+
+        async def send(event: dict[str, object], token: int) -> bool:
+            sent.set()
+            return True
+
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=4000)
+        run = asyncio.ensure_future(dispatcher.run())
+        await asyncio.wait_for(sent.wait(), 10)  # claimed (slowly) and sent
+        await in_commit(url, store.con.info.backend_pid)  # the cycle that keeps or finishes it
+        await asyncio.to_thread(server.restart, "immediate")
+        query(url, "DELETE FROM slow")
+        summary = await asyncio.wait_for(run, 30)  # reclaimed after its lease, and done
+    assert (summary.unconfirmed, summary.claimed, summary.done, summary.stale) == (1, 2, 1, 0)
+    assert summary.db_cut_commits == 1 and summary.db_outages == 1
+    assert job_row(url) == ("done", 2)
