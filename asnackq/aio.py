@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from asnackq import files
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
+from asnackq.outage import Health
 from asnackq.sqlite_aio import QueueBusy, SqliteStore, call_fault
 from asnackq.targets import is_url
 
@@ -68,13 +69,15 @@ async def open_store(
     attempts: int = 8,
     pragmas: tuple[str, ...] = w.PRAGMAS,
     closing: tuple[str, ...] = (),
+    resolve_s: float = 300.0,
 ) -> Store:
     """A DB file (with ``pragmas``; ``closing`` tried before it is closed) or a
-    ``postgresql://`` URL, with ``schema`` (the core's tuple) in place."""
+    ``postgresql://`` URL, with ``schema`` (the core's tuple) in place (``resolve_s``: how
+    long a URL's store seeks the outcome of a COMMIT whose answer was lost)."""
     if is_url(target):
         from asnackq import pg
 
-        return pg.AsyncStore(await pg.aconnect(target, schema), attempts, call_fault)
+        return await pg.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
     await asyncio.to_thread(files.holds, target, schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
@@ -148,6 +151,11 @@ class AsyncQueue:
     @property
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
+
+    @property
+    def health(self) -> Health | None:
+        """The store's session and its outages (a ``postgresql://`` store's; None for a file)."""
+        return getattr(self._db, "health", None)
 
     async def _run(
         self, make: Callable[[], w.Plan[T]], fault: w.Fault = None, intake: bool = False

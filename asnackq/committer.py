@@ -11,6 +11,10 @@ Rules of this module:
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
   is dropped - never finished.  What a stopped run abandons stays leased and is reclaimed
   after the lease.
+* While the database is away (``StoreUnavailable``: nothing committed) the cycle is tried
+  again at the store's next reconnection, with its finishes; held tickets meet the fence
+  there, never trusted.  A cycle of unknown outcome (``CommitUnknown``) lets go of the
+  tickets it touched (``unconfirmed``).  A closing run waits ``CLOSE_WAIT_S`` at most.
 * While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
   that settles them: fewer, larger transactions cost less CPU per job.  Gathering never
   keeps anyone waiting: a coroutine without a ticket, a lease to keep, a result whose lease
@@ -32,6 +36,7 @@ from typing import Any, NamedTuple
 from asnackq.aio import AsyncQueue
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
+from asnackq.outage import CommitUnknown, StoreUnavailable
 from asnackq.runclock import RunClock
 from asnackq.summary import Summary
 
@@ -40,6 +45,7 @@ __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
 Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
+CLOSE_WAIT_S = 10.0  # how long a closing run waits for its database to come back
 
 
 class Claimed(NamedTuple):
@@ -138,6 +144,8 @@ class Committer:
         self.gathering = False  # results are let gather (no kick per result)
         self.started = -math.inf  # the event loop's time at the last cycle
         self.clock = asyncio.get_running_loop().time
+        self.closing_at = math.inf  # the event loop's time when the run began to close
+        self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
 
@@ -193,6 +201,7 @@ class Committer:
     async def close(self, task: asyncio.Future[None]) -> None:
         """Every coroutine is done: let the committer settle the last results and end."""
         self.phase = Phase.CLOSING
+        self.closing_at = self.clock()
         self.kick.set()
         await asyncio.wait([task])
         self.breaker.stop()
@@ -200,13 +209,25 @@ class Committer:
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
         self.summary.clock_steps, self.summary.clock_step_ms = self.now.steps, self.now.largest_ms
+        for name, value in self.db_counts().items():
+            setattr(self.summary, name, value)
+
+    def db_counts(self) -> dict[str, int]:
+        """The queue's database outages during this run (``asnackq.outage``)."""
+        health = self.queue.health
+        if health is None:
+            return {}
+        return {name: n - self.db_before.get(name, 0) for name, n in health.counts().items()}
 
     # --- the loop -----------------------------------------------------------------------
 
     async def run(self, until_empty: bool, follow: bool) -> None:
         try:
             while self.phase is not Phase.CLOSED:
-                await self._step(until_empty, follow)
+                try:
+                    await self._step(until_empty, follow)
+                except StoreUnavailable as error:
+                    await self._outage(error)
         except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
             self.ready.clear()
@@ -231,6 +252,13 @@ class Committer:
             self.drain()
         else:
             await self._sleep(wake_ms)
+
+    async def _outage(self, error: StoreUnavailable) -> None:
+        """Wait for the store's next reconnection attempt (a closing run: up to a bound)."""
+        if self.clock() - self.closing_at > CLOSE_WAIT_S:
+            self.phase = Phase.CLOSED  # what it holds stays leased, reclaimed later
+            return
+        await asyncio.sleep(max(error.retry_in_s, 0.01))
 
     async def _over(self, until_empty: bool, follow: bool) -> bool:
         """Whether the run has nothing more to claim (nothing is held right now)."""
@@ -325,6 +353,12 @@ class Committer:
             statuses, extended, tickets, ended = await self.queue.cycle(
                 finishes, due, self.settings.owner, now, self.settings.lease_ms, *want
             )
+        except CommitUnknown:  # committed or not: the tickets it touched are let go
+            self._unconfirmed([finish.ticket for finish in finishes] + due)
+            raise
+        except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
+            self.inbox[:0] = [item for item in sent if item.outcome is not None]
+            raise
         finally:
             self.cycling = False
             self.txn_s = self.clock() - started
@@ -380,6 +414,13 @@ class Committer:
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
             self._hand_out(Claimed(ticket, now))
+
+    def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
+        """Let go of the tickets a cycle of unknown outcome finished or extended (each job
+        is done, or stays leased and is reclaimed after its lease, as are its claims)."""
+        for ticket in tickets:
+            self._release(ticket["id"])
+        self.summary.unconfirmed += len(tickets)
 
     def _release(self, job_id: str) -> None:
         self.held.pop(job_id, None)

@@ -163,16 +163,24 @@ class Dispatcher:
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None
+        self._committer: Committer | None = None
 
     @property
     def paused(self) -> bool:
         """Whether the current run is paused by its circuit breaker (the sink is away)."""
         return self._breaker is not None and self._breaker.is_open
 
+    @property
+    def db_down(self) -> bool:
+        """Whether the queue's database is away right now (its store is reconnecting)."""
+        return self.queue.health is not None and self.queue.health.down
+
     def snapshot(self) -> dict[str, int]:
         """The current (or last) run's counts so far; the circuit breaker's are live too
         (``summary`` gets them when the run ends)."""
         counts = self.summary.as_dict()
+        if self._committer is not None:
+            counts.update(self._committer.db_counts())
         if self._breaker is not None:
             live = self._breaker.counts
             counts.update(
@@ -194,6 +202,7 @@ class Dispatcher:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         self.summary, self._breaker = committer.summary, committer.breaker
+        self._committer = committer
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
         workers = [
             asyncio.ensure_future(deliver(committer, self.send))

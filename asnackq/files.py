@@ -4,8 +4,10 @@ that belongs to someone else.
 Rules of this module:
 
 * A writer may create its tables only in a new or empty database (no file, a file of zero
-  bytes, or a SQLite file without tables) or in one that already holds exactly those
-  tables with exactly those columns (``schema``: the core's tuple, read by SQLite itself).
+  bytes, or a SQLite file without tables); it writes to a database that already holds
+  those tables with exactly those columns (``schema``: the core's tuple, read by SQLite
+  itself), other tables beside them included: an application's own database where its
+  connection created the queue (``AsyncQueue.within``).
 * Anything else is refused with one line and nothing written: a directory, a FIFO or any
   other non-file (never opened, so a FIFO cannot block), a file that is not SQLite, a
   database holding other tables (another application's, or the sink's inbox where a queue
@@ -67,13 +69,13 @@ def holds(path: str | os.PathLike[str], schema: tuple[str, ...]) -> bool:
     wanted = tables(schema)
     if not found:
         return False
+    missing = [name for name in wanted if name not in found]
     others = sorted(found.keys() - wanted.keys())
-    if others:
+    if missing and others:  # creating them would convert someone else's database
         raise ValueError(
             f"{path} holds other tables ({', '.join(others[:5])}): refusing to add "
             f"{', '.join(wanted)} to another database"
         )
-    missing = [name for name in wanted if name not in found]
     if missing:
         raise ValueError(
             f"{path} holds {', '.join(found)} but no {missing[0]} table: refusing to write "

@@ -40,6 +40,9 @@ from asnackq.core.worker import (
 )
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 from asnackq.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK, Inbox, SinkUnavailable, open_sink_db
+from asnackq.outage import StoreUnavailable
+from asnackq.stores import database_error
+from asnackq.targets import one_line
 
 __all__ = ["SERVER_OPTIONS", "SinkConfig", "make_app"]
 
@@ -224,7 +227,8 @@ def as_json(request: web.BaseRequest, refusal: web.HTTPException) -> web.HTTPExc
 
 @web.middleware
 async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Mark the connection busy while its request runs; every refusal a JSON 4xx, logged."""
+    """Mark the connection busy while its request runs; every refusal a JSON 4xx, logged;
+    a DB that cannot be read (away, or its file unreadable) a JSON 503, never a 500."""
     busy = request.app[BUSY]
     busy.add(request.protocol)
     try:
@@ -232,8 +236,20 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as error:
         as_json(request, error)
         raise
+    except Exception as error:
+        if not db_away(error):
+            raise
+        LOG.warning("503 %s %s: the DB is away: %s", request.method, request.path[:80], error)
+        return web.json_response(
+            {"status": "unavailable", "error": one_line(error)[:200]}, status=503
+        )
     finally:
         busy.discard(request.protocol)
+
+
+def db_away(error: BaseException) -> bool:
+    """Whether a request failed only because the sink's DB could not be read or written."""
+    return isinstance(error, StoreUnavailable) or database_error(error)
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
@@ -284,22 +300,30 @@ async def stock(app: web.Application) -> int:
 async def get_stats(request: web.Request) -> web.Response:
     require_token(request)
     counters: dict[str, int] = request.app[STATS]
-    stats = counters.copy()
-    stats.update(stock=await stock(request.app), commits=request.app[INBOX].commits)
+    inbox = request.app[INBOX]
+    stats = {**counters, **inbox.health()}
+    stats.update(stock=await stock(request.app), commits=inbox.commits)
     return web.json_response(stats)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
     require_token(request)
+    inbox = request.app[INBOX]
+    health = inbox.health()
+    down_s = health.pop("db_down_ms") / 1000
     lines = []
-    for name, value in request.app[STATS].items():
+    counters: dict[str, int] = request.app[STATS]
+    for name, value in {**counters, **health, "commits": inbox.commits}.items():
         lines += [f"# TYPE asnackq_sink_{name}_total counter", f"asnackq_sink_{name}_total {value}"]
     lines += [
-        "# TYPE asnackq_sink_commits_total counter",
-        f"asnackq_sink_commits_total {request.app[INBOX].commits}",
-        "# TYPE asnackq_sink_stock gauge",
-        f"asnackq_sink_stock {await stock(request.app)}",
+        "# TYPE asnackq_sink_db_down_seconds_total counter",
+        f"asnackq_sink_db_down_seconds_total {down_s:g}",
+        "# TYPE asnackq_sink_db_up gauge",
+        f"asnackq_sink_db_up {int(not inbox.db_down)}",
     ]
+    with contextlib.suppress(StoreUnavailable):  # the counters are served while the DB is away
+        total = await stock(request.app)
+        lines += ["# TYPE asnackq_sink_stock gauge", f"asnackq_sink_stock {total}"]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 

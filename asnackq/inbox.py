@@ -8,10 +8,13 @@ Rules of this module:
 * Group commit: one writer task takes every delivery waiting at that moment and decides
   them in arrival order inside one transaction (``plan_inbox``, run by the store's driver)
   - exactly as if they had come one by one.  A failed batch fails each of its deliveries
-  (``SinkUnavailable``) and changes nothing.
+  (``SinkUnavailable``) and changes nothing - unless its COMMIT's answer was lost and the
+  outcome could not be learned at once (``CommitUnknown``): the batch may then have
+  committed, and a delivery sent again finds its id applied (a duplicate, no effect).
 * One connection and one lock: a read never sees the writer's open transaction.  The DB
   is a file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas
-  (``pg_sink``).
+  (``pg_sink``), whose lost session is opened again (``asnackq.pg.AsyncStore``; a sink
+  never waits for the server: while it is away every batch fails at once).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from asnackq.aio import Store, open_store
 from asnackq.core.worker import Plan, Sql, SqlMany, epoch_ms, json_set
+from asnackq.outage import HEALTH_FIELDS, Health
 from asnackq.targets import is_url
 
 __all__ = ["SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbox"]
@@ -104,7 +108,9 @@ async def open_sink_db(path: Path | str) -> Store:
     """Open (creating if needed) a sink DB: a file in WAL mode synced at every commit, or a URL."""
     if is_url(path):
         import asnackq.pg_sink  # noqa: F401  (the inbox's PostgreSQL statements)
-    return await open_store(path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS, closing=SINK_CLOSING)
+    return await open_store(
+        path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS, closing=SINK_CLOSING, resolve_s=0
+    )
 
 
 class Inbox:
@@ -154,6 +160,16 @@ class Inbox:
         statuses: list[str] = await self.db.transact(make(), make)
         self.commits += 1
         return statuses
+
+    def health(self) -> dict[str, int]:
+        """The DB's outage counters (``asnackq.outage``; zeros for a file)."""
+        health: Health | None = getattr(self.db, "health", None)
+        return dict.fromkeys(HEALTH_FIELDS, 0) if health is None else health.counts()
+
+    @property
+    def db_down(self) -> bool:
+        health: Health | None = getattr(self.db, "health", None)
+        return health is not None and health.down
 
     async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """A read outside any writer transaction."""

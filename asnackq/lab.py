@@ -40,12 +40,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asnackq import faults, ops, timeline
+from asnackq import faults, ops, schedule, timeline
 from asnackq.core import worker as w
 from asnackq.evidence import INVARIANTS, breach, invariants, verify
 from asnackq.http_send import check_number
-from asnackq.pg_server import DURABLE, local_server
 from asnackq.procs import Replicas, Workers, exit_on_sigterm
+from asnackq.stores import database_error
 from asnackq.targets import Target, is_url, shown
 from asnackq.tls import server_context, tls_context
 from asnackq.traces import read_traces
@@ -81,6 +81,12 @@ class LabConfig:
     tls_cert: Path | None = None  # the sinks serve https with this certificate,
     tls_key: Path | None = None  # and this key;
     sink_ca: Path | None = None  # the workers trust this CA
+    hosts: int = 0  # workers on this many network namespaces (asnackq.hosts)
+    pg_restart_every: float = 0.0  # faults on a schedule (asnackq.schedule), seconds
+    pg_kill_backends_every: float = 0.0
+    partition_every: float = 0.0
+    partition_for: float = 0.0
+    clock_skew_ms: int = 0
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -105,6 +111,7 @@ class LabConfig:
         if self.kill_sinks and not self.kill_every:
             raise ValueError("--kill-sinks needs --kill-every")
         self.check_tls()
+        schedule.check(self)
         if self.directory is not None and self.directory.exists() and any(self.directory.iterdir()):
             raise ValueError(f"--dir {self.directory} must be empty or absent")
 
@@ -172,17 +179,35 @@ class Sampler:
         try:
             with ops.read_only(self.queue, "jobs") as con:
                 by_status = ops.stats(con, w.epoch_ms())["by_status"]
-        except ValueError:
-            if force:
+            counters = self.sinks.counters()
+        except Exception as error:
+            if force or not passing(error):
                 raise
-            return  # a SIGKILLed worker's hot journal: the next writer rolls it back
+            return  # a SIGKILLed worker's hot journal, a database fault: the next sample
         self.statuses.append({"at": w.epoch_ms(), **by_status})
-        self.sink.append({"at": w.epoch_ms(), **self.sinks.counters()})
+        self.sink.append({"at": w.epoch_ms(), **counters})
         self.due = started + max(SAMPLE_EVERY_S, 10 * (time.perf_counter() - started))
+
+    def last(self, within_s: float = 60) -> None:
+        """The final sample, tried again while a database fault lasts (up to ``within_s``)."""
+        deadline = time.perf_counter() + within_s
+        while True:
+            try:
+                return self(force=True)
+            except Exception as error:
+                if not passing(error) or time.perf_counter() > deadline:
+                    raise
+                time.sleep(0.2)
 
     @property
     def finished(self) -> int:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
+
+
+def passing(error: Exception) -> bool:
+    """Whether a sample failed for a reason that passes: a hot journal, a database or
+    sink away for a while (a 503 is an ``OSError`` too)."""
+    return isinstance(error, (ValueError, OSError)) or database_error(error)
 
 
 def require_empty(db: str) -> None:
@@ -200,7 +225,9 @@ def require_empty(db: str) -> None:
             )
 
 
-def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any]:
+def experiment(
+    config: LabConfig, root: Path, console: Console, site: schedule.Site | None = None
+) -> dict[str, Any]:
     """One run with its files in ``root``: fill, sinks, workers, watch, then the verdicts."""
     rng = random.Random(config.seed)
     queue: Target = config.db or root / "queue.db"
@@ -208,6 +235,8 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
     if config.db is not None:
         require_empty(config.db)
     qty = fill(queue, config, rng)
+    if site is None or not site.db:
+        site = schedule.Site(config, str(queue))
     options = (
         "--fail-rate",
         config.fail_rate,
@@ -218,11 +247,12 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
         "--seed",
         config.seed,
         *config.https[0],
+        *site.sink_options,
     )
     with Replicas(sink_db, config.sinks, *options, ca_file=config.sink_ca) as sinks:
         workers = Workers(
             root,
-            queue,
+            site.worker_db,
             sinks.urls,
             (
                 "--concurrency",
@@ -233,13 +263,16 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
                 config.send_timeout_s,
                 "--accept-dead",
                 *config.https[1],
+                *site.worker_options,
             ),
+            place=site.place,
         )  # the lab judges dead jobs itself
         sampler = Sampler(queue, sinks)
+        faulty = schedule.Schedule(config, site, rng)
         t0_ms, began = w.epoch_ms(), time.perf_counter()
-        timed_out = watch(config, workers, sinks, sampler, rng, console)
+        timed_out = watch(config, workers, sinks, sampler, rng, console, faulty)
         seconds = time.perf_counter() - began
-        sampler(force=True)  # the final state, while the sinks still answer
+        sampler.last()  # the final state, while the sinks still answer
         stats: dict[str, Any] = sampler.sink[-1]
         if sinks.kills:
             stats["applied"] = None  # a killed sink's counters are gone
@@ -268,8 +301,9 @@ def experiment(config: LabConfig, root: Path, console: Console) -> dict[str, Any
             "sink_kills": sinks.kills,
             "invariants": invariants(result),
             "series": timeline.series(
-                t0_ms, traces, workers.events, sampler.statuses, sampler.sink
+                t0_ms, traces, workers.events, sampler.statuses, sampler.sink, faulty.events
             ),
+            **timeline.measured(faulty.events, sampler.statuses, sampler.sink),
         }
     )
     return result
@@ -306,6 +340,7 @@ def watch(
     sampler: Sampler,
     rng: random.Random,
     console: Console,
+    faulty: schedule.Schedule,
 ) -> bool:
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
     ``kill_every``, sample; True if the run timed out."""
@@ -323,6 +358,7 @@ def watch(
         task = progress.add_task("finished (done or dead)", total=config.jobs)
         try:
             alone = start_workers(config, workers)
+            faulty.start(began)
             while True:
                 for owner, code in workers.exited():
                     if owner == alone:  # the fixed kill happened (or it ran out of jobs)
@@ -335,6 +371,7 @@ def watch(
                 time.sleep(0.05)
                 now = time.perf_counter()
                 sampler()
+                faulty(now)
                 progress.update(
                     task, completed=sampler.finished, description=f"finished, {workers.kills} kills"
                 )
@@ -347,6 +384,7 @@ def watch(
                 if now - began > config.timeout_s:
                     return True
         finally:
+            faulty.close()
             workers.stop()
 
 
@@ -357,14 +395,14 @@ def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
     """
     config.check()
     with exit_on_sigterm(), contextlib.ExitStack() as stack:
-        if config.pg_local and config.db is None:
-            server = stack.enter_context(local_server(DURABLE))
-            config = dataclasses.replace(config, db=server.url())
+        site = stack.enter_context(schedule.site(config))
+        if site.server is not None:
+            config = dataclasses.replace(config, db=site.db)
         if config.directory is not None:
             config.directory.mkdir(parents=True, exist_ok=True)
-            return experiment(config, config.directory, console)
+            return experiment(config, config.directory, console, site)
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asnackq-lab-"))
-        return experiment(config, Path(tmp), console)
+        return experiment(config, Path(tmp), console, site)
 
 
 def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
@@ -402,5 +440,6 @@ def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
                 else ""
             ),
         ),
+        *schedule.rows(result),
         ("violations", len(result["violations"])),
     ]

@@ -182,6 +182,13 @@ WORKER_COUNTERS = {
     "errors": ("errors", "Sends that ended in another error."),
     "outages": ("breaker_outages", "Times the circuit breaker opened (the sink was away)."),
     "probes": ("breaker_probes", "Probe sends while the circuit breaker was open."),
+    "db_outages": ("db_outages", "Sessions with the queue's database lost (each reconnected)."),
+    "db_reruns": ("db_reruns", "Transactions re-run after their database session was lost."),
+    "db_cut_commits": ("db_cut_commits", "COMMITs whose answer was lost (outcome looked up)."),
+    "unconfirmed": (
+        "unconfirmed",
+        "Tickets let go after a cycle whose COMMIT's outcome stayed unknown.",
+    ),
 }
 
 
@@ -201,6 +208,11 @@ def dispatcher_families(
             "Jobs ended dead, by reason.",
             "reason",
             {reason: counts[f"dead_{reason}"] for reason in REASONS},
+        ),
+        counter(
+            "asnackq_worker_db_down_seconds_total",
+            "Time without a session with the queue's database.",
+            counts["db_down_ms"] / 1000,
         ),
         counter(
             "asnackq_worker_breaker_paused_seconds_total",

@@ -30,6 +30,7 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
+from asnackq.outage import CommitUnknown, Health, StoreUnavailable
 from asnackq.pg_sql import SCHEMAS, Params, plan_open, text, translate
 from asnackq.targets import one_line, shown
 
@@ -45,11 +46,23 @@ __all__ = [
 ]
 
 Make = Callable[[], w.Plan[Any]]
+RESOLVE_S = 300.0  # how long a lost COMMIT's outcome is sought before CommitUnknown
+RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
 Hooks = Callable[[w.Fault, str], None]  # how an async layer calls a fault hook
 
 
 class Unreachable(ConnectionError):
     """Raised when no session could be opened: the server is down, or refused the login."""
+
+
+class CommitCut(Exception):
+    """Raised by ``apump`` when the session was lost while its COMMIT was on the way: the
+    transaction ``begun`` (its id, and the server's start time) may or may not have
+    committed; ``result`` is what the plan returned."""
+
+    def __init__(self, begun: tuple[str, str], result: Any, changed: bool) -> None:
+        super().__init__(f"the session was lost during COMMIT of transaction {begun[0]}")
+        self.begun, self.result, self.changed = begun, result, changed
 
 
 # --- conflicts and sessions -------------------------------------------------------
@@ -74,6 +87,22 @@ def _backoff(attempt: int) -> float:
 # its row locks until TCP gives up: the server ends it after 10 s idle in a transaction
 # (no transaction of ours waits on the client: sends happen between transactions).
 SQL_SESSION = "SET idle_in_transaction_session_timeout = 10000"
+# Every async transaction learns its id at BEGIN (same round trip): after a lost COMMIT, a
+# new session asks the server whether that transaction committed.  Only the server that
+# gave the id can say: after a crash, an id whose records never reached the disk is given
+# to another transaction, so a server restarted since BEGIN answers "restarted" (unknown).
+SQL_BEGIN = "BEGIN; SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text"
+SQL_XACT_STATUS = """SELECT CASE WHEN pg_postmaster_start_time()::text = %s
+  THEN pg_xact_status(%s::xid8) ELSE 'restarted' END"""
+# A peer that vanished (a cut network) is noticed within seconds, not at TCP's minutes:
+# keepalives on an idle session, and a bound on data left unacknowledged.
+TCP_OPTIONS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def _refused(url: str, error: psycopg.Error) -> Exception:
@@ -176,11 +205,13 @@ def _rollback(con: psycopg.Connection[Any]) -> None:
 
 
 async def aconnect(
-    url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True
+    url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True, timeout_s: int = 10
 ) -> psycopg.AsyncConnection[Any]:
     """The async twin of ``connect``."""
     try:
-        con = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10)
+        con = await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=timeout_s, **TCP_OPTIONS
+        )
     except psycopg.Error as error:
         raise _refused(url, error) from None
     try:
@@ -200,15 +231,23 @@ async def apump(
     first: w.Plan[Any] | None = None,
     call: Hooks | None = None,
 ) -> Any:
-    """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain)."""
+    """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain).
+
+    A session lost while its COMMIT was on the way raises ``CommitCut`` (the transaction's
+    id, the plan's result): whether it committed is for the caller to learn.
+    """
     call = call or _call
     plan = make() if first is None else first
     for attempt in range(attempts):
-        await con.execute("BEGIN")
+        begun = await _abegin(con)
+        committing = False
         try:
             result, changed = await _arun(con, plan, fault, call)
+            committing = True
             await con.execute("COMMIT")
         except BaseException as error:
+            if committing and con.closed:
+                raise CommitCut(begun, result, changed) from error
             await _arollback(con)
             if not _conflict(error) or attempt == attempts - 1:
                 raise
@@ -219,6 +258,15 @@ async def apump(
             call(fault, w.AFTER_COMMIT)
         return result
     raise AssertionError("unreachable")
+
+
+async def _abegin(con: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
+    """BEGIN, the transaction's id and the server's start time (one round trip): a lost
+    COMMIT is looked up by them."""
+    cursor = await con.execute(SQL_BEGIN)
+    cursor.nextset()
+    xid, started = await cursor.fetchone() or ("", "")
+    return str(xid), str(started)
 
 
 def _call(fault: w.Fault, point: str) -> None:
@@ -258,24 +306,125 @@ async def _arollback(con: psycopg.AsyncConnection[Any]) -> None:
 
 
 class AsyncStore:
-    """One async session: plans, reads and the transaction state (``AsyncQueue``, sink)."""
+    """One async session on ``url`` that outlives its connections: plans, reads, the
+    transaction state (``AsyncQueue``, the sink).
 
-    def __init__(self, con: psycopg.AsyncConnection[Any], attempts: int, call: Hooks) -> None:
-        self.con, self.attempts, self.call = con, attempts, call
+    A lost session is opened again (``Health``: capped, jittered backoff, counted); until
+    then every call raises ``StoreUnavailable`` at once.  A transaction cut before its
+    COMMIT committed nothing: its plan is made again and re-run on the new session (as for
+    a deadlock).  A transaction whose COMMIT was cut is looked up by its id
+    (``pg_xact_status``) on the new session for up to ``resolve_s`` (``CommitUnknown``
+    after that): committed, its result stands; aborted, its plan is re-run.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: tuple[str, ...],
+        con: psycopg.AsyncConnection[Any],
+        attempts: int,
+        call: Hooks,
+        resolve_s: float = RESOLVE_S,
+    ) -> None:
+        self.url, self.schema, self.attempts, self.call = url, schema, attempts, call
+        self.con: psycopg.AsyncConnection[Any] | None = con
+        self.resolve_s = resolve_s
+        self.health = Health()
+        self.why = ""  # the last failure, for StoreUnavailable's message
+
+    @classmethod
+    async def open(
+        cls, url: str, schema: tuple[str, ...], attempts: int, call: Hooks, resolve_s: float
+    ) -> AsyncStore:
+        return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
 
     async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
-        return await apump(self.con, make, fault, self.attempts, plan, self.call)
+        for _ in range(self.attempts):
+            con = await self.session()
+            try:
+                return await apump(con, make, fault, self.attempts, plan, self.call)
+            except CommitCut as cut:
+                self._lost(cut.__cause__)
+                self.health.cut_commits += 1
+                if await self._committed(*cut.begun):
+                    if cut.changed:
+                        self.call(fault, w.AFTER_COMMIT)
+                    return cut.result
+            except psycopg.OperationalError as error:
+                if not con.closed:
+                    raise
+                self._lost(error)
+            self.health.reruns += 1
+            plan = make()
+        raise StoreUnavailable(f"the session was lost {self.attempts} times in a row: {self.why}")
 
     async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        cursor = await self.con.execute(*translate(sql, params))
-        return await cursor.fetchall()
+        return await self._query(*translate(sql, params))
+
+    async def _query(self, sql: Any, params: Any) -> list[tuple[Any, ...]]:
+        con = await self.session()
+        try:
+            cursor = await con.execute(sql, params)
+            return await cursor.fetchall()
+        except psycopg.OperationalError as error:
+            if not con.closed:
+                raise
+            self._lost(error)
+            raise StoreUnavailable(self.why) from None
+
+    async def session(self) -> psycopg.AsyncConnection[Any]:
+        """The open session, or a new one (``StoreUnavailable`` while none can be had)."""
+        if self.con is not None and not self.con.closed:
+            return self.con
+        self.health.lost()
+        wait = self.health.wait_s()
+        if wait > 0:
+            raise StoreUnavailable(f"{self.why} (next try in {wait * 1000:.0f} ms)", wait)
+        try:
+            self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
+        except (Unreachable, psycopg.OperationalError) as error:
+            self.why = one_line(error).replace(self.url, shown(self.url))
+            raise StoreUnavailable(self.why, self.health.failed()) from None
+        self.health.back()
+        return self.con
+
+    def _lost(self, error: BaseException | None) -> None:
+        self.health.lost()
+        why = "closed" if error is None else one_line(error)
+        self.why = f"lost the session to {shown(self.url)}: {why}"
+
+    async def _committed(self, xid: str, started: str) -> bool:
+        """Whether transaction ``xid`` committed, asked on a new session (``CommitUnknown``
+        if no session answers within ``resolve_s``, or the server restarted meanwhile)."""
+        deadline = time.monotonic() + self.resolve_s
+        while True:
+            try:
+                ((status,),) = await self._query(SQL_XACT_STATUS, (started, xid))
+            except StoreUnavailable as error:
+                if time.monotonic() + error.retry_in_s > deadline:
+                    raise CommitUnknown(
+                        f"COMMIT of transaction {xid} unconfirmed: {error}"
+                    ) from None
+                await asyncio.sleep(error.retry_in_s)
+                continue
+            if status == "restarted":
+                raise CommitUnknown(f"COMMIT of transaction {xid} cut by a server restart")
+            if status != "in progress":  # (the old session may still be ending)
+                return bool(status == "committed")
+            if time.monotonic() > deadline:
+                raise CommitUnknown(f"COMMIT of transaction {xid} still in progress")
+            await asyncio.sleep(0.05)
 
     @property
     def in_transaction(self) -> bool:
-        return self.con.info.transaction_status != TransactionStatus.IDLE
+        con = self.con
+        if con is None or con.closed:
+            return False
+        return con.info.transaction_status != TransactionStatus.IDLE
 
     async def close(self) -> None:
-        await self.con.close()
+        if self.con is not None:
+            await self.con.close()
 
 
 class BorrowedStore:

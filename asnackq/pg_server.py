@@ -92,6 +92,7 @@ class LocalServer:
     def __init__(self, binaries: Binaries, root: Path, port: int) -> None:
         self.binaries, self.root, self.port = binaries, root, port
         self.data = root / "data"
+        self.settings: dict[str, str] = {}
 
     @property
     def socket_dir(self) -> Path:
@@ -106,6 +107,7 @@ class LocalServer:
         return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{dbname}"
 
     def start(self, settings: dict[str, str]) -> None:
+        self.settings = settings
         options = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -114,6 +116,23 @@ class LocalServer:
             **settings,
         }
         line = " ".join(f"-c {key}={value}" for key, value in options.items())
+        self._pg_ctl("-o", line, "start")
+
+    def restart(self, mode: str) -> None:
+        """``pg_ctl restart -m MODE`` (fast: sessions ended, a checkpoint; immediate: a crash
+        and recovery), waiting until it accepts sessions again."""
+        self._pg_ctl("-m", mode, "restart")
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server and keep its directory (``resume`` starts it again)."""
+        self._pg_ctl("-m", mode, "stop")
+
+    def resume(self) -> None:
+        """Start a halted server again, on the same port and with the same settings."""
+        self.start(self.settings)
+
+    def _pg_ctl(self, *args: str) -> None:
+        # -l: the server's output goes to its log, never to a pipe this process waits on
         self.binaries.run(
             "pg_ctl",
             "-D",
@@ -123,9 +142,7 @@ class LocalServer:
             "-w",
             "-t",
             "60",
-            "-o",
-            line,
-            "start",
+            *args,
         )
 
     def stop(self) -> None:

@@ -23,7 +23,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -51,6 +51,8 @@ STOP_S = 30  # how long a SIGTERMed child has to exit before it is SIGKILLed
 PIPE = subprocess.PIPE
 Stream = IO[Any] | int | None
 Proc = subprocess.Popen[str]
+# worker N -> (argv prefix, its own options): a lab host's ``ip netns exec`` and clock
+Placement = Callable[[int], tuple[Sequence[str], Sequence[object]]]
 
 
 def command(*args: object) -> list[str]:
@@ -109,10 +111,17 @@ def started(
 
 
 def worker(
-    queue: Target, url: str, *options: object, stdout: Stream = None, stderr: Stream = None
+    queue: Target,
+    url: str,
+    *options: object,
+    prefix: Sequence[str] = (),
+    stdout: Stream = None,
+    stderr: Stream = None,
 ) -> Proc:
-    """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process)."""
-    return start(command("work", queue, "--sink", url, *options), stdout=stdout, stderr=stderr)
+    """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process), run through
+    ``prefix`` if given (``ip netns exec NAME``: the same process, on a lab host)."""
+    argv = [*prefix, *command("work", queue, "--sink", url, *options)]
+    return start(argv, stdout=stdout, stderr=stderr)
 
 
 def start_sink(
@@ -218,6 +227,7 @@ class Workers:
     queue: Target
     urls: list[str]  # the sinks; worker N sends to urls[N % len(urls)]
     options: Sequence[object]  # every worker's options (concurrency, lease, ...)
+    place: Placement | None = None  # where worker N runs, with its own options
     procs: dict[str, Proc] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     started: int = 0
@@ -229,6 +239,7 @@ class Workers:
         """Start one more worker (with ``extra`` options); return its owner name."""
         self.started += 1
         owner = f"lab-w{self.started}"
+        prefix, own = self.place(self.started) if self.place else ((), ())
         self.events.append({"at": epoch_ms(), "e": "start", "owner": owner})
         with (
             open(self.root / f"{owner}.out", "w") as out,
@@ -244,7 +255,9 @@ class Workers:
                 "--until-empty",
                 "--json",
                 *self.options,
+                *own,
                 *extra,
+                prefix=prefix,
                 stdout=out,
                 stderr=err,
             )

@@ -38,10 +38,14 @@ COLORS = {
     "requests": "#457b9d",
     "applied": "#2a9d8f",
     "duplicates": "#e76f51",
+    "pg-restart": "#6a4c93",
+    "pg-kill-backends": "#ff595e",
+    "partition": "#1982c4",
 }
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
-    "traces), retries as a line; every worker start and SIGKILL is a vertical line. Jobs a "
+    "traces), retries as a line; every worker start and SIGKILL is a vertical line, every "
+    "scheduled fault a band from its start to its heal. Jobs a "
     "claim quarantined (out of attempts or past their deadline) show under jobs by status.",
     "latency": "From each job's claim to its accepted finish, for every finish in the "
     "traces, with p50, p90 and p99 marked.",
@@ -157,7 +161,12 @@ def throughput(series: dict[str, Any]) -> dict[str, Any]:
     return {
         "data": data,
         "layout": layout(
-            f"Jobs finished per {width:g} s", AXIS_S, "jobs", barmode="stack", bargap=0
+            f"Jobs finished per {width:g} s",
+            AXIS_S,
+            "jobs",
+            barmode="stack",
+            bargap=0,
+            shapes=kill_marks({**series, "events": []}),  # the faults' bands
         ),
     }
 
@@ -212,21 +221,39 @@ def latency(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def kill_marks(series: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every SIGKILL as a thin vertical line across a time plot."""
-    return [
-        {
-            "type": "line",
-            "xref": "x",
-            "yref": "paper",
-            "x0": e["t_s"],
-            "x1": e["t_s"],
-            "y0": 0,
-            "y1": 1,
-            "line": {"color": COLORS["kill"], "width": 1, "dash": "dash"},
-        }
+    """Every SIGKILL as a thin vertical line across a time plot, every scheduled fault as
+    a band from its start to its heal (an instant one: a thin band), labelled."""
+    kills = [
+        mark("line", e["t_s"], e["t_s"], line={"color": COLORS["kill"], "width": 1, "dash": "dash"})
         for e in series["events"]
         if e["e"] == "kill"
     ]
+    return kills + [
+        mark(
+            "rect",
+            f["t_s"],
+            max(f["end_s"], f["t_s"] + 0.05),
+            fillcolor=COLORS[f["kind"]],
+            opacity=0.18,
+            line={"width": 0},
+            label={"text": f"{f['kind']} {f['detail']}", "textposition": "top left"},
+        )
+        for f in series.get("faults", [])
+    ]
+
+
+def mark(kind: str, x0: float, x1: float, **style: Any) -> dict[str, Any]:
+    """A shape across the plot's height from ``x0`` to ``x1`` seconds."""
+    return {
+        "type": kind,
+        "xref": "x",
+        "yref": "paper",
+        "x0": x0,
+        "x1": x1,
+        "y0": 0,
+        "y1": 1,
+        **style,
+    }
 
 
 def lines(

@@ -12,10 +12,12 @@ Rules of this module:
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["latency", "percentile", "series"]
+__all__ = ["latency", "measured", "percentile", "series"]
 
 # Bucket widths for "finished per interval": the smallest giving at most MAX_BUCKETS bars.
 INTERVALS_MS = (100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000)
@@ -24,6 +26,11 @@ HISTOGRAM_BINS = 40
 STATUSES = ("pending", "leased", "done", "dead")
 SINK_COUNTERS = ("requests", "applied", "duplicates")
 FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}  # finish status -> series
+# Recovery after a fault: the done rate over RECOVERY_WINDOW_MS, from the heal on, back at
+# RECOVERED_SHARE of the rate over the BEFORE_MS before the fault began.
+BEFORE_MS = 5000
+RECOVERY_WINDOW_MS = 500
+RECOVERED_SHARE = 0.8
 
 
 def percentile(values: list[int], share: float) -> int | None:
@@ -100,9 +107,10 @@ def series(
     events: list[dict[str, Any]],
     statuses: list[dict[str, Any]],
     sink: list[dict[str, Any]],
+    faults: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Every time series of a run: finishes per interval, worker starts and kills, jobs by
-    status and the sink's counters over time."""
+    status, the sink's counters and the scheduled faults (from ``at`` to ``until``)."""
     stamps = [r["at"] for r in traces] + [s["at"] for s in (*statuses, *sink, *events)]
     end_ms = max(stamps, default=t0_ms)
     return {
@@ -115,4 +123,86 @@ def series(
         ],
         "statuses": columns(statuses, STATUSES, t0_ms),
         "sink": columns(sink, SINK_COUNTERS, t0_ms),
+        "faults": [
+            {
+                "t_s": seconds(f["at"], t0_ms),
+                "end_s": seconds(f["until"] or end_ms, t0_ms),
+                "kind": f["kind"],
+                "detail": f["detail"],
+            }
+            for f in faults
+        ],
     }
+
+
+def reading(samples: list[dict[str, Any]], key: str, at_ms: float) -> int:
+    """The last sampled ``key`` at or before ``at_ms`` (0 before the first sample)."""
+    value = 0
+    for sample in samples:
+        if sample["at"] > at_ms:
+            break
+        value = sample.get(key) or 0
+    return value
+
+
+def done_rate(statuses: list[dict[str, Any]], start_ms: float, end_ms: float) -> float:
+    """Jobs done per second between two times, from the samples."""
+    gained = reading(statuses, "done", end_ms) - reading(statuses, "done", start_ms)
+    return gained * 1000 / max(1.0, end_ms - start_ms)
+
+
+def recovery_ms(fault: dict[str, Any], statuses: list[dict[str, Any]]) -> int | None:
+    """From the fault's heal to the end of the first window (starting at or after it) whose
+    done rate is back at ``RECOVERED_SHARE`` of the rate before it; None if it never was
+    (the jobs ran out first)."""
+    t0 = statuses[0]["at"] if statuses else fault["at"]
+    begin = max(t0, fault["at"] - BEFORE_MS)
+    target = RECOVERED_SHARE * done_rate(statuses, begin, fault["at"])
+    heal = fault["until"] or fault["at"]
+    for sample in statuses:
+        start = sample["at"] - RECOVERY_WINDOW_MS
+        if start >= heal and done_rate(statuses, start, sample["at"]) >= target:
+            return int(sample["at"] - heal)
+    return None
+
+
+def measured(
+    faults: list[dict[str, Any]], statuses: list[dict[str, Any]], sink: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Each fault with its recovery time and the duplicates the sinks absorbed while it was
+    on or recovering (from its start to its recovery, or the run's end); and the same by
+    kind (``faults_by_kind``).  Where faults overlap, a duplicate counts for the one that
+    began last, so no duplicate counts twice."""
+    end = sink[-1]["at"] if sink else 0
+    rows = []
+    for fault in faults:
+        took = recovery_ms(fault, statuses)
+        until = end if took is None else (fault["until"] or fault["at"]) + took
+        rows.append({**fault, "recovery_ms": took, "duplicates": 0, "_end": until})
+    for before, after in itertools.pairwise(sink):
+        gained = (after.get("duplicates") or 0) - (before.get("duplicates") or 0)
+        on = [row for row in rows if row["at"] < after["at"] <= row["_end"]]
+        if gained > 0 and on:
+            max(on, key=lambda row: row["at"])["duplicates"] += gained
+    for row in rows:
+        del row["_end"]
+    return {"faults": rows, "faults_by_kind": by_kind(rows)}
+
+
+def by_kind(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per fault kind: how many, recovery p50 and max, how many never recovered, and the
+    duplicates counted for them."""
+    kinds: dict[str, Any] = {}
+    for row in rows:
+        kind = kinds.setdefault(row["kind"], {"count": 0, "duplicates": 0, "recovery": []})
+        kind["count"] += 1
+        kind["duplicates"] += row["duplicates"]
+        kind["recovery"].append(row["recovery_ms"])
+    for kind in kinds.values():
+        times = [t for t in kind.pop("recovery") if t is not None]
+        kind.update(
+            recovery_p50_ms=percentile(times, 0.5),
+            recovery_max_ms=max(times, default=None),
+            unrecovered=kind["count"] - len(times),
+        )
+    return kinds

@@ -22,7 +22,7 @@ REQUIRED = os.environ.get("ASNACKQ_REQUIRE_PG") == "1"
 _names = itertools.count(1)
 
 
-def start_server() -> Iterator[Pool]:
+def start_server(settings: dict[str, str] = FAST) -> Iterator[Pool]:
     """The session's server and its databases, or a skip (an error with ASNACKQ_REQUIRE_PG=1)."""
     binaries = find_binaries()
     if binaries is None:
@@ -31,7 +31,7 @@ def start_server() -> Iterator[Pool]:
             pytest.fail(f"ASNACKQ_REQUIRE_PG=1 but {why}", pytrace=False)
         pytest.skip(why)
     try:
-        server = create(binaries, FAST)
+        server = create(binaries, settings)
     except RuntimeError as error:
         if REQUIRED:
             raise

@@ -37,10 +37,14 @@ def rows_table(title: str, rows: list[dict[str, Any]], keys: Sequence[str]) -> T
     return table
 
 
-def progress_line(summary: dict[str, int], seconds: float, paused: bool) -> str:
+def progress_line(
+    summary: dict[str, int], seconds: float, paused: bool, db_down: bool = False
+) -> str:
     return (
         f"done {summary['done']}  retried {summary['retried']}  dead {summary['dead']}  "
         f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
         f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
+        + (f"  DB outages {summary['db_outages']}" if summary.get("db_outages") else "")
         + ("  PAUSED: the sink is not there, probing" if paused else "")
+        + ("  DB DOWN: reconnecting" if db_down else "")
     )

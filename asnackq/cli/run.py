@@ -105,6 +105,7 @@ def add_lab(commands: Commands) -> None:
         "and is SIGKILLed right after its Nth verified ACK, then the P workers "
         "start (the demo's fixed kill)",
     )
+    add_lab_faults(lab)
     lab.add_argument(
         "--dir",
         type=Path,
@@ -124,6 +125,54 @@ def add_lab(commands: Commands) -> None:
     add_tls_files(lab, "the sinks serve https")
     add_files(lab, {"--sink-ca": "the workers trust this CA"})
     lab.set_defaults(run=run_lab)
+
+
+def add_lab_faults(lab: argparse.ArgumentParser) -> None:
+    """The lab's hosts and its faults on a schedule (``asnackq.hosts``, ``asnackq.schedule``)."""
+    every = within(float, 0, 3600)
+    lab.add_argument(
+        "--hosts",
+        type=within(int, 0, 16),
+        default=0,
+        metavar="N",
+        help="run the workers on N network namespaces, each reaching the database and "
+        "the sinks over its own link (Linux, root, --pg-local; default 0: none)",
+    )
+    lab.add_argument(
+        "--pg-restart-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="restart the server (pg_ctl restart, -m fast and immediate in turn; --pg-local)",
+    )
+    lab.add_argument(
+        "--pg-kill-backends-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="pg_terminate_backend every worker's and sink's connection",
+    )
+    lab.add_argument(
+        "--partition-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="cut a random host off from the database, the sinks or both (--hosts)",
+    )
+    lab.add_argument(
+        "--partition-for",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a partition lasts before it heals",
+    )
+    lab.add_argument(
+        "--clock-skew-ms",
+        type=within(int, 0, 86_400_000),
+        default=0,
+        metavar="K",
+        help="each host's (else each worker's) clock reads a different offset in [-K, K]",
+    )
 
 
 def lab_config(args: argparse.Namespace) -> LabConfig:
@@ -152,6 +201,12 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         sink_ca=args.sink_ca,
+        hosts=args.hosts,
+        pg_restart_every=args.pg_restart_every,
+        pg_kill_backends_every=args.pg_kill_backends_every,
+        partition_every=args.partition_every,
+        partition_for=args.partition_for,
+        clock_skew_ms=args.clock_skew_ms,
     )
     config.check()
     return config

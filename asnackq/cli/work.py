@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ from asnackq.traces import Tracer
 
 if TYPE_CHECKING:
     from asnackq.aio import AsyncSend
+
+CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
 def default_owner() -> str:
@@ -131,8 +134,23 @@ def add_work(commands: Commands) -> None:
         help="a crash for experiments: SIGKILL this process right "
         "after its Nth verified ACK (that effect applied, its finish never made)",
     )
+    work.add_argument(
+        "--clock-offset-ms",
+        type=within(int, -CLOCK_OFFSET_MS, CLOCK_OFFSET_MS),
+        default=0,
+        metavar="N",
+        help="for experiments: add N ms to every reading of the run's wall clock "
+        "(a host whose clock is off; default 0)",
+    )
     metrics.add_metrics_options(work)
     work.set_defaults(run=run_work)
+
+
+def offset_clock(offset_ms: int) -> Callable[[], int]:
+    """The run's wall clock (epoch ms) read ``offset_ms`` off."""
+    if not offset_ms:
+        return w.epoch_ms
+    return lambda: w.epoch_ms() + offset_ms
 
 
 def run_work(args: argparse.Namespace) -> int:
@@ -175,6 +193,7 @@ def run_work(args: argparse.Namespace) -> int:
                     retry=retry,
                     breaker=breaker,
                     gather_ms=args.gather_ms,
+                    clock=offset_clock(args.clock_offset_ms),
                 )
             except ValueError as error:
                 raise Usage(str(error)) from None
@@ -199,9 +218,10 @@ def run_work(args: argparse.Namespace) -> int:
                     if console.is_terminal:
                         live.update(
                             progress_line(
-                                dispatcher.summary.as_dict(),
+                                dispatcher.snapshot(),
                                 time.perf_counter() - started,
                                 dispatcher.paused,
+                                dispatcher.db_down,
                             ),
                             refresh=True,
                         )

@@ -1,0 +1,192 @@
+"""Database faults during a real run: ``asnackq work`` and ``asnackq sink`` on PostgreSQL
+while the server restarts, their sessions are killed, or the server is away for seconds.
+
+Each fault is its own test on a server of this module's own (the tests restart it).  After
+each one: the worker exited 0 with its summary, every job is done, every effect was applied
+once, no stale finish was accepted (``evidence.verify``), and the outage was counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from asnackq import evidence, stores
+from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
+from asnackq.outage import CommitUnknown
+from asnackq.pg_server import DURABLE, LocalServer
+from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
+from asnackq.traces import read_traces
+
+from . import pgdb
+from .conftest import T0
+from .pgdb import query
+from .slow_commit import in_commit, job_row, slow_queue
+
+JOBS = 800
+# Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
+# (a crash of the server is not one of the machine), for speed.
+SETTINGS = {**DURABLE, "fsync": "off", "full_page_writes": "off"}
+Fault = Callable[[LocalServer, str], None]  # (the server, the sink's URL)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    """A server for this module alone: its tests restart and stop it."""
+    for pool in pgdb.start_server(SETTINGS):
+        yield pool.server
+
+
+@pytest.fixture
+def url(server: LocalServer) -> Iterator[str]:
+    """A fresh database on the module's server (dropped after the test)."""
+    name = f"faults_{time.monotonic_ns()}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    yield server.url(name)
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def done(url: str) -> int:
+    """Jobs done so far, or -1 while the server does not answer."""
+    try:
+        return int(pgdb.query(url, "SELECT count(*) FROM jobs WHERE status = 'done'")[0][0])
+    except psycopg.OperationalError:
+        return -1
+
+
+def terminate(server: LocalServer, app: str) -> int:
+    """``pg_terminate_backend`` every session whose application_name is ``app``."""
+    rows = pgdb.query(
+        server.url(),
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name = %s AND pid <> pg_backend_pid()",
+        (app,),
+    )
+    return len(rows)
+
+
+def run_through(
+    fault: Fault, server: LocalServer, url: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, int], dict[str, int]]:
+    """A worker and a sink deliver ``JOBS`` jobs; ``fault`` strikes once a tenth is done.
+
+    Returns the worker's summary and the sink's counters, read after the run.
+    """
+    qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
+    stores.init(url)
+    with stores.open_queue(url) as queue:
+        items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
+        queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
+    monkeypatch.setenv("PGAPPNAME", "fault-sink")  # (libpq names the session after it)
+    with sink_process(url, "--delay-ms", "2") as sink:
+        monkeypatch.setenv("PGAPPNAME", "fault-worker")
+        options = ("--until-empty", "--json", "--concurrency", "16", "--lease-ms", "4000")
+        work = worker(url, sink, *options, "--trace", tmp / "w.trace", stdout=PIPE, stderr=PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while done(url) < JOBS // 10 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert done(url) < JOBS, "the run ended before the fault"
+            fault(server, sink)
+            out, err = work.communicate(timeout=50)
+        finally:
+            kill(work)
+        stats = sink_stats(sink)  # the sink answers again
+    assert work.returncode == 0, err
+    summary: dict[str, int] = json.loads(out)
+    result = evidence.verify(url, url, qty, read_traces(tmp), stats)
+    assert result["violations"] == []
+    assert result["statuses"] == {"done": JOBS}
+    assert result["inbox_rows"] == JOBS and result["stock"] == sum(qty.values())
+    return summary, stats
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_work_and_sink_ride_out_a_server_restart(server, url, tmp_path, monkeypatch, mode):
+    summary, stats = run_through(lambda s, _: s.restart(mode), server, url, tmp_path, monkeypatch)
+    assert summary["db_outages"] >= 1 and summary["db_down_ms"] > 0
+    assert stats["db_outages"] >= 1
+
+
+def test_work_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
+    summary, stats = run_through(
+        lambda s, _: terminate(s, "fault-worker"), server, url, tmp_path, monkeypatch
+    )
+    assert summary["db_outages"] == 1
+    assert stats["db_outages"] == 0
+
+
+def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
+    summary, stats = run_through(
+        lambda s, _: terminate(s, "fault-sink"), server, url, tmp_path, monkeypatch
+    )
+    assert summary["db_outages"] == 0
+    assert stats["db_outages"] == 1
+
+
+def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path, monkeypatch):
+    def away(s: LocalServer, sink: str) -> None:
+        s.halt("fast")
+        started = time.monotonic()
+        base = sink.rsplit("/", 1)[0]
+        for path in ("/stats", "/events/j1"):  # the reads answer 503, as JSON
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=10)
+            assert refused.value.code == 503
+            assert json.load(refused.value)["status"] == "unavailable"
+            refused.value.close()
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert "asnackq_sink_db_up 0" in metrics and "asnackq_sink_stock" not in metrics
+        time.sleep(max(0.0, 3 - (time.monotonic() - started)))  # the fault's length
+        s.resume()
+
+    summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
+    assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
+    assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
+
+
+async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):
+    async with slow_queue(url) as (queue, store):
+        claiming = asyncio.ensure_future(queue.claim("w1", T0 + 1, 5000))
+        await in_commit(url, store.con.info.backend_pid)
+        await asyncio.to_thread(server.restart, "immediate")
+        with pytest.raises(CommitUnknown):  # the id may be another transaction's by now
+            await claiming
+        assert job_row(url) == ("pending", 0)  # (it had not committed: the sleep was cut)
+        query(url, "DELETE FROM slow")
+        ticket = await queue.claim("w1", T0 + 2, 5000)
+        assert ticket is not None and ticket["token"] == 1
+        counts = store.health.counts()
+        assert (counts["db_outages"], counts["db_cut_commits"]) == (1, 1)
+
+
+async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(server, url):
+    async with slow_queue(url, w.epoch_ms()) as (queue, store):
+        sent = asyncio.Event()
+
+        async def send(event: dict[str, object], token: int) -> bool:
+            sent.set()
+            return True
+
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=4000)
+        run = asyncio.ensure_future(dispatcher.run())
+        await asyncio.wait_for(sent.wait(), 10)  # claimed (slowly) and sent
+        await in_commit(url, store.con.info.backend_pid)  # the cycle that keeps or finishes it
+        await asyncio.to_thread(server.restart, "immediate")
+        query(url, "DELETE FROM slow")
+        summary = await asyncio.wait_for(run, 30)  # reclaimed after its lease, and done
+    assert (summary.unconfirmed, summary.claimed, summary.done, summary.stale) == (1, 2, 1, 0)
+    assert summary.db_cut_commits == 1 and summary.db_outages == 1
+    assert job_row(url) == ("done", 2)
