@@ -12,6 +12,8 @@ Rules of this module:
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
+* ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
+  opened again and a cut transaction re-run, or its cut COMMIT looked up (``asnackq.outage``).
 """
 
 from __future__ import annotations
