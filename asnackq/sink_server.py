@@ -25,7 +25,8 @@ from typing import Any
 from aiohttp import web
 
 from asnackq import logs
-from asnackq.http_sink import BUSY, LOG, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
+from asnackq.http_sink import BUSY, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
+from asnackq.inbox import LOG
 from asnackq.metrics import screen_expect
 
 __all__ = ["serve"]
