@@ -180,6 +180,7 @@ WORKER_COUNTERS = {
     "errors": ("errors", "Sends that ended in another error."),
     "outages": ("breaker_outages", "Times the circuit breaker opened (the sink was away)."),
     "probes": ("breaker_probes", "Probe sends while the circuit breaker was open."),
+    "clock_steps": ("clock_steps", "Times the wall clock stepped back (the run's clock held)."),
 }
 
 
