@@ -4,8 +4,8 @@ Rules of this module:
 
 * The committer is the one task that touches the queue: one ``cycle`` plan of the core per
   transaction (the finishes that came back, an extension of every held lease that ends
-  within half a lease, claims for idle coroutines plus some ahead of demand), so no
-  transaction is open across a send and two transactions never interleave.
+  within half a lease, claims for idle coroutines plus some ahead of demand, of jobs never
+  attempted), so no transaction is open across a send and two never interleave.
 * A held ticket (ready, being sent, or with its result waiting for the commit) never lapses
   while the run goes on: its lease is extended, fenced by its token, before half of it is
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
@@ -75,16 +75,11 @@ class Finish(NamedTuple):
 
 
 class Want(NamedTuple):
-    """A cycle's claims: one per waiting coroutine (any claimable job), and those kept
-    ahead of demand (jobs never attempted: a ticket that waits unsent in the hands of a
-    worker that dies costs its job's first attempt at most)."""
+    """A cycle's claims: one per waiting coroutine (any job), and those kept ahead of demand
+    (jobs never attempted: an unsent ticket lost with its worker costs a first attempt)."""
 
     waiting: int
     ahead: int
-
-    @property
-    def total(self) -> int:
-        return self.waiting + self.ahead
 
 
 class Phase(enum.Enum):
@@ -139,7 +134,8 @@ class Committer:
         self.taken = 0  # tickets taken since the last cycle began
         self.rate = 0.0  # tickets taken per second, over the last cycle
         self.period = self.txn_s = 0.0  # the last cycle: from start to start; its commit
-        self.dry = False  # the last claim came up short
+        self.dry = False  # the last claim for waiting coroutines came up short
+        self.dry_ahead = False  # the last claim ahead of demand did (no job never attempted)
         self.cycling = False  # a transaction is in flight
         self.gathering = False  # results are let gather (no kick per result)
         self.started = -math.inf  # the event loop's time at the last cycle
@@ -238,7 +234,7 @@ class Committer:
         now = self.now()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
-        if self.inbox or due or (want.total and not self.dry):
+        if self.inbox or due or self._claims(want):
             pause = self._pause(bool(due or pressing), wake_ms)
             if pause > 0:
                 await self._gather(pause)
@@ -260,6 +256,10 @@ class Committer:
             return
         await asyncio.sleep(max(error.retry_in_s, 0.01))
 
+    def _claims(self, want: Want) -> bool:
+        """Whether to cycle for claims: wanted, and not found short since the idle poll."""
+        return bool(want.waiting and not self.dry) or bool(want.ahead and not self.dry_ahead)
+
     async def _over(self, until_empty: bool, follow: bool) -> bool:
         """Whether the run has nothing more to claim (nothing is held right now)."""
         if self.budget == 0:
@@ -270,12 +270,12 @@ class Committer:
 
     async def _sleep(self, wake_ms: int | None) -> None:
         """Wait for a kick, the next lease to keep, or (after a dry claim) the idle poll."""
-        if self.dry and self.phase is Phase.CLAIMING:
+        if (self.dry or self.dry_ahead) and self.phase is Phase.CLAIMING:
             wake_ms = min(wake_ms or self.settings.idle_ms, self.settings.idle_ms)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.kick.wait(), None if wake_ms is None else wake_ms / 1000)
         if not self.kick.is_set():
-            self.dry = False  # time to look for claimable jobs again
+            self.dry = self.dry_ahead = False  # time to look for claimable jobs again
 
     def _pause(self, urgent: bool, wake_ms: int | None) -> float:
         """Seconds to let more results gather before the next cycle (0 or less: cycle now);
@@ -364,8 +364,10 @@ class Committer:
             self.txn_s = self.clock() - started
         self.summary.commits += 1
         self.summary.ended(ended)
-        if want.total:
-            self.dry = len(tickets) < want.total
+        if want.waiting:
+            self.dry = len(tickets) < want.waiting
+        if want.ahead:
+            self.dry_ahead = len(tickets) < sum(want)
         self._settled(finishes, statuses)
         self._kept(now, due, extended)
         self._claimed(now, tickets)

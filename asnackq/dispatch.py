@@ -28,6 +28,7 @@ from asnackq.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.committer import Claimed, Committer, Finish, Phase, Sent, Settings, Trace
 from asnackq.core import worker as w
+from asnackq.runclock import RunClock
 from asnackq.summary import Summary
 
 DEFAULT_BREAKER = BreakerPolicy()
@@ -164,6 +165,7 @@ class Dispatcher:
         self.summary = Summary()
         self._breaker: Breaker | None = None
         self._committer: Committer | None = None
+        self._clock: RunClock | None = None
 
     @property
     def paused(self) -> bool:
@@ -176,8 +178,8 @@ class Dispatcher:
         return self.queue.health is not None and self.queue.health.down
 
     def snapshot(self) -> dict[str, int]:
-        """The current (or last) run's counts so far; the circuit breaker's are live too
-        (``summary`` gets them when the run ends)."""
+        """The current (or last) run's counts so far; the circuit breaker's and the clock's
+        are live too (``summary`` gets them when the run ends)."""
         counts = self.summary.as_dict()
         if self._committer is not None:
             counts.update(self._committer.db_counts())
@@ -186,6 +188,8 @@ class Dispatcher:
             counts.update(
                 outages=live.outages, probes=live.probes, paused_ms=self._breaker.paused_ms_so_far()
             )
+        if self._clock is not None:
+            counts.update(clock_steps=self._clock.steps, clock_step_ms=self._clock.largest_ms)
         return counts
 
     async def run(
@@ -201,7 +205,11 @@ class Dispatcher:
         if max_jobs is not None:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
-        self.summary, self._breaker = committer.summary, committer.breaker
+        self.summary, self._breaker, self._clock = (
+            committer.summary,
+            committer.breaker,
+            committer.now,
+        )
         self._committer = committer
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
         workers = [

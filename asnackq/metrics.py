@@ -189,6 +189,7 @@ WORKER_COUNTERS = {
         "unconfirmed",
         "Tickets let go after a cycle whose COMMIT's outcome stayed unknown.",
     ),
+    "clock_steps": ("clock_steps", "Times the wall clock stepped back (the run's clock held)."),
 }
 
 

@@ -163,7 +163,10 @@ class Replicas:
     its port (its clients keep their URL).  ``with Replicas(...) as sinks:`` stops them all
     and keeps their exit codes in ``codes``.
 
-    The counters of a killed process die with it: ``counters()`` sums the live ones.
+    ``counters()`` sums every incarnation's: a replica is read once more just before its
+    SIGKILL, so a killed incarnation's counters are known up to that reading (what it
+    counted between that reading and the kill - milliseconds - is not); a live one's are
+    exact at each reading.
     """
 
     def __init__(
@@ -180,6 +183,8 @@ class Replicas:
         self.urls: list[str] = []
         self.codes: list[int] = []
         self.kills = 0
+        self.gone: dict[str, int] = {}  # the killed incarnations' counters, at their last reading
+        self.read: list[dict[str, int]] = []  # each live incarnation's last reading
 
     def __enter__(self) -> Replicas:
         try:
@@ -195,26 +200,41 @@ class Replicas:
         if n is None:
             self.procs.append(proc)
             self.urls.append(url)
+            self.read.append({})
         else:
             self.procs[n] = proc
+            self.read[n] = {}
 
     def kill_one(self, rng: random.Random) -> None:
         """SIGKILL a random replica, then start it again on the same port."""
         n = rng.randrange(self.count)
+        with contextlib.suppress(OSError, ValueError):  # (unreadable: its last reading)
+            self.read[n] = counters(sink_stats(self.urls[n], self.ca_file))
         kill(self.procs[n])
         self.kills += 1
+        self.gone = add(self.gone, self.read[n])
         self._start(self.urls[n].rsplit(":", 1)[1].split("/")[0], n)
 
     def counters(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for url in self.urls:
-            for key, value in sink_stats(url, self.ca_file).items():
-                if key != "stock":  # one stock, shared: not a counter
-                    totals[key] = totals.get(key, 0) + value
+        """Every incarnation's counters summed: the live ones read now (see the class)."""
+        self.read = [counters(sink_stats(url, self.ca_file)) for url in self.urls]
+        totals = self.gone
+        for read in self.read:
+            totals = add(totals, read)
         return totals
 
     def __exit__(self, *exc: object) -> None:
         self.codes = stop(*self.procs)
+
+
+def counters(stats: dict[str, int]) -> dict[str, int]:
+    """A sink's counters from its ``/stats``: the stock is one shared value, not a counter."""
+    return {key: value for key, value in stats.items() if key != "stock"}
+
+
+def add(one: dict[str, int], two: dict[str, int]) -> dict[str, int]:
+    """Two sets of counters added key by key (a new dict)."""
+    return {key: one.get(key, 0) + two.get(key, 0) for key in one.keys() | two.keys()}
 
 
 @dataclass

@@ -87,10 +87,10 @@ async def test_a_step_back_mid_run_holds_the_runs_clock_and_every_job_ends_done(
                 clock.offset -= step_ms
             return await http(event, token)
 
-        summary = await Dispatcher(
-            queue, send, owner="d1", concurrency=16, lease_ms=5000, clock=clock
-        ).run()
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=16, lease_ms=5000, clock=clock)
+        summary = await dispatcher.run()
     gc.collect()
+    assert dispatcher.snapshot()["clock_steps"] == 1  # (also live: work --metrics-port)
     assert unretrieved == []
     assert statuses(db) == {("done", 1): 300}  # nothing re-leased, nothing retried
     assert (summary.done, summary.errors, summary.stale, summary.lost) == (300, 0, 0, 0)
