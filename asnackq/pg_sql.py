@@ -106,8 +106,7 @@ STATEMENTS: dict[str, str] = {
         sql: placeholders(sql)
         for sql in (
             w.SQL_INSERT_JOB,
-            w.SQL_FINISH,
-            w.SQL_EXTEND,
+            w.SQL_SETTLE,
             w.SQL_AUDIT,
             w.SQL_REDRIVE,
             w.SQL_ACTIVE,

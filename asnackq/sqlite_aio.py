@@ -37,9 +37,9 @@ Make = Callable[[], w.Plan[Any]] | None  # builds the plan again (unused: see ``
 
 # Awaits on the connection per transaction, at most, whatever its batch: BEGIN, the plan's
 # statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
-# and write the finished jobs, read and write the extended ones, the quarantine, the
-# claimable read, the lease, COMMIT.
-HOPS = {"cycle": 9, "enqueue": 4, "inbox": 6}
+# the finished and extended jobs, write them, the quarantine, the claimable read, the
+# lease, COMMIT.
+HOPS = {"cycle": 7, "enqueue": 4, "inbox": 6}
 
 
 class QueueBusy(sqlite3.OperationalError):

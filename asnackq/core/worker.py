@@ -394,12 +394,13 @@ VALUES (?, ?, 'pending', 0, ?, 0, ?, ?, NULL, NULL, NULL)"""
 _FENCE = """id = :id AND status = 'leased' AND token = :token AND owner = :owner
   AND attempts = :attempt AND lease_until = :lease_until"""
 
-SQL_FINISH = f"""
-UPDATE jobs SET status = :status, reason = :reason, available_at = :available_at,
-  owner = NULL, lease_until = NULL
+# A finish (owner and lease cleared) or an extension (the same lease, a later end): one
+# statement for both, so the finishes and extensions of a cycle are one ``executemany``.
+SQL_SETTLE = f"""
+UPDATE jobs SET status = :status, reason = :reason,
+  available_at = coalesce(:available_at, available_at),
+  owner = :new_owner, lease_until = :new_lease_until
 WHERE {_FENCE}"""
-
-SQL_EXTEND = f"UPDATE jobs SET lease_until = :new_lease_until WHERE {_FENCE}"
 
 SQL_AUDIT = "INSERT INTO redrives (id, token, at_ms, note) VALUES (?, ?, ?, ?)"
 
@@ -681,7 +682,7 @@ def plan_finish(
 
 
 def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan[str | bool]:
-    (status,) = yield from _settle([(ticket, outcome, now_ms, delay_ms)])
+    (status,), _ = yield from _settle([(ticket, outcome, now_ms, delay_ms)], [], now_ms, 0)
     if status is False:
         return False, False  # a stale or late result never touches the current job
     yield Hook("after-finish")
@@ -689,14 +690,36 @@ def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan[st
 
 
 def _settle(
-    results: list[tuple[Ticket, str, int, int]], ended: dict[str, int] | None = None
-) -> Generator[Step, Any, list[Any]]:
-    """Fence each ``(ticket, outcome, now_ms, delay_ms)`` on its own, then write them all.
+    results: list[tuple[Ticket, str, int, int]],
+    held: list[Ticket],
+    now_ms: int,
+    lease_ms: int,
+    ended: dict[str, int] | None = None,
+) -> Generator[Step, Any, tuple[list[Any], list[Ticket | bool]]]:
+    """Finish each ``(ticket, outcome, now_ms, delay_ms)``, then extend each lease ``held``
+    at ``now_ms``: each fenced on its own, as sequential calls would be; one read, one write.
 
-    The jobs that end dead are counted by reason into ``ended``, when given.
+    Returns the statuses and the extended tickets (or False); the jobs that end dead are
+    counted by reason into ``ended``, when given.
     """
-    rows = yield _jobs(ticket["id"] for ticket, *_ in results)
+    rows = yield _jobs([ticket["id"] for ticket, *_ in results] + [t["id"] for t in held])
     current = {row[-1]: row[:-1] for row in rows}
+    statuses, finishes = _finishes(results, current, ended)
+    extended, extensions = _extensions(held, current, now_ms, lease_ms)
+    if finishes or extensions:
+        yield from _write_many(SQL_SETTLE, finishes + extensions)
+    return statuses, extended
+
+
+def _finishes(
+    results: list[tuple[Ticket, str, int, int]],
+    current: dict[str, tuple[Any, ...]],
+    ended: dict[str, int] | None,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The status of each result (False if stale) and the writes of those that land.
+
+    A finished job leaves ``current``: no longer leased, a second ticket for it is stale.
+    """
     statuses: list[Any] = []
     updates = []
     for ticket, outcome, now_ms, delay_ms in results:
@@ -704,16 +727,17 @@ def _settle(
         if row is None or not _matches(row, ticket, now_ms):
             statuses.append(False)
             continue
-        del current[ticket["id"]]  # no longer leased: a second ticket for it is stale
+        del current[ticket["id"]]
         status, reason = _decide(row, outcome, now_ms, delay_ms)
         available_at = now_ms + delay_ms if status == "pending" else now_ms
-        updates.append({**ticket, "status": status, "reason": reason, "available_at": available_at})
+        updates.append(
+            {**ticket, "status": status, "reason": reason, "available_at": available_at}
+            | {"new_owner": None, "new_lease_until": None}
+        )
         statuses.append(status)
         if status == "dead" and ended is not None:
             ended[reason] = ended.get(reason, 0) + 1
-    if updates:
-        yield from _write_many(SQL_FINISH, updates)
-    return statuses
+    return statuses, updates
 
 
 def plan_finish_many(
@@ -741,7 +765,7 @@ def _checked_results(
 
 
 def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str | bool]]:
-    statuses = yield from _settle(results)
+    statuses, _ = yield from _settle(results, [], 0, 0)
     return statuses, any(status is not False for status in statuses)
 
 
@@ -806,8 +830,11 @@ def _cycle(
     fresh: int = 0,
 ) -> Plan[Cycle]:
     ended: dict[str, int] = {}
-    statuses = (yield from _settle(results, ended)) if results else []
-    extended = (yield from _prolong(held, now_ms, lease_ms)) if held else []
+    statuses, extended = (
+        (yield from _settle(results, held, now_ms, lease_ms, ended))
+        if results or held
+        else ([], [])
+    )
     tickets, quarantined = (
         (yield from _lease(owner, now_ms, lease_ms, count, fresh)) if count or fresh else ([], {})
     )
@@ -827,7 +854,7 @@ def plan_extend(
 
 
 def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan[Ticket | bool]:
-    (longer,) = yield from _prolong([ticket], now_ms, lease_ms)
+    _, (longer,) = yield from _settle([], [ticket], now_ms, lease_ms)
     if longer is False:
         return False, False
     yield Hook("after-extend")
@@ -848,16 +875,14 @@ def plan_extend_many(
 
 
 def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan[list[Ticket | bool]]:
-    extended = yield from _prolong(tickets, now_ms, lease_ms)
+    _, extended = yield from _settle([], tickets, now_ms, lease_ms)
     return extended, any(longer is not False for longer in extended)
 
 
-def _prolong(
-    tickets: list[Ticket], now_ms: int, lease_ms: int
-) -> Generator[Step, Any, list[Ticket | bool]]:
+def _extensions(
+    tickets: list[Ticket], current: dict[str, tuple[Any, ...]], now_ms: int, lease_ms: int
+) -> tuple[list[Ticket | bool], list[dict[str, Any]]]:
     """Extend each lease still held, capped at the deadline and never shortened."""
-    rows = yield _jobs(ticket["id"] for ticket in tickets)
-    current = {row[-1]: row[:-1] for row in rows}
     extended: list[Ticket | bool] = []
     updates = []
     for ticket in tickets:
@@ -867,11 +892,12 @@ def _prolong(
             continue
         new_until = max(ticket["lease_until"], min(now_ms + lease_ms, row[5]))
         current[ticket["id"]] = (*row[:7], new_until)  # what a sequential extend would see
-        updates.append({**ticket, "new_lease_until": new_until})
+        updates.append(
+            {**ticket, "status": "leased", "reason": None, "available_at": None}
+            | {"new_owner": ticket["owner"], "new_lease_until": new_until}
+        )
         extended.append({**ticket, "lease_until": new_until})
-    if updates:
-        yield from _write_many(SQL_EXTEND, updates)
-    return extended
+    return extended, updates
 
 
 def plan_redrive(
