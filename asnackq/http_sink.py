@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import hmac
 import json
-import logging
 import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +36,15 @@ from asnackq.core.worker import (
     check_int,
 )
 from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
-from asnackq.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK, Inbox, SinkUnavailable, open_sink_db
+from asnackq.inbox import (
+    LOG,
+    RECORD_FIELDS,
+    SQL_RECORD,
+    SQL_STOCK,
+    Inbox,
+    SinkUnavailable,
+    open_sink_db,
+)
 from asnackq.outage import StoreUnavailable
 from asnackq.stores import database_error
 from asnackq.targets import one_line
@@ -56,7 +63,6 @@ COUNTERS = (
     "refused",
 )
 TOKEN_RULE = re.compile(r"[!-~]{1,256}")  # visible ASCII: what fits a Bearer header
-LOG = logging.getLogger("asnackq.sink")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

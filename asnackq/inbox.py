@@ -20,6 +20,8 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,9 +30,11 @@ from typing import Any
 from asnackq.aio import Store, open_store
 from asnackq.core.worker import Plan, Sql, SqlMany, epoch_ms
 from asnackq.outage import HEALTH_FIELDS, Health
-from asnackq.targets import is_url
+from asnackq.targets import is_url, one_line
 
-__all__ = ["SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbox"]
+__all__ = ["LOG", "SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbox"]
+
+LOG = logging.getLogger("asnackq.sink")  # the sink's log: one line each (``sink_server``)
 
 # The inbox file is the sink's own (the contract's rollback journal is the queue's): a
 # write-ahead log, synced at every COMMIT, is as durable and syncs once per commit, not
@@ -123,6 +127,7 @@ class Inbox:
         self.batch_max = batch_max
         self.waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self.commits = 0
+        self.failing: float | None = None  # since when batches fail (monotonic seconds)
 
     async def submit(self, event_id: str, qty: int, token: int | None) -> str:
         """Queue a delivery and wait for its committed decision."""
@@ -148,10 +153,16 @@ class Inbox:
             async with self.lock:
                 statuses = await self._commit(batch)
         except Exception as error:
+            if self.failing is None:  # one line when batches begin to fail, one when they end
+                self.failing = time.monotonic()
+                LOG.warning("the inbox cannot commit (503 until it can): %s", one_line(error))
             for item in batch:
                 if not item.done.done():
                     item.done.set_exception(SinkUnavailable(str(error)))
             return
+        if self.failing is not None:
+            LOG.warning("the inbox commits again, after %.1f s", time.monotonic() - self.failing)
+            self.failing = None
         for item, status in zip(batch, statuses, strict=True):
             if not item.done.done():
                 item.done.set_result(status)

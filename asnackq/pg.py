@@ -85,11 +85,12 @@ def _backoff(attempt: int) -> float:
 # its row locks until TCP gives up: the server ends it after 10 s idle in a transaction
 # (no transaction of ours waits on the client: sends happen between transactions).
 SQL_SESSION = "SET idle_in_transaction_session_timeout = 10000"
-# Every async transaction learns its id at BEGIN (same round trip): after a lost COMMIT, a
-# new session asks the server whether that transaction committed.  Only the server that
-# gave the id can say: after a crash, an id whose records never reached the disk is given
-# to another transaction, so a server restarted since BEGIN answers "restarted" (unknown).
-SQL_BEGIN = "BEGIN; SELECT pg_current_xact_id()::text, pg_postmaster_start_time()::text"
+# Before its COMMIT, an async transaction that wrote learns its id (one round trip; one
+# that only read has none, and nothing to lose): after a lost COMMIT, a new session asks
+# the server whether that transaction committed.  Only the server that gave the id can
+# say: after a crash, an id whose records never reached the disk is given to another
+# transaction, so a server restarted since answers "restarted" (unknown).
+SQL_XACT = "SELECT pg_current_xact_id_if_assigned()::text, pg_postmaster_start_time()::text"
 SQL_XACT_STATUS = """SELECT CASE WHEN pg_postmaster_start_time()::text = %s
   THEN pg_xact_status(%s::xid8) ELSE 'restarted' END"""
 # A peer that vanished (a cut network) is noticed within seconds, not at TCP's minutes:
@@ -237,15 +238,16 @@ async def apump(
     call = call or _call
     plan = make() if first is None else first
     for attempt in range(attempts):
-        begun = await _abegin(con)
-        committing = False
+        await con.execute("BEGIN")
+        begun: tuple[str | None, str] = (None, "")
         try:
             result, changed = await _arun(con, plan, fault, call)
-            committing = True
+            cursor = await con.execute(SQL_XACT)
+            begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
         except BaseException as error:
-            if committing and con.closed:
-                raise CommitCut(begun, result, changed) from error
+            if begun[0] is not None and con.closed:
+                raise CommitCut((begun[0], begun[1]), result, changed) from error
             await _arollback(con)
             if not _conflict(error) or attempt == attempts - 1:
                 raise
@@ -256,15 +258,6 @@ async def apump(
             call(fault, w.AFTER_COMMIT)
         return result
     raise AssertionError("unreachable")
-
-
-async def _abegin(con: psycopg.AsyncConnection[Any]) -> tuple[str, str]:
-    """BEGIN, the transaction's id and the server's start time (one round trip): a lost
-    COMMIT is looked up by them."""
-    cursor = await con.execute(SQL_BEGIN)
-    cursor.nextset()
-    xid, started = await cursor.fetchone() or ("", "")
-    return str(xid), str(started)
 
 
 def _call(fault: w.Fault, point: str) -> None:

@@ -26,7 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_sink import BUSY, LOG, STATS, SinkConfig, as_json, make_app
+from asnackq.http_sink import BUSY, STATS, SinkConfig, as_json, make_app
+from asnackq.inbox import LOG
 
 __all__ = ["serve"]
 

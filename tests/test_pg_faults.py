@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -20,11 +21,12 @@ import psycopg
 import pytest
 
 from asnackq import evidence, stores
+from asnackq.committer import CLOSE_WAIT_S
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
 from asnackq.outage import CommitUnknown
 from asnackq.pg_server import DURABLE, LocalServer
-from asnackq.procs import PIPE, kill, sink_process, sink_stats, worker
+from asnackq.procs import PIPE, kill, reap, sink_process, sink_stats, worker
 from asnackq.traces import read_traces
 
 from . import pgdb
@@ -76,6 +78,24 @@ def terminate(server: LocalServer, app: str) -> int:
     return len(rows)
 
 
+def fill(url: str) -> dict[str, int]:
+    """A new queue at ``url`` with ``JOBS`` jobs: their ids and qtys."""
+    qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
+    stores.init(url)
+    with stores.open_queue(url) as queue:
+        items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
+        queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
+    return qty
+
+
+def under_way(url: str) -> None:
+    """Return once a tenth of the jobs is done, and not all of them (bounded)."""
+    deadline = time.monotonic() + 60
+    while done(url) < JOBS // 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert done(url) < JOBS, "the run ended before the fault"
+
+
 def run_through(
     fault: Fault, server: LocalServer, url: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -83,21 +103,14 @@ def run_through(
 
     Returns the worker's summary and the sink's counters, read after the run.
     """
-    qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
-    stores.init(url)
-    with stores.open_queue(url) as queue:
-        items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
-        queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
+    qty = fill(url)
     monkeypatch.setenv("PGAPPNAME", "fault-sink")  # (libpq names the session after it)
     with sink_process(url, "--delay-ms", "2") as sink:
         monkeypatch.setenv("PGAPPNAME", "fault-worker")
         options = ("--until-empty", "--json", "--concurrency", "16", "--lease-ms", "4000")
         work = worker(url, sink, *options, "--trace", tmp / "w.trace", stdout=PIPE, stderr=PIPE)
         try:
-            deadline = time.monotonic() + 60
-            while done(url) < JOBS // 10 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert done(url) < JOBS, "the run ended before the fault"
+            under_way(url)
             fault(server, sink)
             out, err = work.communicate(timeout=50)
         finally:
@@ -155,6 +168,34 @@ def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path,
     summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
     assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
     assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
+
+
+def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(server, url, tmp_path):
+    qty = fill(url)
+    with sink_process(url, "--delay-ms", "2") as sink:
+        options = ("--json", "--concurrency", "16", "--lease-ms", "4000", "--trace")
+        work = worker(url, sink, *options, tmp_path / "w.trace", stdout=PIPE, stderr=PIPE)
+        try:
+            under_way(url)
+            server.halt("fast")
+            try:
+                stopped = time.monotonic()
+                work.send_signal(signal.SIGTERM)
+                out, err = work.communicate(timeout=50)
+                took = time.monotonic() - stopped
+            finally:
+                server.resume()
+        finally:
+            kill(work)
+        assert work.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["stopped_by_signal"] and summary["db_outages"] >= 1
+        assert took < 5 + CLOSE_WAIT_S + 5  # grace, the closing wait, and a margin
+        again = worker(url, sink, "--until-empty", "--json", "--trace", tmp_path / "w2.trace")
+        assert reap(again, 50) == 0  # what it left leased is reclaimed and done
+        stats = sink_stats(sink)
+    result = evidence.verify(url, url, qty, read_traces(tmp_path), stats)
+    assert result["violations"] == [] and result["statuses"] == {"done": JOBS}
 
 
 async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):
