@@ -204,6 +204,10 @@ class Sampler:
                 time.sleep(0.2)
 
     @property
+    def leased(self) -> int:
+        return self.statuses[-1]["leased"] if self.statuses else 0
+
+    @property
     def finished(self) -> int:
         return sum(self.statuses[-1][s] for s in ("done", "dead")) if self.statuses else 0
 
@@ -361,7 +365,6 @@ def watch(
         task = progress.add_task("finished (done or dead)", total=config.jobs)
         try:
             alone = start_workers(config, workers)
-            faulty.start(began)
             while True:
                 for owner, code in workers.exited():
                     if owner == alone:  # the fixed kill happened (or it ran out of jobs)
@@ -374,7 +377,7 @@ def watch(
                 time.sleep(0.05)
                 now = time.perf_counter()
                 sampler()
-                faulty(now)
+                faulty(now, working=bool(sampler.finished or sampler.leased))
                 progress.update(
                     task, completed=sampler.finished, description=f"finished, {workers.kills} kills"
                 )

@@ -7,7 +7,7 @@ Rules of this module:
   on hosts reach the server over TCP on the hosts' link; sinks stay in the root namespace
   and listen on the link's sink address (``--allow-remote``: it is not loopback).
 * Each fault kind has its own period in seconds (0: never); the first comes one period
-  after the workers start, the next one period after the last ended.
+  after the workers are first seen at work, the next one period after the last ended.
 * A fault is an event with its kind, what it hit, when it began and when it healed (epoch
   ms): a restart heals when ``pg_ctl`` returns (the server takes connections again),
   killed backends at once, a partition ``partition_for`` seconds after it began.
@@ -183,12 +183,12 @@ class Schedule:
         every = (c.pg_restart_every, c.pg_kill_backends_every, c.partition_every)
         return {kind: period for kind, period in zip(KINDS, every, strict=True) if period}
 
-    def start(self, now: float) -> None:
-        """The workers start at ``now`` (``time.perf_counter``): each first fault is due."""
-        self.due = {kind: now + period for kind, period in self.periods.items()}
-
-    def __call__(self, now: float) -> None:
-        """Heal what is due, then do every fault that is due."""
+    def __call__(self, now: float, working: bool) -> None:
+        """Heal what is due, then do every fault that is due (``now``: perf_counter).  The
+        first of each kind comes one period after the workers were first seen ``working``
+        (a job leased or done): a worker that cannot open the queue at all exits."""
+        if not self.due and working:
+            self.due = {kind: now + period for kind, period in self.periods.items()}
         for host, (heal_at, event) in list(self.cut.items()):
             if now >= heal_at:
                 self.heal(host, event)
