@@ -12,7 +12,9 @@ Rules of this module:
   other non-file (never opened, so a FIFO cannot block), a file that is not SQLite, a
   database holding other tables (another application's, or the sink's inbox where a queue
   is wanted), or one whose tables have other columns.
-* The check only reads (``mode=ro``); PostgreSQL URLs are not files and are not checked here.
+* The check only reads (``mode=ro``), except that a journal left by a writer that died
+  mid-transaction is rolled back first (as the next opener of any SQLite file must).
+  PostgreSQL URLs are not files and are not checked here.
 """
 
 from __future__ import annotations
@@ -98,10 +100,24 @@ def existing(path: Path) -> dict[str, tuple[str, ...]]:
         return {}  # zero bytes: SQLite's empty database
     if header != HEADER:
         raise ValueError(f"{path} is not a SQLite database: refusing to write to it")
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
     try:
-        return columns(con)
+        return read_tables(f"{path.resolve().as_uri()}?mode=ro")
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
+            raise ValueError(f"cannot read {path} now: {error}") from None
     except sqlite3.DatabaseError as error:
         raise ValueError(f"cannot read {path} now: {error}") from None
+    # A writer died mid-transaction: a reader cannot see past its journal.  Reading as a
+    # writer rolls it back first, as the next opener of any SQLite file must.
+    try:
+        return read_tables(path.resolve().as_uri())
+    except sqlite3.DatabaseError as error:
+        raise ValueError(f"cannot read {path} now: {error}") from None
+
+
+def read_tables(uri: str) -> dict[str, tuple[str, ...]]:
+    con = sqlite3.connect(uri, uri=True, timeout=5)
+    try:
+        return columns(con)
     finally:
         con.close()

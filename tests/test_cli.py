@@ -260,9 +260,9 @@ def test_redrive_errors_change_nothing(queue):
         "redrive", queue, "--ttl-ms", "10", "--note", "x", code=2
     )
     assert "note" in fails(
-        "redrive", queue, "--reason", "exhausted", "--ttl-ms", "10", "--note", "two words"
+        "redrive", queue, "--reason", "exhausted", "--ttl-ms", "10", "--note", "two words", code=2
     )
-    assert "ttl_ms" in fails("redrive", queue, "e1", "--ttl-ms", "0", "--note", "x")
+    assert "ttl_ms" in fails("redrive", queue, "e1", "--ttl-ms", "0", "--note", "x", code=2)
     fails("redrive", queue, "--reason", "tired", "--ttl-ms", "10", "--note", "x", code=2)
     assert "no job 'ghost'" in fails("history", queue, "ghost")
     assert rows(queue) == before

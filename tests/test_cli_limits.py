@@ -72,6 +72,23 @@ def test_lab_options_out_of_range_are_usage_errors(tmp_path, options):
     assert not (tmp_path / "lab").exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("enqueue", "--id", "a", "--qty", "0"),
+        ("enqueue", "--id", "a b", "--qty", "1"),
+        ("enqueue", "--id", "a", "--qty", "1", "--ttl-ms", "0"),
+        ("enqueue", "-", "--max-attempts", "17"),
+        ("redrive", "a", "--ttl-ms", "0", "--note", "n"),
+        ("redrive", "--reason", "exhausted", "--ttl-ms", "1", "--note", "two words"),
+    ],
+)
+def test_queue_options_out_of_range_are_usage_errors(queue, args):
+    before = queue.read_bytes()
+    fails(args[0], queue, *args[1:], code=2, stdin="")
+    assert queue.read_bytes() == before
+
+
 def test_a_remote_sink_is_refused_naming_the_option(queue, tmp_path):
     remote = "http://192.0.2.1:80/events"  # TEST-NET-1: never contacted
     said = fails("work", queue, "--sink", remote, code=2)

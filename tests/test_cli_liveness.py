@@ -101,9 +101,9 @@ def test_product_ranges_on_the_command_line(queue):
         ok("enqueue", queue, "--id", "a", "--qty", "1", "--ttl-ms", day, "--json")["inserted"] == 1
     )
     before = rows(queue)
-    fails("enqueue", queue, "--id", "b", "--qty", "1", "--ttl-ms", 30 * day + 1)
-    fails("work", queue, "--sink", "http://127.0.0.1:9/events", "--lease-ms", 3_600_001)
-    fails("work", queue, "--sink", "http://127.0.0.1:9/events", "--retry-cap-ms", 50)
+    fails("enqueue", queue, "--id", "b", "--qty", "1", "--ttl-ms", 30 * day + 1, code=2)
+    fails("work", queue, "--sink", "http://127.0.0.1:9/events", "--lease-ms", 3_600_001, code=2)
+    fails("work", queue, "--sink", "http://127.0.0.1:9/events", "--retry-cap-ms", 50, code=2)
     assert rows(queue) == before
     con = sqlite3.connect(queue)
     (deadline, available) = con.execute("SELECT deadline, available_at FROM jobs").fetchone()

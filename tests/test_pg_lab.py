@@ -76,6 +76,6 @@ def test_lab_on_a_throwaway_local_server(tmp_path):
 
 
 def test_lab_refuses_replicas_without_postgresql():
-    assert "give --db or --pg-local" in fails("lab", "--sinks", "2")
+    assert "give --db or --pg-local" in fails("lab", "--sinks", "2", code=2)
     stderr = fails("lab", "--db", "postgresql:me:hunter2@typo", code=2)
     assert "not a PostgreSQL URL" in stderr and "hunter2" not in stderr

@@ -121,6 +121,11 @@ def run_enqueue(args: argparse.Namespace) -> int:
         raise Usage("give either --id and --qty, or a JSON Lines input (a file or -)")
     if (args.id is None) != (args.qty is None):
         raise Usage("--id and --qty go together")
+    event = {"id": "x", "qty": 1} if args.id is None else {"id": args.id, "qty": args.qty}
+    try:  # the options' ranges (a line's own values are checked as it is read)
+        w.check_enqueue(event, 0, args.ttl_ms, args.max_attempts, w.PRODUCT)
+    except ValueError as error:
+        raise Usage(str(error)) from None
     existing_queue(args.queue)
     numbered = read_input(args)
     results = intake(args.queue, numbered, args.input)
@@ -259,8 +264,12 @@ def run_dead(args: argparse.Namespace) -> int:
 def run_redrive(args: argparse.Namespace) -> int:
     if (args.id is None) == (args.reason is None):
         raise Usage("give either one job ID or --reason (exhausted, deadline, permanent)")
-    existing_queue(args.queue)
     now = w.epoch_ms()
+    try:
+        w.check_redrive(args.id or "x", now, args.ttl_ms, args.note, w.PRODUCT)
+    except ValueError as error:
+        raise Usage(str(error)) from None
+    existing_queue(args.queue)
     if args.id is not None:
         with stores.open_queue(args.queue) as store:
             ops.redrive(store, args.id, now, args.ttl_ms, args.note)
