@@ -32,10 +32,10 @@ from statistics import median
 from core_cycle import prefill
 from sink_throughput import load, rate, start, tree_env
 
-from asnackq.aio import AsyncQueue, epoch_ms
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender, HttpSender
+from asnackq.store.aio import AsyncQueue, epoch_ms
+from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 
 def fill(path: Path, jobs: int, prefix: str) -> None:

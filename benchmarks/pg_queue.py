@@ -41,11 +41,11 @@ from typing import Any
 import psycopg
 
 from asnackq import ops
-from asnackq.aio import AsyncQueue
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
-from asnackq.pg_server import DURABLE, local_server
-from asnackq.procs import sink_process
+from asnackq.lab.pg_server import DURABLE, local_server
+from asnackq.lab.procs import sink_process
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import AsyncHttpSender
 
 SETTINGS = (
     "server_version",

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asnackq.http_send import HttpSender
-from asnackq.procs import sink_process
+from asnackq.lab.procs import sink_process
+from asnackq.wire.send import HttpSender
 
 Send = Callable[[dict[str, Any]], object]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from asnackq.core import worker as w
-from asnackq.pg_server import LocalServer
-from asnackq.targets import is_url
+from asnackq.lab.pg_server import LocalServer
+from asnackq.store.targets import is_url
 
 from . import pgdb
 

@@ -1,7 +1,7 @@
 """Every driver behind one face, so one suite of scenarios runs against each.
 
 ``con`` is a ``sqlite3.Connection`` (the sync core), a ``PgCon`` (the core's plans through
-``asnackq.pg.drive``) or an ``AioBridge`` (an ``AsyncQueue`` on an event loop in a
+``asnackq.store.pg.drive``) or an ``AioBridge`` (an ``AsyncQueue`` on an event loop in a
 background thread, on a file or on PostgreSQL); ``q.NAME(con, ...)`` calls the same
 operation on any of them, with the core's signature.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from asnackq import aio, pg
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.sqlite_aio import SqliteStore
+from asnackq.store import aio, pg
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.sqlite_aio import SqliteStore
 
 from .pgdb import tracing
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_send import AsyncHttpSender, HttpSender
-from asnackq.http_sink import SinkConfig, make_app
+from asnackq.sink.app import SinkConfig, make_app
+from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 Answer = Callable[[str], tuple[int, bytes]]
 

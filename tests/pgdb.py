@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server for the tests, fresh databases, and reads of their rows.
 
-The server starts once per session (``asnackq.pg_server``, durability off for speed); each
+The server starts once per session (``asnackq.lab.pg_server``, durability off for speed); each
 test that asks gets its own database, dropped afterwards.  Without PostgreSQL binaries the
 tests that need it skip with one line; with ``ASNACKQ_REQUIRE_PG=1`` (CI) that is an error.
 """
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from asnackq.pg_server import FAST, SUPERUSER, LocalServer, create, find_binaries
+from asnackq.lab.pg_server import FAST, SUPERUSER, LocalServer, create, find_binaries
 
 REQUIRED = os.environ.get("ASNACKQ_REQUIRE_PG") == "1"
 _names = itertools.count(1)

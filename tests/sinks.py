@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.http_sink import SERVER_OPTIONS, SinkConfig, make_app
-from asnackq.targets import is_url
+from asnackq.sink.app import SERVER_OPTIONS, SinkConfig, make_app
+from asnackq.store.targets import is_url
 
 from .pgdb import query
 

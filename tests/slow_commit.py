@@ -8,9 +8,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from asnackq import aio, pg
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
+from asnackq.store import aio, pg
+from asnackq.store.aio import AsyncQueue
 
 from .conftest import T0
 from .pgdb import query

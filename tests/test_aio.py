@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asnackq.aio import AsyncQueue, QueueBusy, epoch_ms
 from asnackq.core import worker as w
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
+from asnackq.store.aio import AsyncQueue, QueueBusy
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import T0, Clock, job, rows
 from .drivers import AioBridge

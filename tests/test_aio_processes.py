@@ -6,16 +6,17 @@ import json
 import sys
 
 from asnackq import ops
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.lab import verify
-from asnackq.procs import PIPE, sink_process, sink_stats, start, stop
+from asnackq.core.worker import epoch_ms
+from asnackq.lab.evidence import verify
+from asnackq.lab.procs import PIPE, sink_process, sink_stats, start, stop
+from asnackq.store import readers
 
 WORKER = """
 import asyncio, json, sys
-from asnackq.aio import AsyncQueue
+from asnackq.store.aio import AsyncQueue
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
+from asnackq.wire.send import AsyncHttpSender
 
 async def main(db, url, owner):
     async with AsyncQueue.open(db) as queue, AsyncHttpSender(url, timeout_s=2.0) as send:
@@ -58,7 +59,7 @@ def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp
     # 503s and lost ACKs say "the sink is not there": re-sent, never charged: every job done.
     assert found["statuses"] == {"done": 2000}
     # Every claim took a fresh token: the claims both processes made add up to the tokens.
-    with ops.read_only(db, "jobs") as reader:
+    with readers.read_only(db, "jobs") as reader:
         tokens = sum(row[4] for row in reader.execute(ops.SQL_JOB_STATES))
     assert sum(s["claimed"] for s in summaries) == tokens
     assert stats["requests"] == sum(s["requests"] for s in summaries)

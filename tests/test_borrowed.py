@@ -13,10 +13,10 @@ from typing import Any
 import aiosqlite
 import pytest
 
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
-from asnackq.targets import is_url
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.targets import is_url
 
 from .conftest import T0, execute, job
 
@@ -130,7 +130,7 @@ async def test_a_failed_intake_undoes_only_its_own_part(app, queue):
 
 CHILD = """
 import asyncio, sys
-from asnackq.aio import AsyncQueue
+from asnackq.store.aio import AsyncQueue
 from tests.test_borrowed import open_app
 
 async def main(target):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from asnackq.procs import sink_process
+from asnackq.lab.procs import sink_process
 
 from .browser import CSS, ID, screenshot, wait_for
 from .test_cli import ok

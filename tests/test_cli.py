@@ -14,12 +14,12 @@ import pytest
 from aiohttp import web
 from rich.console import Console
 
-from asnackq import procs
 from asnackq.core import worker as w
-from asnackq.http_sink import SinkConfig, make_app
-from asnackq.lab import LabConfig, run_lab, verify
-from asnackq.procs import PIPE, Replicas
-from asnackq.traces import read_traces
+from asnackq.dispatch.traces import read_traces
+from asnackq.lab import LabConfig, procs, run_lab
+from asnackq.lab.evidence import verify
+from asnackq.lab.procs import PIPE, Replicas
+from asnackq.sink.app import SinkConfig, make_app
 
 from .conftest import rows
 from .sinks import serving

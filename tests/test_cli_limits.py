@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from asnackq import procs
-from asnackq.procs import sink_process
+from asnackq.lab import procs
+from asnackq.lab.procs import sink_process
 
 from .test_cli import asnackq, fails, ok
 

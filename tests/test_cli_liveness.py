@@ -11,9 +11,10 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from asnackq.lab import LabConfig, run_lab, verify
-from asnackq.procs import PIPE, kill, start_sink, stop, worker
-from asnackq.traces import read_traces
+from asnackq.dispatch.traces import read_traces
+from asnackq.lab import LabConfig, run_lab
+from asnackq.lab.evidence import verify
+from asnackq.lab.procs import PIPE, kill, start_sink, stop, worker
 
 from .conftest import rows
 from .sinks import dead_port

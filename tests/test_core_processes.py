@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asnackq.core import worker as w
-from asnackq.procs import PIPE, start, stop
+from asnackq.lab.procs import PIPE, start, stop
 
 from .conftest import T0, job
 

@@ -18,13 +18,15 @@ import urllib.parse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asnackq import ops, procs
-from asnackq.aio import epoch_ms
+from asnackq import ops
 from asnackq.cli import main
 from asnackq.core import worker as w
-from asnackq.dashboard import Sampler
-from asnackq.inbox import SINK_SCHEMA
-from asnackq.procs import PIPE
+from asnackq.core.inbox import SINK_SCHEMA
+from asnackq.core.worker import epoch_ms
+from asnackq.lab import procs
+from asnackq.lab.procs import PIPE
+from asnackq.ops.dashboard import Sampler
+from asnackq.store import readers
 
 from .test_cli import fails, ok
 
@@ -109,7 +111,7 @@ def test_the_state_is_what_stats_and_audit_say(dbs):
     with dashboard(queue, "--sink-db", sink) as url:
         shown = state(url)
         status, headers, page = request(url)
-    with ops.read_only(queue, "jobs") as con:
+    with readers.read_only(queue, "jobs") as con:
         expected = ops.stats(con, shown["at_ms"])
     assert shown["error"] is None and shown["stats"] == expected
     assert expected["by_status"] == {"pending": 2, "leased": 1, "done": 1, "dead": 1}
@@ -252,7 +254,7 @@ def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
         assert "a writer died mid-transaction" in shown["error"]
         ok("init", queue)
         until(lambda: state(url)["error"] is None)
-    with ops.read_only(queue, "jobs") as con:  # no change survived the kills
+    with readers.read_only(queue, "jobs") as con:  # no change survived the kills
         assert con.execute("SELECT sum(qty) FROM jobs").fetchone()[0] == 15 + 3000
 
 

@@ -12,9 +12,9 @@ import sys
 import time
 import urllib.parse
 
-from asnackq import procs
-from asnackq.http_send import HttpSender
-from asnackq.procs import PIPE, sink_process
+from asnackq.lab import procs
+from asnackq.lab.procs import PIPE, sink_process
+from asnackq.wire.send import HttpSender
 
 from . import test_dashboard
 from .pgdb import login

@@ -10,9 +10,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from asnackq import demo
-from asnackq.lab import run_lab
-from asnackq.traces import read_traces
+from asnackq.dispatch.traces import read_traces
+from asnackq.lab import demo, run_lab
 
 KILLED = "lab-w1 SIGKILLed right after a send (its 40th verified ACK)"
 
@@ -27,7 +26,7 @@ def table_rows(text):
     }
 
 
-@pytest.mark.parametrize("entry", [("-m", "asnackq", "demo"), ("-m", "asnackq.demo")])
+@pytest.mark.parametrize("entry", [("-m", "asnackq", "demo"), ("-m", "asnackq.lab.demo")])
 def test_the_demo_tells_the_story_of_a_worker_killed_after_a_send(entry):
     run = subprocess.run(
         [sys.executable, *entry],

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from asnackq.procs import PIPE, command, sink_process, sink_stats, worker
+from asnackq.lab.procs import PIPE, command, sink_process, sink_stats, worker
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 

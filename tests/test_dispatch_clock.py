@@ -12,12 +12,13 @@ import sys
 
 import pytest
 
-from asnackq import procs
-from asnackq.aio import AsyncQueue, epoch_ms
 from asnackq.core import worker as w
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
-from asnackq.runclock import RunClock
+from asnackq.dispatch.runclock import RunClock
+from asnackq.lab import procs
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import rows
 from .sinks import sink, sink_state

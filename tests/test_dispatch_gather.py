@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
+from asnackq.store.aio import AsyncQueue
 
 from .conftest import rows
 

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asnackq import aio
-from asnackq.aio import AsyncQueue, epoch_ms
 from asnackq.core import worker as w
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
-from asnackq.procs import kill, sink_process, start
+from asnackq.lab.procs import kill, sink_process, start
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import execute, rows
 from .sinks import sink, sink_state
@@ -177,14 +177,13 @@ async def test_the_summary_is_new_for_each_run(queue, db):
     )
     second = await dispatcher.run()
     assert (first.done, second.done, dispatcher.summary.done) == (2, 2, 2)
-    assert aio.Dispatcher is Dispatcher and aio.Summary is type(first)  # still importable
 
 
 WORKER = """
 import asyncio, sys
-from asnackq.aio import AsyncQueue
+from asnackq.store.aio import AsyncQueue
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
+from asnackq.wire.send import AsyncHttpSender
 
 async def main(db, url):
     async with AsyncQueue.open(db) as queue, AsyncHttpSender(url, timeout_s=1.5) as send:

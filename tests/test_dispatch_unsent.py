@@ -9,9 +9,10 @@ import signal
 
 from aiohttp import web
 
-from asnackq import procs
-from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
+from asnackq.lab import procs
+from asnackq.store.aio import AsyncQueue
 
 from .conftest import rows
 from .sinks import peer, serving

@@ -10,9 +10,10 @@ import sqlite3
 
 import pytest
 
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.inbox import SINK_SCHEMA, open_sink_db
+from asnackq.core.inbox import SINK_SCHEMA
+from asnackq.sink.inbox import open_sink_db
+from asnackq.store.aio import AsyncQueue
 
 from .test_cli import fails, ok
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.procs import PIPE, sink_process, stop, worker
+from asnackq.core.worker import epoch_ms
+from asnackq.lab.procs import PIPE, sink_process, stop, worker
 
 from .test_cli import fails
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asnackq.http_send import HttpSender
-from asnackq.procs import sink_process, sink_stats
+from asnackq.lab.procs import sink_process, sink_stats
+from asnackq.wire.send import HttpSender
 
 from .sinks import sink_state
 

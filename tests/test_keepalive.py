@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from asnackq import http_conn
 from asnackq.core.worker import Unavailable
-from asnackq.http_send import HttpSender
+from asnackq.wire import conn as http_conn
+from asnackq.wire.send import HttpSender
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
 

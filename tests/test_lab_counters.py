@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from asnackq.procs import Replicas
+from asnackq.lab.procs import Replicas
 
 from .test_cli import asnackq
 

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from asnackq import hosts
 from asnackq.cli import main
-from asnackq.procs import command, kill, sink_process, start
+from asnackq.lab import hosts
+from asnackq.lab.procs import command, kill, sink_process, start
 
 from .test_cli import asnackq
 

@@ -14,12 +14,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asnackq import ops
-from asnackq.aio import AsyncQueue, epoch_ms
-from asnackq.breaker import BreakerPolicy
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
-from asnackq.metrics import Family, Histogram, queue_families, render
-from asnackq.procs import PIPE, Replicas, kill, worker
+from asnackq.dispatch.breaker import BreakerPolicy
+from asnackq.lab.procs import PIPE, Replicas, kill, worker
+from asnackq.store import readers
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.metrics import Family, Histogram, queue_families, render
+from asnackq.wire.send import AsyncHttpSender
 
 from .sinks import dead_port
 from .test_cli import fails, ok
@@ -80,7 +82,7 @@ def test_every_family_has_help_and_type_and_escapes_its_labels():
 def test_queue_metrics_from_a_real_queue(tmp_path):
     queue = tmp_path / "q.db"
     ops.enqueue_all(queue, [({"id": f"j-{i}", "qty": 1}, 60_000, 3) for i in range(5)])
-    with ops.read_only(queue, "jobs") as con:
+    with readers.read_only(queue, "jobs") as con:
         stats = ops.stats(con, epoch_ms() + 1500)
     families = parse(render(queue_families(stats)))
     assert {name: kind for name, (kind, _) in families.items()} == {

@@ -12,9 +12,10 @@ import aiohttp
 import aiosqlite
 import pytest
 
-from asnackq.aio import AsyncQueue, epoch_ms
-from asnackq.borrowed import Source
 from asnackq.core import outbox
+from asnackq.core.worker import epoch_ms
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.borrowed import Source
 
 from .conftest import execute, job
 

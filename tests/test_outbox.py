@@ -13,8 +13,8 @@ from aiohttp import web
 
 from asnackq.core import outbox
 from asnackq.core.worker import BadAck, Conflict, Retryable
-from asnackq.http_send import HttpSender
-from asnackq.procs import command, sink_process
+from asnackq.lab.procs import command, sink_process
+from asnackq.wire.send import HttpSender
 
 from .sinks import peer, serving, sink_state
 
@@ -133,7 +133,7 @@ def test_hook_runs_after_the_verified_ack_before_the_mark(source):
 DISPATCHER = """
 import os, sys
 from asnackq.core import outbox
-from asnackq.http_send import HttpSender
+from asnackq.wire.send import HttpSender
 def hook(point, event_id):
     if sys.argv[3] == "crash":
         os._exit(73)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from asnackq.pg_server import free_port
-from asnackq.procs import sink_process
+from asnackq.lab.pg_server import free_port
+from asnackq.lab.procs import sink_process
 
 from .pgdb import login, query
 from .test_cli import asnackq, lines

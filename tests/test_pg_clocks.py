@@ -12,9 +12,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import rows
 from .sinks import sink, sink_state

@@ -13,10 +13,10 @@ import itertools
 import json
 import sys
 
-from asnackq import pg
-from asnackq.aio import epoch_ms
 from asnackq.core import worker as w
-from asnackq.procs import PIPE, sink_process, sink_stats, start, stop
+from asnackq.core.worker import epoch_ms
+from asnackq.lab.procs import PIPE, sink_process, sink_stats, start, stop
+from asnackq.store import pg
 
 from .pgdb import query
 from .sinks import sink_state
@@ -24,9 +24,10 @@ from .sinks import sink_state
 LEASE_MS = 400
 WORKER = """
 import asyncio, json, random, sys
-from asnackq.aio import AsyncQueue, epoch_ms
+from asnackq.core.worker import epoch_ms
+from asnackq.store.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.http_send import AsyncHttpSender
+from asnackq.wire.send import AsyncHttpSender
 
 async def coroutine(url, sink, name, out, rng, lease_ms):
     async with AsyncQueue.open(url) as queue, AsyncHttpSender(sink, timeout_s=5) as send:

@@ -20,14 +20,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from asnackq import evidence, stores
-from asnackq.committer import CLOSE_WAIT_S
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
-from asnackq.outage import CommitUnknown
-from asnackq.pg_server import DURABLE, LocalServer
-from asnackq.procs import PIPE, kill, reap, sink_process, sink_stats, worker
-from asnackq.traces import read_traces
+from asnackq.dispatch.committer import CLOSE_WAIT_S
+from asnackq.dispatch.traces import read_traces
+from asnackq.lab import evidence
+from asnackq.lab.pg_server import DURABLE, LocalServer
+from asnackq.lab.procs import PIPE, kill, reap, sink_process, sink_stats, worker
+from asnackq.store import sessions
+from asnackq.store.outage import CommitUnknown
 
 from . import pgdb
 from .conftest import T0
@@ -81,8 +82,8 @@ def terminate(server: LocalServer, app: str) -> int:
 def fill(url: str) -> dict[str, int]:
     """A new queue at ``url`` with ``JOBS`` jobs: their ids and qtys."""
     qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
-    stores.init(url)
-    with stores.open_queue(url) as queue:
+    sessions.init(url)
+    with sessions.open_queue(url) as queue:
         items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
         queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
     return qty

@@ -15,10 +15,10 @@ import threading
 import psycopg
 import pytest
 
-from asnackq import pg, stores
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.pg_server import free_port
+from asnackq.lab.pg_server import free_port
+from asnackq.store import pg, sessions
+from asnackq.store.aio import AsyncQueue
 
 from .conftest import T0
 from .pgdb import query
@@ -70,7 +70,7 @@ def test_a_newer_schema_is_refused_and_an_absent_one_not_created(url):
     with pytest.raises(ValueError, match="version 2, newer than this asnackq knows"):
         pg.connect(url)
     with pytest.raises(ValueError, match="newer than this asnackq knows"):
-        stores.require(url)  # not mistaken for "no queue here"
+        sessions.require(url)  # not mistaken for "no queue here"
 
 
 async def test_async_queue_opens_a_url_with_the_product_limits(url):

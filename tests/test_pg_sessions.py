@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from asnackq import pg
-from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.outage import StoreUnavailable
+from asnackq.store import pg
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.outage import StoreUnavailable
 
 from .conftest import T0
 from .pgdb import query

@@ -10,7 +10,7 @@ import time
 import aiohttp
 import pytest
 
-from asnackq.procs import kill, sink_process, sink_stats, start_sink
+from asnackq.lab.procs import kill, sink_process, sink_stats, start_sink
 
 from .pgdb import query
 from .sinks import sink_state

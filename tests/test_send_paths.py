@@ -13,13 +13,12 @@ import pytest
 import trustme
 from rich.console import Console
 
-from asnackq import procs
-from asnackq.aio import AsyncQueue
 from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.dispatch import Dispatcher
-from asnackq.http_send import AsyncHttpSender, HttpSender
-from asnackq.lab import LabConfig, run_lab
+from asnackq.lab import LabConfig, procs, run_lab
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .conftest import rows
 from .peers import KINDS, serving

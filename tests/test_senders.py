@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from asnackq.core.worker import BadAck, Permanent, Retryable, Unavailable
-from asnackq.http_send import AsyncHttpSender, HttpSender, judge, request_parts
+from asnackq.wire.send import AsyncHttpSender, HttpSender, judge, request_parts
 
 from .sinks import dead_port, peer, serving, sink, sink_state
 

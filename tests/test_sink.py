@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asnackq.core.worker import Permanent, Retryable
-from asnackq.http_send import AsyncHttpSender, HttpSender
-from asnackq.http_sink import CONFIG, INBOX
-from asnackq.inbox import Inbox, open_sink_db
-from asnackq.procs import command, start_sink, stop
+from asnackq.lab.procs import command, start_sink, stop
+from asnackq.sink.app import CONFIG, INBOX
+from asnackq.sink.inbox import Inbox, open_sink_db
+from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .sinks import sink, sink_state
 

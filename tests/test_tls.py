@@ -11,7 +11,7 @@ import pytest
 import trustme
 
 from asnackq.core.worker import Unavailable
-from asnackq.http_send import AsyncHttpSender, HttpSender, Untrusted
+from asnackq.wire.send import AsyncHttpSender, HttpSender, Untrusted
 
 from .peers import send_each, serving
 

@@ -13,13 +13,13 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
-from asnackq import stores
 from asnackq.cli.common import Command, Failure, Parser, Usage
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink
 from asnackq.cli.work import add_work
 from asnackq.core import worker as w
-from asnackq.targets import one_line
+from asnackq.store import sessions
+from asnackq.store.targets import one_line
 
 __all__ = ["main", "parser"]
 
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 1
     except Exception as error:
-        if not stores.database_error(error):
+        if not sessions.database_error(error):
             raise
         print(f"asnackq {args.command}: database error: {one_line(error)}", file=sys.stderr)
         return 1

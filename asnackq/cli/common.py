@@ -10,10 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
-from asnackq import faults, stores
-from asnackq.http_send import check_url, is_loopback
-from asnackq.targets import Target
-from asnackq.tls import tls_context
+from asnackq.sink import faults
+from asnackq.store import sessions
+from asnackq.store.targets import Target
+from asnackq.wire.send import check_url, is_loopback
+from asnackq.wire.tls import tls_context
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -43,7 +44,7 @@ QUEUE_HELP = "a queue file, or a postgresql:// URL"
 def existing_queue(path: Target) -> Target:
     """A queue that must already exist (``init`` creates one; typos create nothing)."""
     try:
-        stores.require(path)
+        sessions.require(path)
     except ValueError as error:
         raise Failure(str(error)) from None
     return path
@@ -144,3 +145,31 @@ def renamed(error: ValueError, names: dict[str, str]) -> str:
     for name, flag in names.items():
         head = head.replace(name, flag)
     return head + quote + tail
+
+
+def port(text: str) -> int:
+    """An ``argparse`` type: a TCP port, 0..65535 (0 picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535 (0: any free port): {text}")
+    return value
+
+
+def add_metrics_options(work: argparse.ArgumentParser) -> None:
+    """``work``'s metrics flags."""
+    work.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
+        "run goes on (0: any free port; the URL is printed on stderr)",
+    )
+    work.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address for --metrics-port (default 127.0.0.1; another needs --allow-remote)",
+    )

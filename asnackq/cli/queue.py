@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from asnackq import ops, stores, strict_json
+from asnackq import ops
 from asnackq.cli.common import (
     QUEUE_HELP,
     TTL_MS,
@@ -23,7 +23,9 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
-from asnackq.targets import Target, one_line, shown, target
+from asnackq.store import readers, sessions
+from asnackq.store.targets import Target, one_line, shown, target
+from asnackq.wire import strict_json
 
 
 def add_init(commands: Commands) -> None:
@@ -34,7 +36,7 @@ def add_init(commands: Commands) -> None:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    created, jobs = stores.init(args.queue)
+    created, jobs = sessions.init(args.queue)
     result = {"queue": shown(args.queue), "created": created, "jobs": jobs}
     emit(
         args,
@@ -167,7 +169,7 @@ def intake(queue: Target, numbered: Numbered, source: str | None) -> list[bool |
         try:
             return ops.enqueue_all(queue, [item for _, item in numbered], advance)
         except Exception as error:
-            if not (isinstance(error, OSError) or stores.database_error(error)):
+            if not (isinstance(error, OSError) or sessions.database_error(error)):
                 raise
             raise Failure(stopped(error, committed, numbered, source)) from None
 
@@ -226,7 +228,7 @@ def add_inspect(commands: Commands) -> None:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    with ops.read_only(args.queue, "jobs") as con:
+    with readers.read_only(args.queue, "jobs") as con:
         result = ops.stats(con, w.epoch_ms())
 
     def human(out: Console) -> None:
@@ -245,7 +247,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_dead(args: argparse.Namespace) -> int:
-    with ops.read_only(args.queue, "jobs") as con:
+    with readers.read_only(args.queue, "jobs") as con:
         jobs = ops.dead(con, args.reason)
     emit(
         args,
@@ -271,7 +273,7 @@ def run_redrive(args: argparse.Namespace) -> int:
         raise Usage(str(error)) from None
     existing_queue(args.queue)
     if args.id is not None:
-        with stores.open_queue(args.queue) as store:
+        with sessions.open_queue(args.queue) as store:
             ops.redrive(store, args.id, now, args.ttl_ms, args.note)
         results = [{"id": args.id, "redriven": True}]
     else:
@@ -289,7 +291,7 @@ def run_redrive(args: argparse.Namespace) -> int:
 
 
 def run_history(args: argparse.Namespace) -> int:
-    with ops.read_only(args.queue, "jobs") as con:
+    with readers.read_only(args.queue, "jobs") as con:
         result = ops.history(con, args.id)
 
     def human(out: Console) -> None:

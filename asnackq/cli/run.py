@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, cast
 
 from rich.console import Console
 
-from asnackq import metrics, ops
 from asnackq.cli.common import (
     DELAY_MS,
     RATE,
@@ -26,14 +25,16 @@ from asnackq.cli.common import (
     add_sink_tls,
     check_sink,
     exact_int,
+    port,
     renamed,
     sink_tls,
     sink_url,
     within,
 )
 from asnackq.cli.render import key_values
-from asnackq.http_send import is_loopback
-from asnackq.targets import target
+from asnackq.store import readers
+from asnackq.store.targets import target
+from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
     from asnackq.lab import LabConfig
@@ -128,7 +129,7 @@ def add_lab(commands: Commands) -> None:
 
 
 def add_lab_faults(lab: argparse.ArgumentParser) -> None:
-    """The lab's hosts and its faults on a schedule (``asnackq.hosts``, ``asnackq.schedule``)."""
+    """The lab's hosts and its faults on a schedule (``lab.hosts``, ``lab.schedule``)."""
     every = within(float, 0, 3600)
     lab.add_argument(
         "--hosts",
@@ -213,8 +214,7 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
 
 
 def run_lab(args: argparse.Namespace) -> int:
-    from asnackq import report
-    from asnackq.lab import report_rows
+    from asnackq.lab import report, report_rows
     from asnackq.lab import run_lab as experiment
 
     try:  # the lab's own ranges: an option out of range is a usage error
@@ -244,7 +244,7 @@ def add_demo(commands: Commands) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from asnackq.demo import main as demo
+    from asnackq.lab.demo import main as demo
 
     return demo()
 
@@ -309,8 +309,8 @@ def add_sink(commands: Commands) -> None:
 
 
 def run_sink(args: argparse.Namespace) -> int:
-    from asnackq.http_sink import SinkConfig
-    from asnackq.sink_server import serve
+    from asnackq.sink.app import SinkConfig
+    from asnackq.sink.server import serve
 
     if not args.allow_remote and not is_loopback(args.host):
         raise Failure(f"refusing to bind non-loopback host {args.host!r} without --allow-remote")
@@ -362,7 +362,7 @@ def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
         return None
     if args.tls_cert is None or args.tls_key is None:
         raise Usage("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
-    from asnackq.tls import server_context
+    from asnackq.wire.tls import server_context
 
     try:
         return server_context(args.tls_cert, args.tls_key, args.tls_client_ca)
@@ -398,10 +398,10 @@ def add_outbox(commands: Commands) -> None:
 def run_outbox(args: argparse.Namespace) -> int:
     from asnackq.core import outbox
     from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable, check_event
-    from asnackq.http_send import HttpSender
+    from asnackq.wire.send import HttpSender
 
     if args.action == "pending":  # read-only: a file is never created or migrated
-        with ops.read_only(args.source, "outbox", "source DB") as con:
+        with readers.read_only(args.source, "outbox", "source DB") as con:
             print(json.dumps(outbox.pending(cast(sqlite3.Connection, con), args.limit)))
         return 0
     if args.action == "accept":
@@ -411,7 +411,7 @@ def run_outbox(args: argparse.Namespace) -> int:
         sender = HttpSender(
             args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **sink_tls(args)
         )
-        with ops.read_only(args.source, "outbox", "source DB"):
+        with readers.read_only(args.source, "outbox", "source DB"):
             pass  # an existing source DB only
     con = outbox.open_source(args.source)
     try:
@@ -451,7 +451,7 @@ def add_dashboard(commands: Commands) -> None:
         help="the sink's DB file or postgresql:// URL: inbox counters and the audit",
     )
     dashboard.add_argument("--host", default="127.0.0.1")
-    dashboard.add_argument("--port", type=metrics.port, default=0, help="0 picks a free port")
+    dashboard.add_argument("--port", type=port, default=0, help="0 picks a free port")
     dashboard.add_argument(
         "--allow-remote", action="store_true", help="allow binding a non-loopback --host"
     )
@@ -464,6 +464,6 @@ def add_dashboard(commands: Commands) -> None:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    from asnackq.dashboard import run_dashboard as serve
+    from asnackq.ops.dashboard import run_dashboard as serve
 
     return serve(args)

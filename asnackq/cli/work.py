@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.live import Live
 
-from asnackq import metrics
 from asnackq.cli.common import (
     QUEUE_HELP,
     TIMEOUT,
     Commands,
     Usage,
+    add_metrics_options,
     add_sink_tls,
     check_sink,
     exact_int,
@@ -35,11 +35,11 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
-from asnackq.targets import one_line, target
-from asnackq.traces import Tracer
+from asnackq.dispatch.traces import Tracer
+from asnackq.store.targets import one_line, target
 
 if TYPE_CHECKING:
-    from asnackq.aio import AsyncSend
+    from asnackq.store.aio import AsyncSend
 
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
@@ -142,7 +142,7 @@ def add_work(commands: Commands) -> None:
         help="for experiments: add N ms to every reading of the run's wall clock "
         "(a host whose clock is off; default 0)",
     )
-    metrics.add_metrics_options(work)
+    add_metrics_options(work)
     work.set_defaults(run=run_work)
 
 
@@ -154,10 +154,11 @@ def offset_clock(offset_ms: int) -> Callable[[], int]:
 
 
 def run_work(args: argparse.Namespace) -> int:
-    from asnackq.aio import AsyncQueue
-    from asnackq.breaker import BreakerPolicy
     from asnackq.dispatch import Dispatcher, Summary
-    from asnackq.http_send import AsyncHttpSender
+    from asnackq.dispatch.breaker import BreakerPolicy
+    from asnackq.dispatch.metrics import WorkerMetrics
+    from asnackq.store.aio import AsyncQueue
+    from asnackq.wire.send import AsyncHttpSender
 
     tls = sink_tls(args)
     check_sink(args.sink, args.allow_remote)
@@ -171,7 +172,7 @@ def run_work(args: argparse.Namespace) -> int:
     sender = AsyncHttpSender(
         args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls
     )
-    exporter = metrics.WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
+    exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
     started = time.perf_counter()

@@ -5,7 +5,7 @@ Rules of this module (the style of ``worker.py``; standard library only):
 * ``accept`` writes the order and its outbox row in one transaction, as a plan driven by
   ``worker.drive``; the same id and qty again is ``False``, another qty ``Conflict``.
   The same plan (``plan_accept``) runs inside an application's own transaction from
-  asyncio (``asnackq.borrowed.Source``).
+  asyncio (``asnackq.store.borrowed.Source``).
 * ``pending`` reads unsent rows in insertion order ``seq`` (never by id or time) and leaves
   no transaction open: the read is over before anything is sent.
 * ``dispatch`` marks an item sent only after a strict ``True`` ACK, and stops at the

@@ -3,7 +3,7 @@
 Rules of this module:
 
 * A ``Site`` is what the run was given: the throwaway PostgreSQL server (``--pg-local``),
-  the hosts (``--hosts``, ``asnackq.hosts``) and the superuser's password for them.  Workers
+  the hosts (``--hosts``, ``asnackq.lab.hosts``) and the superuser's password for them.  Workers
   on hosts reach the server over TCP on the hosts' link; sinks stay in the root namespace
   and listen on the link's sink address (``--allow-remote``: it is not loopback).
 * Each fault kind has its own period in seconds (0: never); the first comes one period
@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asnackq import hosts
 from asnackq.core.worker import check_int, epoch_ms
-from asnackq.hosts import MAX_HOSTS, TARGETS, Hosts
-from asnackq.http_send import check_number
-from asnackq.pg_server import DURABLE, SUPERUSER, LocalServer, local_server
+from asnackq.lab import hosts
+from asnackq.lab.hosts import MAX_HOSTS, TARGETS, Hosts
+from asnackq.lab.pg_server import DURABLE, SUPERUSER, LocalServer, local_server
+from asnackq.wire.send import check_number
 
 __all__ = ["KINDS", "Schedule", "Site", "check", "offsets", "rows", "site"]
 

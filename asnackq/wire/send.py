@@ -28,7 +28,6 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asnackq import strict_json
 from asnackq.core.worker import (
     BadAck,
     Permanent,
@@ -37,8 +36,9 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
-from asnackq.http_conn import POOL_IDLE_S, STALE, Pool, time_left
-from asnackq.tls import tls_context
+from asnackq.wire import strict_json
+from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
+from asnackq.wire.tls import tls_context
 
 # aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
 # HttpSender starts 0.15 s sooner.
@@ -175,7 +175,7 @@ def failure(event_id: str, error: BaseException) -> Unavailable | Untrusted:
 class HttpSender:
     """Synchronous sender (standard library): ``sender(event, token=None)`` -> True or raises.
 
-    One connection per thread, kept alive while the server keeps it (``asnackq.http_conn``);
+    One connection per thread, kept alive while the server keeps it (``asnackq.wire.conn``);
     ``close()`` (or ``with``) ends them. For https: the system's trust store, or ``ca_file``,
     and a client certificate from ``cert_file`` and ``key_file``.
     """

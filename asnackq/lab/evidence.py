@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from asnackq import ops, timeline
+from asnackq import ops
 from asnackq.core import worker as w
-from asnackq.targets import Target
+from asnackq.lab import timeline
+from asnackq.store import readers
+from asnackq.store.targets import Target
 
 __all__ = ["INVARIANTS", "LIVENESS", "breach", "invariants", "verify"]
 
@@ -64,9 +66,9 @@ def verify(
     reading (then ``applied`` is a lower bound, and only more effects than rows is a breach).
     """
     found = Findings()
-    with ops.read_only(queue, "jobs") as con:
+    with readers.read_only(queue, "jobs") as con:
         jobs: dict[str, Job] = {row[0]: row[1:] for row in con.execute(ops.SQL_JOB_STATES)}
-    with ops.read_only(sink_db, "inbox", "sink DB") as con:
+    with readers.read_only(sink_db, "inbox", "sink DB") as con:
         inbox_rows, redelivered = con.execute(ops.SQL_INBOX_COUNTS).fetchone()
         (duplicates,) = con.execute(SQL_DUPLICATES).fetchone()
     check_jobs(found, jobs, qty)

@@ -2,7 +2,7 @@
 
 Rules of this module:
 
-* Read-only.  Each sample opens the DBs through ``ops.read_only`` (``mode=ro`` URIs for a
+* Read-only.  Each sample opens the DBs through ``readers.read_only`` (``mode=ro`` URIs for a
   file, read-only transactions for a ``postgresql://`` URL) and closes them; the dashboard
   never writes, creates or migrates anything.  The numbers are ``ops.stats`` and
   ``ops.audit``, the same as ``asnackq stats`` and ``asnackq audit``.  A URL is shown with
@@ -15,7 +15,7 @@ Rules of this module:
 * A file locked by a writer is not waited on inside SQLite: the read is retried for
   ``LOCK_WAIT_S``, then the page says so (the last figures stay, marked) and the next
   try comes after ``SAMPLE_S``.  A wait for a lock never counts as reading time.
-* Every log line is one line (``asnackq.logs``): a malformed request never writes a
+* Every log line is one line (``asnackq.wire.logs``): a malformed request never writes a
   traceback.
 * Only ``GET`` (and ``HEAD``) on ``/`` (the page), ``/api/state`` (the JSON the page shows,
   for scripts too) and ``/metrics`` (Prometheus): other methods get 405, other paths 404.
@@ -46,11 +46,13 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq import logs, metrics, ops, stores
+from asnackq import ops
 from asnackq.core import worker as w
-from asnackq.http_send import is_loopback
-from asnackq.stores import Reader
-from asnackq.targets import Target, one_line, shown
+from asnackq.store import readers, sessions
+from asnackq.store.sessions import Reader
+from asnackq.store.targets import Target, one_line, shown
+from asnackq.wire import logs, metrics
+from asnackq.wire.send import is_loopback
 
 __all__ = ["Sampler", "make_app", "run_dashboard"]
 
@@ -66,7 +68,7 @@ SQL_LATEST_REDRIVES = "SELECT id, token, at_ms, note FROM redrives ORDER BY seq 
 SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliveries), 0)
 FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
 TOKEN = re.compile(r"[\x21-\x7e]{1,256}")  # visible ASCII: it travels in a header
-LOG = logging.getLogger("asnackq.dashboard")
+LOG = logging.getLogger("asnackq.ops.dashboard")
 
 
 Reading = Callable[[], Any]
@@ -75,7 +77,7 @@ Reading = Callable[[], Any]
 def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
     """``read()`` and the seconds it took, retried while a writer holds the file.
 
-    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``ops.Locked``), not
+    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``readers.Locked``), not
     inside SQLite's busy handler: the time returned is that of the read that succeeded, so a
     wait for a writer is never taken for the cost of reading.  Anything unreadable is a
     ``ValueError`` (one line; a URL's password never shown).
@@ -86,17 +88,17 @@ def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
         try:
             return read(), time.monotonic() - started
         except Exception as error:
-            if ops.locked(error):
+            if readers.locked(error):
                 if time.monotonic() < deadline:
                     time.sleep(LOCK_POLL_S)
                     continue
-                raise ops.Locked(
+                raise readers.Locked(
                     f"the {what} {shown(where)} is locked by another process (held over "
                     f"{LOCK_WAIT_S:g} s): the figures shown are older"
                 ) from None
             if isinstance(error, ValueError):
                 raise
-            if not stores.database_error(error):
+            if not sessions.database_error(error):
                 raise
             raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
 
@@ -134,7 +136,7 @@ def reading(where: Target, table: str, what: str, reader: Callable[[Reader], Any
     """One read-only session on ``where`` (a file, without waiting on a lock, or a URL)."""
 
     def read() -> Any:
-        with ops.read_only(where, table, what, busy_s=0) as con:
+        with readers.read_only(where, table, what, busy_s=0) as con:
             return reader(con)
 
     return read
@@ -152,7 +154,7 @@ class Sampler:
     took: float = 0.0  # seconds the last sample spent reading (lock waits excluded)
 
     def sample(self) -> None:
-        """Read everything once; ``ValueError`` (``ops.Locked`` for a lock) if a DB cannot be
+        """Read everything once; ``ValueError`` (``readers.Locked`` for a lock) if a DB cannot be
         read, and then the last state stays."""
         now = w.epoch_ms()
         queue, took = attempt(
@@ -225,7 +227,7 @@ class Sampler:
 # --- the web app ---------------------------------------------------------------------------
 
 SAMPLER = web.AppKey("sampler", Sampler)
-PAGE = importlib.resources.files("asnackq").joinpath("dashboard.html").read_text("utf-8")
+PAGE = importlib.resources.files("asnackq.ops").joinpath("dashboard.html").read_text("utf-8")
 
 
 def csp_hash(tag: str) -> str:

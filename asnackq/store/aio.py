@@ -3,14 +3,14 @@
 Rules of this module:
 
 * No state machine and no driver here: every transition is a ``worker.plan_*`` plan, run
-  by a store's driver: on a file aiosqlite's (``asnackq.sqlite_aio``), on a
-  ``postgresql://`` URL psycopg's (``asnackq.pg``); the same face, the same plans.
+  by a store's driver: on a file aiosqlite's (``asnackq.store.sqlite_aio``), on a
+  ``postgresql://`` URL psycopg's (``asnackq.store.pg``); the same face, the same plans.
 * One connection and one ``asyncio.Lock`` per queue: two coroutines' transactions never
   interleave.  A transaction runs in its own task under ``asyncio.shield``: a cancelled
   caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
 * No transaction is ever open across a network await: sends happen between plans.
 * A queue on a connection the application owns (``AsyncQueue.within``) runs its intakes
-  inside the application's open transaction (``asnackq.borrowed``) and refuses the rest.
+  inside the application's open transaction (``asnackq.store.borrowed``) and refuses the rest.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from asnackq import files
 from asnackq.core import worker as w
-from asnackq.core.worker import epoch_ms
-from asnackq.outage import Health
-from asnackq.sqlite_aio import QueueBusy, SqliteStore, call_fault
-from asnackq.targets import is_url
+from asnackq.store import files
+from asnackq.store.outage import Health
+from asnackq.store.sqlite_aio import QueueBusy, SqliteStore, call_fault
+from asnackq.store.targets import is_url
 
-__all__ = ["AsyncQueue", "QueueBusy", "epoch_ms"]  # and, lazily, Dispatcher and Summary
+__all__ = ["AsyncQueue", "AsyncSend", "QueueBusy", "Store", "open_store"]
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
@@ -75,7 +74,7 @@ async def open_store(
     ``postgresql://`` URL, with ``schema`` (the core's tuple) in place (``resolve_s``: how
     long a URL's store seeks the outcome of a COMMIT whose answer was lost)."""
     if is_url(target):
-        from asnackq import pg
+        from asnackq.store import pg
 
         return await pg.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
     await asyncio.to_thread(files.holds, target, schema)  # never another application's file
@@ -99,7 +98,7 @@ class AsyncQueue:
         cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8, limits: w.Limits = w.PRODUCT
     ) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
-        (``asnackq.pg``: the same tables in that database); close it with ``close()``.
+        (``asnackq.store.pg``: the same tables in that database); close it with ``close()``.
 
         ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
         delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
@@ -130,14 +129,14 @@ class AsyncQueue:
         cls, con: object, *, attempts: int = 8, limits: w.Limits = w.PRODUCT
     ) -> AsyncQueue:
         """A queue on a connection the application owns: an ``aiosqlite.Connection`` on the
-        queue's file or a psycopg ``AsyncConnection`` (``asnackq.borrowed``).
+        queue's file or a psycopg ``AsyncConnection`` (``asnackq.store.borrowed``).
 
         ``enqueue`` and ``enqueue_many`` run inside the application's open transaction and
         commit with it; claims, finishes and the Dispatcher are refused (they are the
         queue's own transactions: open the queue with ``connect`` for them).  The tables are
         created here, in a transaction of their own.
         """
-        from asnackq import borrowed
+        from asnackq.store import borrowed
 
         w.check_int(attempts, "attempts", 1, 100)
         store = await borrowed.adopt(con, w.SCHEMA, attempts)
@@ -313,12 +312,3 @@ async def classify(
     except (w.Retryable, w.Permanent) as error:
         return w.judge_send(ticket, jitter, error=error)
     return w.judge_send(ticket, jitter, ack)
-
-
-def __getattr__(name: str) -> Any:
-    """``Dispatcher`` and ``Summary`` live in ``asnackq.dispatch``; importable here too."""
-    if name in ("Dispatcher", "Summary"):
-        from asnackq import dispatch
-
-        return getattr(dispatch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

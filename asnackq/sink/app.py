@@ -31,25 +31,19 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq import faults, strict_json
+from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK
 from asnackq.core.worker import (
     check_event,
     check_identifier,
     check_int,
 )
-from asnackq.http_send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
-from asnackq.inbox import (
-    LOG,
-    RECORD_FIELDS,
-    SQL_RECORD,
-    SQL_STOCK,
-    Inbox,
-    SinkUnavailable,
-    open_sink_db,
-)
-from asnackq.outage import StoreUnavailable
-from asnackq.stores import database_error
-from asnackq.targets import one_line
+from asnackq.sink import faults
+from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
+from asnackq.store.outage import StoreUnavailable
+from asnackq.store.sessions import database_error
+from asnackq.store.targets import one_line
+from asnackq.wire import strict_json
+from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
 __all__ = ["SERVER_OPTIONS", "SinkConfig", "make_app"]
 

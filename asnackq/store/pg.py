@@ -4,7 +4,7 @@ Rules of this module:
 
 * No state machine here.  Every transition is a ``worker.plan_*`` plan; the two drivers
   below run it step by step, answering each ``Sql`` step with the PostgreSQL text
-  ``asnackq.pg_sql`` keys to the core's own statement (``SQL_CHANGES`` is answered from the
+  ``asnackq.store.pg_sql`` keys to the core's own statement (``SQL_CHANGES`` is answered from the
   previous statement's row count).
 * A transaction that meets a deadlock or a concurrent intake of the same id is rolled
   back and its plan made again and re-run (bounded, jittered); ``make`` is a zero-argument
@@ -13,9 +13,9 @@ Rules of this module:
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
 * ``BorrowedStore``: an application's own session, on which intakes run inside the
-  application's open transaction (``asnackq.borrowed``'s rules).
+  application's open transaction (``asnackq.store.borrowed``'s rules).
 * ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
-  opened again and a cut transaction re-run, or its cut COMMIT looked up (``asnackq.outage``).
+  opened again and a cut transaction re-run, or its cut COMMIT looked up (``asnackq.store.outage``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.outage import CommitUnknown, Health, StoreUnavailable
-from asnackq.pg_sql import SCHEMAS, Params, plan_open, text, translate
-from asnackq.targets import one_line, shown
+from asnackq.store.outage import CommitUnknown, Health, StoreUnavailable
+from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, text, translate
+from asnackq.store.targets import one_line, shown
 
 __all__ = [
     "AsyncStore",
@@ -424,7 +424,7 @@ class AsyncStore:
 
 class BorrowedStore:
     """An application's async session as a store: plans inside its open transaction
-    (``asnackq.borrowed``'s rules), each under a savepoint, re-run after a conflict."""
+    (``asnackq.store.borrowed``'s rules), each under a savepoint, re-run after a conflict."""
 
     def __init__(self, con: psycopg.AsyncConnection[Any], attempts: int) -> None:
         self.con, self.attempts = con, attempts
@@ -435,7 +435,7 @@ class BorrowedStore:
     ) -> BorrowedStore:
         """Check (or create) ``schema`` in a transaction of its own."""
         if con.info.transaction_status != TransactionStatus.IDLE:
-            from asnackq.borrowed import BUSY
+            from asnackq.store.borrowed import BUSY
 
             raise ValueError(BUSY)
         async with con.transaction():
@@ -448,7 +448,7 @@ class BorrowedStore:
 
     async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
         if self.con.info.transaction_status != TransactionStatus.INTRANS:
-            from asnackq.borrowed import NO_TRANSACTION
+            from asnackq.store.borrowed import NO_TRANSACTION
 
             raise ValueError(NO_TRANSACTION)
         for attempt in range(self.attempts):

@@ -27,7 +27,7 @@ import aiosqlite
 
 from asnackq.core import outbox
 from asnackq.core import worker as w
-from asnackq.sqlite_aio import Make, pump, transact
+from asnackq.store.sqlite_aio import Make, pump, transact
 
 __all__ = ["BorrowedSqlite", "Source", "adopt", "check_journal"]
 
@@ -104,7 +104,7 @@ async def adopt(con: object, schema: tuple[str, ...], attempts: int) -> Any:
         import psycopg
 
         if isinstance(con, psycopg.AsyncConnection):
-            from asnackq import pg
+            from asnackq.store import pg
 
             return await pg.BorrowedStore.adopt(con, schema, attempts)
     raise ValueError(

@@ -31,7 +31,7 @@ class Summary:
     paused_ms: int = 0  # and the time it was open
     clock_steps: int = 0  # times the clock stepped back (the run's clock held: see RunClock)
     clock_step_ms: int = 0  # the largest step back
-    db_outages: int = 0  # the queue's database: sessions lost (``asnackq.outage``),
+    db_outages: int = 0  # the queue's database: sessions lost (``asnackq.store.outage``),
     db_down_ms: int = 0  # the time without one,
     db_reruns: int = 0  # transactions re-run after their session was lost,
     db_cut_commits: int = 0  # and COMMITs whose answer was lost (their outcome looked up)

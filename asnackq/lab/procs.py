@@ -30,7 +30,7 @@ from types import FrameType
 from typing import IO, Any
 
 from asnackq.core.worker import epoch_ms
-from asnackq.targets import Target
+from asnackq.store.targets import Target
 
 __all__ = [
     "Replicas",

@@ -3,12 +3,12 @@
 Rules of this module:
 
 * A target is a file (sqlite3, the core's own driver) or a ``postgresql://`` URL
-  (``asnackq.pg.drive``); both give the same small face: ``run(make)`` runs a plan in one
+  (``asnackq.store.pg.drive``); both give the same small face: ``run(make)`` runs a plan in one
   transaction, ``execute(sql, params)`` reads with SQLite's placeholders.
 * Nothing creates a queue but ``open_queue(..., create=True)`` (``init``, the lab, the
   demo); every other opening insists the queue (or the sink DB) is already there, and
   inspecting opens read-only.  A file is written only if it is new, empty or already a
-  queue (``asnackq.files``): never another application's database.
+  queue (``asnackq.store.files``): never another application's database.
 * psycopg is imported only when a URL is used.
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from asnackq import files
 from asnackq.core import worker as w
-from asnackq.pg_sql import Missing
-from asnackq.targets import Target, is_url, shown
+from asnackq.store import files
+from asnackq.store.pg_sql import Missing
+from asnackq.store.targets import Target, is_url, shown
 
 __all__ = [
     "Reader",
@@ -72,18 +72,18 @@ class SqliteFile:
 
 
 class PgDatabase:
-    """A PostgreSQL database through ``asnackq.pg`` (reads bound client-side, like SQLite)."""
+    """A PostgreSQL database through ``asnackq.store.pg`` (reads bound client-side, like SQLite)."""
 
     def __init__(self, con: Any) -> None:
         self.con = con
 
     def run(self, make: Make) -> Any:
-        from asnackq import pg
+        from asnackq.store import pg
 
         return pg.drive(self.con, make)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
-        from asnackq import pg, pg_sql
+        from asnackq.store import pg, pg_sql
 
         return pg.client_cursor(self.con).execute(pg_sql.placeholders(sql), parameters)
 
@@ -92,10 +92,8 @@ class PgDatabase:
 
 
 def _pg(where: str, schema: tuple[str, ...], *, create: bool, read_only: bool = False) -> Any:
-    from asnackq import pg
+    from asnackq.store import pg
 
-    if schema is not w.SCHEMA:
-        import asnackq.pg_sink  # noqa: F401  (the sink's schema and statements)
     return pg.connect(where, schema, create=create, read_only=read_only)
 
 
@@ -158,7 +156,7 @@ def pg_read_only(where: str, table: str, what: str) -> Iterator[Reader]:
 
 
 def _sink_schema() -> tuple[str, ...]:
-    from asnackq.inbox import SINK_SCHEMA
+    from asnackq.core.inbox import SINK_SCHEMA
 
     return SINK_SCHEMA
 
@@ -170,7 +168,7 @@ def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
     The audit joins the two with SQLite's ATTACH; when either lives in PostgreSQL (or both,
     in different databases) it runs, unchanged, on these copies.
     """
-    from asnackq import ops
+    from asnackq.store import readers
 
     with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
         copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
@@ -182,7 +180,7 @@ def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
         ):
             copy = w.open_db(target, schema)
             try:
-                with ops.read_only(source, table, what) as con:
+                with readers.read_only(source, table, what) as con:
                     for name in (table, "stock") if table == "inbox" else (table,):
                         _copy(con, copy, name)
             finally:

@@ -9,7 +9,7 @@ int of milliseconds in ``DELAY_MS``.
 from __future__ import annotations
 
 from asnackq.core.worker import check_int
-from asnackq.http_send import check_number
+from asnackq.wire.send import check_number
 
 __all__ = ["DELAY_MS", "RATE", "check"]
 

@@ -6,7 +6,7 @@ loopback port and worker ``lab-w1`` alone, SIGKILLed right after its 40th verifi
 effect is applied and its finish never made; the jobs it held stay leased.  Two workers
 start then, reclaim those jobs when their leases expire (token 2) and re-send them; the
 inbox absorbs the duplicates.  The tables say what happened, and how far the evidence
-reaches: every invariant, judged from the files alone (``asnackq.evidence``).
+reaches: every invariant, judged from the files alone (``asnackq.lab.evidence``).
 """
 
 from __future__ import annotations

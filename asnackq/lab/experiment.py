@@ -3,7 +3,7 @@
 One sink process (with its seeded faults), ``P`` worker processes (``asnackq work``, each
 with ``C`` coroutines and a trace file), random SIGKILLs of workers (each replaced by a new
 worker under a new owner name), then a verification from the evidence alone
-(``asnackq.evidence``): the queue file, the sink DB, the sink's counters and the workers'
+(``asnackq.lab.evidence``): the queue file, the sink DB, the sink's counters and the workers'
 traces.  With ``db`` (a ``postgresql://`` URL: the queue and the inbox in one database)
 ``K`` sink replicas share the inbox, workers spread over them, and every other SIGKILL may
 hit a sink (restarted on its port); the counters of a killed sink die with it, so the
@@ -40,17 +40,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asnackq import faults, ops, schedule, timeline
+from asnackq import ops
 from asnackq.core import worker as w
-from asnackq.evidence import INVARIANTS, breach, invariants, verify
-from asnackq.http_send import check_number
-from asnackq.procs import Replicas, Workers, exit_on_sigterm
-from asnackq.stores import database_error
-from asnackq.targets import Target, is_url, shown
-from asnackq.tls import server_context, tls_context
-from asnackq.traces import read_traces
+from asnackq.dispatch.traces import read_traces
+from asnackq.lab import schedule, timeline
+from asnackq.lab.evidence import breach, invariants, verify
+from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
+from asnackq.sink import faults
+from asnackq.store import readers
+from asnackq.store.sessions import database_error
+from asnackq.store.targets import Target, is_url, shown
+from asnackq.wire.send import check_number
+from asnackq.wire.tls import server_context, tls_context
 
-__all__ = ["INVARIANTS", "LabConfig", "report_rows", "run_lab", "verify"]
+__all__ = ["LabConfig", "report_rows", "run_lab"]
 
 SAMPLE_EVERY_S = 0.1  # the queue's statuses and the sink's counters, for the plots
 SQL_COUNT = "SELECT count(*) FROM {table}"  # a fresh --db: no jobs, no inbox rows
@@ -85,8 +88,8 @@ class LabConfig:
     tls_cert: Path | None = None  # the sinks serve https with this certificate,
     tls_key: Path | None = None  # and this key;
     sink_ca: Path | None = None  # the workers trust this CA
-    hosts: int = 0  # workers on this many network namespaces (asnackq.hosts)
-    pg_restart_every: float = 0.0  # faults on a schedule (asnackq.schedule), seconds
+    hosts: int = 0  # workers on this many network namespaces (asnackq.lab.hosts)
+    pg_restart_every: float = 0.0  # faults on a schedule (asnackq.lab.schedule), seconds
     pg_kill_backends_every: float = 0.0
     partition_every: float = 0.0
     partition_for: float = 0.0
@@ -181,7 +184,7 @@ class Sampler:
         if not force and started < self.due:
             return
         try:
-            with ops.read_only(self.queue, "jobs") as con:
+            with readers.read_only(self.queue, "jobs") as con:
                 by_status = ops.stats(con, w.epoch_ms())["by_status"]
             counters = self.sinks.counters()
         except Exception as error:
@@ -222,7 +225,7 @@ def require_empty(db: str) -> None:
     """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
     for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
         try:
-            with ops.read_only(db, table, what) as con:
+            with readers.read_only(db, table, what) as con:
                 (count,) = con.execute(SQL_COUNT.format(table=table)).fetchone()
         except ValueError:
             continue

@@ -13,7 +13,7 @@ Rules of this module:
   committed, and a delivery sent again finds its id applied (a duplicate, no effect).
 * One connection and one lock: a read never sees the writer's open transaction.  The DB
   is a file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas
-  (``pg_sink``), whose lost session is opened again (``asnackq.pg.AsyncStore``; a sink
+  (``pg_sink``), whose lost session is opened again (``asnackq.store.pg.AsyncStore``; a sink
   never waits for the server: while it is away every batch fails at once).
 """
 
@@ -27,12 +27,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from asnackq.aio import Store, open_store
-from asnackq.core.worker import Plan, Sql, SqlMany, epoch_ms, json_set
-from asnackq.outage import HEALTH_FIELDS, Health
-from asnackq.targets import is_url, one_line
+from asnackq.core.inbox import SINK_SCHEMA, plan_inbox
+from asnackq.core.worker import epoch_ms
+from asnackq.store.aio import Store, open_store
+from asnackq.store.outage import HEALTH_FIELDS, Health
+from asnackq.store.targets import one_line
 
-__all__ = ["LOG", "SINK_SCHEMA", "Inbox", "SinkUnavailable", "open_sink_db", "plan_inbox"]
+__all__ = ["LOG", "Inbox", "SinkUnavailable", "open_sink_db"]
 
 LOG = logging.getLogger("asnackq.sink")  # the sink's log: one line each (``sink_server``)
 
@@ -43,61 +44,6 @@ LOG = logging.getLogger("asnackq.sink")  # the sink's log: one line each (``sink
 # read-only reader reads without creating a -wal or -shm (nor write access to the directory).
 SINK_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
 SINK_CLOSING = ("PRAGMA busy_timeout = 0", "PRAGMA journal_mode=DELETE")  # busy: not the last
-
-SINK_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
-  first_token INTEGER, last_token INTEGER, deliveries INTEGER NOT NULL,
-  applied_at_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL)""",
-    "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
-    " total INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
-)
-SQL_KNOWN = "SELECT id, qty FROM inbox WHERE id IN (SELECT value FROM json_each(?))"
-SQL_APPLY = """INSERT INTO inbox (id, qty, first_token, last_token, deliveries, applied_at_ms,
-  last_seen_ms) VALUES (?, ?, ?, ?, 1, ?, ?)"""
-SQL_SEEN_AGAIN = """UPDATE inbox SET deliveries = deliveries + 1,
-  last_token = coalesce(?, last_token), last_seen_ms = ? WHERE id = ?"""
-SQL_ADD_STOCK = "UPDATE stock SET total = total + ? WHERE one = 1"
-SQL_STOCK = "SELECT total FROM stock WHERE one = 1"
-SQL_RECORD = """SELECT id, qty, first_token, last_token, deliveries, applied_at_ms, last_seen_ms
-FROM inbox WHERE id = ?"""
-RECORD_FIELDS = (
-    "id",
-    "qty",
-    "first_token",
-    "last_token",
-    "deliveries",
-    "applied_at_ms",
-    "last_seen_ms",
-)
-
-
-def decide(known: dict[str, int], event_id: str, qty: int) -> str:
-    """The inbox decision for one event, given the ids already applied (updated in place)."""
-    if event_id not in known:
-        known[event_id] = qty
-        return "applied"
-    return "duplicate" if known[event_id] == qty else "conflict"
-
-
-def plan_inbox(batch: list[tuple[str, int, int | None]], now_ms: int) -> Plan[list[str]]:
-    """One group commit as a plan (run by the store's driver): decisions in arrival order.
-
-    Result: the status of each ``(id, qty, token)``: applied, duplicate or conflict.
-    """
-    rows = yield Sql(SQL_KNOWN, (json_set(sorted({event_id for event_id, _, _ in batch})),))
-    known: dict[str, int] = {row[0]: row[1] for row in rows or ()}
-    statuses = [decide(known, event_id, qty) for event_id, qty, _ in batch]
-    applied = [item for item, s in zip(batch, statuses, strict=True) if s == "applied"]
-    again = [item for item, s in zip(batch, statuses, strict=True) if s == "duplicate"]
-    if applied:
-        yield SqlMany(
-            SQL_APPLY, [(i, qty, token, token, now_ms, now_ms) for i, qty, token in applied]
-        )
-        yield Sql(SQL_ADD_STOCK, (sum(qty for _, qty, _ in applied),))
-    if again:
-        yield SqlMany(SQL_SEEN_AGAIN, [(token, now_ms, i) for i, _, token in again])
-    return statuses, bool(applied or again)
 
 
 @dataclass
@@ -110,8 +56,6 @@ class Delivery:
 
 async def open_sink_db(path: Path | str) -> Store:
     """Open (creating if needed) a sink DB: a file in WAL mode synced at every commit, or a URL."""
-    if is_url(path):
-        import asnackq.pg_sink  # noqa: F401  (the inbox's PostgreSQL statements)
     return await open_store(
         path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS, closing=SINK_CLOSING, resolve_s=0
     )
@@ -173,7 +117,7 @@ class Inbox:
         return statuses
 
     def health(self) -> dict[str, int]:
-        """The DB's outage counters (``asnackq.outage``; zeros for a file)."""
+        """The DB's outage counters (``asnackq.store.outage``; zeros for a file)."""
         health: Health | None = getattr(self.db, "health", None)
         return dict.fromkeys(HEALTH_FIELDS, 0) if health is None else health.counts()
 

@@ -1,6 +1,6 @@
 """The Dispatcher: many delivery coroutines over one ``AsyncQueue``, in three parts.
 
-* ``Committer`` (``asnackq.committer``) owns every transaction and every ticket the run
+* ``Committer`` (``asnackq.dispatch.committer``) owns every transaction and every ticket the run
   holds: finishes in; claims, extensions and tickets out, one transaction per cycle, the
   results of busy coroutines gathered for up to ``gather_ms``.
 * ``deliver`` is one delivery coroutine: take a ticket, send it (again, while the sink is
@@ -24,16 +24,16 @@ import asyncio
 import random
 from collections.abc import Callable
 
-from asnackq.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
-from asnackq.breaker import Breaker, BreakerPolicy
-from asnackq.committer import Claimed, Committer, Finish, Phase, Sent, Settings, Trace
 from asnackq.core import worker as w
-from asnackq.runclock import RunClock
-from asnackq.summary import Summary
+from asnackq.dispatch.breaker import Breaker, BreakerPolicy
+from asnackq.dispatch.committer import Claimed, Committer, Sent, Settings, Trace
+from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.summary import Summary
+from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 
 DEFAULT_BREAKER = BreakerPolicy()
 
-__all__ = ["Claimed", "Dispatcher", "Finish", "Phase", "Sent", "Summary"]
+__all__ = ["Dispatcher"]
 
 
 async def deliver(committer: Committer, send: AsyncSend) -> None:

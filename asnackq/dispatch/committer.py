@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from asnackq.aio import AsyncQueue
-from asnackq.breaker import Breaker, BreakerPolicy
 from asnackq.core import worker as w
-from asnackq.outage import CommitUnknown, StoreUnavailable
-from asnackq.runclock import RunClock
-from asnackq.summary import Summary
+from asnackq.dispatch.breaker import Breaker, BreakerPolicy
+from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.summary import Summary
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.outage import CommitUnknown, StoreUnavailable
 
 __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace"]
 
@@ -209,7 +209,7 @@ class Committer:
             setattr(self.summary, name, value)
 
     def db_counts(self) -> dict[str, int]:
-        """The queue's database outages during this run (``asnackq.outage``)."""
+        """The queue's database outages during this run (``asnackq.store.outage``)."""
         health = self.queue.health
         if health is None:
             return {}

@@ -24,10 +24,10 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq import logs
-from asnackq.http_sink import BUSY, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
-from asnackq.inbox import LOG
-from asnackq.metrics import screen_expect
+from asnackq.sink.app import BUSY, SERVER_OPTIONS, STATS, SinkConfig, as_json, make_app
+from asnackq.sink.inbox import LOG
+from asnackq.wire import logs
+from asnackq.wire.metrics import screen_expect
 
 __all__ = ["serve"]
 

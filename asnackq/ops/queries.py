@@ -3,31 +3,35 @@
 Everything here only reads (the one write, ``redrive_by_reason``, goes through the core's
 audited ``redrive``, one job per transaction).  Files are opened read-only through SQLite
 URIs, so inspecting never creates a file, takes a write lock or changes a byte; a
-``postgresql://`` URL is read in read-only transactions (``asnackq.stores``).
+``postgresql://`` URL is read in read-only transactions (``asnackq.store.sessions``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from asnackq import stores
 from asnackq.core import worker as w
-from asnackq.stores import Reader, Store
-from asnackq.targets import Target, is_url
+from asnackq.store import sessions
+from asnackq.store.readers import read_only
+from asnackq.store.sessions import Reader, Store
+from asnackq.store.targets import Target, is_url
 
 __all__ = [
+    "ATTENTION",
     "AUDIT_SQL",
-    "Locked",
+    "REASONS",
+    "SQL_INBOX_COUNTS",
+    "SQL_JOB_STATES",
+    "VIOLATIONS",
+    "Intake",
     "audit",
     "dead",
     "enqueue_all",
     "history",
-    "read_only",
+    "redrive",
     "redrive_by_reason",
     "stats",
 ]
@@ -49,7 +53,7 @@ def enqueue_all(
     later chunk fails).
     """
     results: list[bool | w.Conflict] = []
-    with stores.open_queue(path, create=True) as store:
+    with sessions.open_queue(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
             done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
@@ -57,63 +61,6 @@ def enqueue_all(
             if advance is not None:
                 advance(done)
     return results
-
-
-def hint(error: sqlite3.Error) -> str:
-    """What a read-only reader can say about an error it cannot fix itself."""
-    if error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK":
-        return (
-            " (a writer died mid-transaction: its journal is rolled back by the next "
-            "writer that opens the file)"
-        )
-    return ""
-
-
-class Locked(ValueError):
-    """Raised when a file stayed locked by a writer for longer than the reader would wait."""
-
-
-def locked(error: BaseException) -> bool:
-    """Whether ``error`` is SQLite saying that another connection holds the file."""
-    return isinstance(error, Locked) or (
-        isinstance(error, sqlite3.OperationalError)
-        and error.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED")
-    )
-
-
-@contextlib.contextmanager
-def read_only(
-    path: Target, table: str, what: str = "queue", busy_s: float = 5.0
-) -> Iterator[Reader]:
-    """A read-only connection to an existing DB holding ``table``; ``ValueError`` otherwise.
-
-    ``what`` names the file in messages: ``no WHAT at PATH``, ``PATH is not a WHAT``; a
-    file locked by a writer for over ``busy_s`` raises ``Locked``.
-    """
-    if is_url(path):
-        with stores.pg_read_only(str(path), table, what) as reader:
-            yield reader
-        return
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no {what} at {path}")
-    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_s)
-    kind = what.removesuffix(" DB")  # "sink DB" -> "is not a sink DB"
-    try:
-        try:
-            found = con.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-            ).fetchone()
-        except sqlite3.OperationalError as error:
-            why = Locked if locked(error) else ValueError
-            raise why(f"cannot read {path} now: {error}{hint(error)}") from None
-        except sqlite3.DatabaseError as error:
-            raise ValueError(f"{path} is not a {kind} DB: {error}") from None
-        if found is None:
-            raise ValueError(f"{path} is not a {kind} DB (no {table} table)")
-        yield con
-    finally:
-        con.close()
 
 
 def stats(con: Reader, now_ms: int) -> dict[str, Any]:
@@ -200,7 +147,7 @@ def redrive_by_reason(
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
     w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)  # validate before any change
-    with stores.open_queue(path) as store:
+    with sessions.open_queue(path) as store:
         done = []
         for job in dead(store, reason):
             try:
@@ -215,7 +162,7 @@ def redrive_by_reason(
 # --- the audit: how far the evidence reaches for each job --------------------------------
 
 # Each job's final state, and the sink's inbox size and ids delivered more than once: the
-# lab's evidence next to the audit (asnackq.evidence).
+# lab's evidence next to the audit (asnackq.lab.evidence).
 SQL_JOB_STATES = "SELECT id, qty, status, reason, token FROM jobs"
 SQL_INBOX_COUNTS = "SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END) FROM inbox"
 
@@ -321,7 +268,7 @@ def audit(
 ) -> dict[str, Any]:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
-        with stores.local_copies(queue, sink_db) as (queue_copy, sink_copy):
+        with sessions.local_copies(queue, sink_db) as (queue_copy, sink_copy):
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
     with (

@@ -23,17 +23,18 @@ import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
+from asnackq.core import inbox
 from asnackq.core import worker as w
 
 __all__ = [
     "QUEUE",
     "SCHEMAS",
+    "SINK",
     "STATEMENTS",
     "Missing",
     "Schema",
     "placeholders",
     "plan_open",
-    "register",
     "text",
     "translate",
 ]
@@ -115,13 +116,6 @@ STATEMENTS: dict[str, str] = {
 }
 
 
-def register(statements: dict[str, str]) -> None:
-    """Add PostgreSQL texts for another module's statements (the sink's)."""
-    for sql, text in statements.items():
-        if STATEMENTS.setdefault(sql, text) != text:
-            raise ValueError(f"two PostgreSQL texts for {sql!r}")
-
-
 def text(sql: str) -> str:
     """The PostgreSQL text for ``sql``."""
     found = STATEMENTS.get(sql)
@@ -173,8 +167,57 @@ QUEUE = Schema(
     ),
 )
 
-# The core's schema (and, registered, the sink's) -> its PostgreSQL schema.
-SCHEMAS: dict[tuple[str, ...], Schema] = {w.SCHEMA: QUEUE}
+# The sink's inbox, shared by replicas: the group commit's plan (``core.inbox``) runs
+# unchanged; only its first read differs.  Before reading which ids are known, it takes a
+# transaction lock per id of the batch, in one global order: a duplicate arriving at another
+# replica at the same moment waits for the replica deciding it, then reads it applied (each
+# effect once, no duplicate key, no deadlock).  The read runs inside a function so that it
+# sees what was committed while it waited (READ COMMITTED snapshots at a statement's start).
+SQL_KNOWN_FUNCTION = """
+CREATE OR REPLACE FUNCTION asnackq_inbox_known(ids TEXT[]) RETURNS TABLE (id TEXT, qty INTEGER)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(key) FROM (
+    SELECT DISTINCT hashtextextended(one, 0) AS key FROM unnest(ids) AS one ORDER BY key) AS keys;
+  RETURN QUERY SELECT inbox.id, inbox.qty FROM inbox WHERE inbox.id = ANY(ids);
+END $$"""
+
+SINK = Schema(
+    "sink",
+    1,
+    ("inbox", "stock"),
+    (
+        """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
+  first_token BIGINT, last_token BIGINT, deliveries INTEGER NOT NULL,
+  applied_at_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
+        "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " total BIGINT NOT NULL)",
+        "INSERT INTO stock (one, total) VALUES (1, 0) ON CONFLICT (one) DO NOTHING",
+        SQL_KNOWN_FUNCTION,
+    ),
+)
+
+# The core's schemas -> their PostgreSQL schemas.
+SCHEMAS: dict[tuple[str, ...], Schema] = {w.SCHEMA: QUEUE, inbox.SINK_SCHEMA: SINK}
+
+# The inbox's statements -> their PostgreSQL texts.
+STATEMENTS.update(
+    {
+        inbox.SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known("
+        "ARRAY(SELECT json_array_elements_text(%s::json)))",
+        **{
+            sql: placeholders(sql)
+            for sql in (
+                inbox.SQL_APPLY,
+                inbox.SQL_SEEN_AGAIN,
+                inbox.SQL_ADD_STOCK,
+                inbox.SQL_STOCK,
+                inbox.SQL_RECORD,
+            )
+        },
+        **{sql: sql for sql in SINK.ddl},
+    }
+)
 
 SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"

@@ -1,0 +1,44 @@
+"""What an operator reads: stats, dead jobs, history, the evidence audit, the dashboard.
+
+Rules of this wing:
+
+* Everything only reads, through read-only openers (``asnackq.store.readers``); the one
+  write, ``redrive_by_reason``, is the core's audited redrive, one job per transaction.
+* The dashboard (``ops.dashboard``) serves these reads; it never writes.
+* Imports: ``asnackq.dispatch``, ``asnackq.sink``, ``asnackq.store``, ``asnackq.wire``,
+  ``asnackq.core``.
+"""
+
+from asnackq.ops.queries import (
+    ATTENTION,
+    AUDIT_SQL,
+    REASONS,
+    SQL_INBOX_COUNTS,
+    SQL_JOB_STATES,
+    VIOLATIONS,
+    Intake,
+    audit,
+    dead,
+    enqueue_all,
+    history,
+    redrive,
+    redrive_by_reason,
+    stats,
+)
+
+__all__ = [
+    "ATTENTION",
+    "AUDIT_SQL",
+    "REASONS",
+    "SQL_INBOX_COUNTS",
+    "SQL_JOB_STATES",
+    "VIOLATIONS",
+    "Intake",
+    "audit",
+    "dead",
+    "enqueue_all",
+    "history",
+    "redrive",
+    "redrive_by_reason",
+    "stats",
+]

@@ -1,0 +1,16 @@
+"""Receiving: an HTTP sink that applies each job's effect once, however often it arrives.
+
+Rules of this wing:
+
+* The inbox row and the effect commit in one transaction; the ACK leaves after COMMIT.
+* Concurrent requests are group-committed, each decided on its own in arrival order
+  (``asnackq.core.inbox``).
+* A request the sink will not act on changes nothing and gets a JSON 4xx with its reason;
+  a DB that cannot commit is a 503 until it can.
+* Imports: ``asnackq.store``, ``asnackq.wire``, ``asnackq.core``.
+"""
+
+from asnackq.sink.app import SinkConfig, make_app
+from asnackq.sink.server import serve
+
+__all__ = ["SinkConfig", "make_app", "serve"]
