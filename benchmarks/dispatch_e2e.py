@@ -33,8 +33,9 @@ from core_cycle import prefill
 from sink_throughput import load, rate, start, tree_env
 
 from asnackq.core import worker as w
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue, epoch_ms
+from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 

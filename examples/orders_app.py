@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator
 import aiosqlite
 from aiohttp import web
 
-from asnackq.core.worker import check_event
-from asnackq.store.aio import AsyncQueue, epoch_ms
+from asnackq.core.worker import check_event, epoch_ms
+from asnackq.store.aio import AsyncQueue
 
 DB = web.AppKey("db", aiosqlite.Connection)
 QUEUE = web.AppKey("queue", AsyncQueue)
