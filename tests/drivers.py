@@ -83,9 +83,8 @@ class PgCon:
 
     def run(self, name: str, *args: Any, fault: w.Fault = None) -> Any:
         """The core's ``NAME(con, *args)``: its plan, with the contract's limits."""
-        return pg.drive(
-            self.con, partial(getattr(w, f"plan_{name}"), *args, limits=w.CONTRACT), fault
-        )
+        make = partial(getattr(w, f"plan_{name}"), *args, limits=w.CONTRACT)
+        return pg.drive(self.con, make(), fault, make=make)
 
     def close(self) -> None:
         self.con.close()

@@ -88,10 +88,10 @@ async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(t
         hops = []
         for size in (1, 300):
             known = [(f"old{size}-{i}", 1, None) for i in range(size)]  # duplicates, too
-            await store.transact(plan_inbox(known, T0), partial(plan_inbox, known, T0))
+            await store.run(partial(plan_inbox, known, T0))
             batch = [(f"new{size}-{i}", 2, 7) for i in range(size)] + known
             make = partial(plan_inbox, batch, T0)
-            statuses, n = await awaits(counting, store.transact(make(), make))
+            statuses, n = await awaits(counting, store.run(make))
             assert statuses == ["applied"] * size + ["duplicate"] * size
             hops.append(n)
     finally:

@@ -574,35 +574,6 @@ def test_enqueue_many_validates_every_item_before_any_change(con, db):
     assert rows(db) == before
 
 
-def test_finish_and_claim_is_finish_many_then_claim_many(driver, place):
-    where = {"one": place("one"), "both": place("both")}
-
-    def fill(path):
-        con = open_con(driver, path)
-        for i in range(6):
-            put(con, f"j{i}", qty=i + 1, max_attempts=2)
-        return con
-
-    one, both = fill(where["one"]), fill(where["both"])
-    tickets = q.claim_many(one, "w1", T0, 500, 3)
-    assert q.claim_many(both, "w1", T0, 500, 3) == tickets
-    results = [
-        (tickets[0], "ok", T0 + 1, 0),
-        ({**tickets[1], "token": 7}, "ok", T0 + 1, 0),
-        (tickets[2], "retry", T0 + 1, 0),
-    ]
-    expected = (q.finish_many(one, results), q.claim_many(one, "w2", T0 + 2, 500, 3))
-    got = q.finish_and_claim(both, results, "w2", T0 + 2, 500, 3)
-    assert got == expected and expected[0] == ["done", False, "pending"]
-    assert [t["id"] for t in got[1]] == ["j2", "j3", "j4"]  # the retried job comes first
-    assert rows(where["one"]) == rows(where["both"])
-    only_claims = q.finish_and_claim(both, [], "w2", T0 + 3, 500, 2)
-    assert only_claims == ([], q.claim_many(one, "w2", T0 + 3, 500, 2))
-    assert [t["id"] for t in only_claims[1]] == ["j5"]
-    one.close()
-    both.close()
-
-
 def test_large_batches_equal_sequential_calls(driver, place):
     where = {"one": place("one"), "many": place("many")}
     count = 537  # one set-based lease statement, whatever the count
@@ -655,17 +626,6 @@ def test_large_batches_equal_sequential_calls(driver, place):
     assert rows(where["one"]) == rows(where["many"])
     one.close()
     many.close()
-
-
-def test_finish_and_claim_validates_everything_before_any_change(con, db):
-    put(con, "a")
-    ticket = q.claim(con, "w1", T0, 1000)
-    before = rows(db)
-    with pytest.raises(ValueError):
-        q.finish_and_claim(con, [(ticket, "ok", T0 + 1, 0)], "bad owner", T0 + 1, 500, 1)
-    with pytest.raises(ValueError):
-        q.finish_and_claim(con, [(ticket, "maybe", T0 + 1, 0)], "w1", T0 + 1, 500, 1)
-    assert rows(db) == before
 
 
 def test_extend_many_is_identical_to_sequential_extends(driver, place):

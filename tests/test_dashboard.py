@@ -25,7 +25,7 @@ from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.core.worker import epoch_ms
 from asnackq.lab import procs
 from asnackq.lab.procs import PIPE
-from asnackq.ops.dashboard import Sampler
+from asnackq.ops.dashboard import Watcher
 from asnackq.store import readers
 
 from .test_cli import fails, ok
@@ -294,11 +294,11 @@ def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
 
 
 def test_throughput_is_done_per_second_over_the_last_minute(tmp_path):
-    sampler = Sampler(tmp_path / "unused.db")
-    assert sampler.throughput(1_000_000, 10)["done_per_s"] is None  # one sample: no rate
-    assert sampler.throughput(1_002_000, 30)["done_per_s"] == 10.0
-    figures = sampler.throughput(1_070_000, 90)  # 70 s after the first
+    watcher = Watcher(tmp_path / "unused.db")
+    assert watcher.throughput(1_000_000, 10)["done_per_s"] is None  # one sample: no rate
+    assert watcher.throughput(1_002_000, 30)["done_per_s"] == 10.0
+    figures = watcher.throughput(1_070_000, 90)  # 70 s after the first
     assert figures["window_s"] == 68.0 and figures["done_per_s"] == round(60 / 68, 1)
     assert figures["series"] == [[0.0, round(60 / 68, 1)]]  # only the last minute
-    late = sampler.throughput(1_200_000, 90)
+    late = watcher.throughput(1_200_000, 90)
     assert late["window_s"] == 130.0 and late["done_per_s"] == 0.0  # one point before it

@@ -73,7 +73,7 @@ def test_four_processes_of_eight_sessions_claim_without_overlap(pg_db):
     con = pg.connect(url)
     pg.drive(
         con,
-        lambda: w.plan_enqueue_many(
+        w.plan_enqueue_many(
             [({"id": i, "qty": n}, 120_000, 16) for i, n in qty.items()],
             epoch_ms(),
             limits=w.PRODUCT,

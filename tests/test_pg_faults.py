@@ -83,7 +83,7 @@ def fill(url: str) -> dict[str, int]:
     """A new queue at ``url`` with ``JOBS`` jobs: their ids and qtys."""
     qty = {f"j{i}": i % 7 + 1 for i in range(JOBS)}
     sessions.init(url)
-    with sessions.open_queue(url) as queue:
+    with sessions.open_session(url) as queue:
         items = [({"id": i, "qty": q}, 600_000, 3) for i, q in qty.items()]
         queue.run(lambda: w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
     return qty

@@ -11,13 +11,14 @@ import os
 import subprocess
 import sys
 import threading
+from functools import partial
 
 import psycopg
 import pytest
 
 from asnackq.core import worker as w
 from asnackq.lab.pg_server import free_port
-from asnackq.store import pg, sessions
+from asnackq.store import pg, pg_sql, sessions
 from asnackq.store.aio import AsyncQueue
 
 from .conftest import T0
@@ -93,7 +94,7 @@ def test_claims_do_not_visit_finished_rows(url):
         )
         cursor.execute("ANALYZE jobs")
         for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE):
-            text, params = pg.translate(sql, {"now": T0, "n": 8})
+            text, params = pg_sql.translate(sql, {"now": T0, "n": 8})
             plan = " ".join(row[0] for row in cursor.execute("EXPLAIN " + text, params))
             assert "Seq Scan on jobs" not in plan, plan
     con.close()
@@ -103,17 +104,16 @@ def test_a_claim_skips_rows_another_claim_holds(url):
     """Two claims at once never wait for each other and never take the same job."""
     one, two = pg.connect(url), pg.connect(url)
     pg.drive(
-        one,
-        lambda: w.plan_enqueue_many([({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(4)], T0),
+        one, w.plan_enqueue_many([({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(4)], T0)
     )
     held = []
 
     def second_claim(point):  # runs inside the first claim's open transaction
         if point == "after-claim":
-            held.append(pg.drive(two, lambda: w.plan_claim_many("w2", T0, 1000, 2)))
+            held.append(pg.drive(two, w.plan_claim_many("w2", T0, 1000, 2)))
 
-    first = pg.drive(one, lambda: w.plan_claim_many("w1", T0, 1000, 2))
-    ticket = pg.drive(one, lambda: w.plan_claim("w1", T0, 1000), second_claim)
+    first = pg.drive(one, w.plan_claim_many("w1", T0, 1000, 2))
+    ticket = pg.drive(one, w.plan_claim("w1", T0, 1000), second_claim)
     assert [t["id"] for t in first] == ["j0", "j1"] and ticket["id"] == "j2"
     assert [t["id"] for t in held[0]] == ["j3"]
     one.close()
@@ -153,7 +153,7 @@ def test_a_session_that_vanishes_mid_transaction_is_ended_by_the_server(url):
 
 def test_a_statement_without_a_postgresql_text_is_a_bug_not_a_guess():
     with pytest.raises(KeyError, match="no PostgreSQL text"):
-        pg.translate("DELETE FROM jobs", ())
+        pg_sql.translate("DELETE FROM jobs", ())
 
 
 def test_concurrent_intakes_of_the_same_ids_insert_each_once(url):
@@ -167,7 +167,8 @@ def test_concurrent_intakes_of_the_same_ids_insert_each_once(url):
         go.wait()
         for start in range(0, 400, 40):
             items = [({"id": f"j{i}", "qty": 1}, 10_000, 3) for i in range(start, start + 40)]
-            results[n] += pg.drive(sessions[n], lambda items=items: w.plan_enqueue_many(items, T0))
+            make = partial(w.plan_enqueue_many, items, T0)
+            results[n] += pg.drive(sessions[n], make(), make=make)
 
     threads = [threading.Thread(target=intake, args=(n,)) for n in (0, 1)]
     for thread in threads:

@@ -12,9 +12,34 @@ from typing import Any, NoReturn, TypeAlias, TypedDict
 
 from asnackq.sink import faults
 from asnackq.store import sessions
-from asnackq.store.targets import Target
+from asnackq.store.targets import Target, parse_target
 from asnackq.wire.send import check_url, is_loopback
 from asnackq.wire.tls import tls_context
+
+__all__ = [
+    "DELAY_MS",
+    "QUEUE_HELP",
+    "RATE",
+    "TIMEOUT",
+    "TTL_MS",
+    "Command",
+    "Commands",
+    "Failure",
+    "Parser",
+    "Usage",
+    "add_files",
+    "add_metrics_options",
+    "add_sink_tls",
+    "check_sink",
+    "exact_int",
+    "existing_queue",
+    "port",
+    "renamed",
+    "sink_tls",
+    "sink_url",
+    "target",
+    "within",
+]
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -39,6 +64,14 @@ Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 TTL_MS = 60_000  # the default ttl for intakes (up to 30 days: worker.PRODUCT)
 QUEUE_HELP = "a queue file, or a postgresql:// URL"
+
+
+def target(text: str) -> Target:
+    """An argparse type: a file path, or a ``postgresql://`` URL (``targets.parse_target``)."""
+    try:
+        return parse_target(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def existing_queue(path: Target) -> Target:

@@ -20,12 +20,15 @@ from asnackq.cli.common import (
     Usage,
     exact_int,
     existing_queue,
+    target,
 )
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
 from asnackq.store import readers, sessions
-from asnackq.store.targets import Target, one_line, shown, target
+from asnackq.store.targets import Target, one_line, shown
 from asnackq.wire import strict_json
+
+__all__ = ["add_audit", "add_enqueue", "add_init", "add_inspect"]
 
 
 def add_init(commands: Commands) -> None:
@@ -273,7 +276,7 @@ def run_redrive(args: argparse.Namespace) -> int:
         raise Usage(str(error)) from None
     existing_queue(args.queue)
     if args.id is not None:
-        with sessions.open_queue(args.queue) as store:
+        with sessions.open_session(args.queue) as store:
             ops.redrive(store, args.id, now, args.ttl_ms, args.note)
         results = [{"id": args.id, "redriven": True}]
     else:

@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+__all__ = ["emit", "key_values", "progress_line", "rows_table"]
+
 
 def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:
     """Print ``data`` as JSON with ``--json``, else the human rendering."""

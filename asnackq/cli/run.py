@@ -29,12 +29,14 @@ from asnackq.cli.common import (
     renamed,
     sink_tls,
     sink_url,
+    target,
     within,
 )
 from asnackq.cli.render import key_values
 from asnackq.store import readers
-from asnackq.store.targets import target
 from asnackq.wire.send import is_loopback
+
+__all__ = ["add_dashboard", "add_demo", "add_lab", "add_outbox", "add_sink"]
 
 if TYPE_CHECKING:
     from asnackq.lab import LabConfig
@@ -353,9 +355,6 @@ def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-TLS_FILES = ("tls_client_ca", "tls_cert", "tls_key")
-
-
 def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The sink's TLS context from ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``."""
     if args.tls_cert is None and args.tls_key is None and args.tls_client_ca is None:
@@ -464,6 +463,13 @@ def add_dashboard(commands: Commands) -> None:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    from asnackq.ops.dashboard import run_dashboard as serve
+    from asnackq.ops.dashboard import serve
 
-    return serve(args)
+    return serve(
+        args.queue,
+        args.sink_db,
+        host=args.host,
+        port=args.port,
+        allow_remote=args.allow_remote,
+        auth_token=args.auth_token,
+    )

@@ -31,12 +31,15 @@ from asnackq.cli.common import (
     existing_queue,
     sink_tls,
     sink_url,
+    target,
     within,
 )
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
 from asnackq.dispatch.traces import Tracer
-from asnackq.store.targets import one_line, target
+from asnackq.store.targets import one_line
+
+__all__ = ["add_work"]
 
 if TYPE_CHECKING:
     from asnackq.store.aio import AsyncSend

@@ -14,7 +14,18 @@ from __future__ import annotations
 
 from asnackq.core.worker import Plan, Sql, SqlMany, json_set
 
-__all__ = ["RECORD_FIELDS", "SINK_SCHEMA", "decide", "plan_inbox"]
+__all__ = [
+    "RECORD_FIELDS",
+    "SINK_SCHEMA",
+    "SQL_ADD_STOCK",
+    "SQL_APPLY",
+    "SQL_KNOWN",
+    "SQL_RECORD",
+    "SQL_SEEN_AGAIN",
+    "SQL_STOCK",
+    "decide",
+    "plan_inbox",
+]
 
 SINK_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,

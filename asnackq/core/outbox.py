@@ -37,7 +37,15 @@ from asnackq.core.worker import (
     write_one,
 )
 
-__all__ = ["accept", "dispatch", "mark_sent", "open_source", "pending", "plan_accept"]
+__all__ = [
+    "SOURCE_SCHEMA",
+    "accept",
+    "dispatch",
+    "mark_sent",
+    "open_source",
+    "pending",
+    "plan_accept",
+]
 
 SOURCE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)",

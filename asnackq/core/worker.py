@@ -48,24 +48,90 @@ from collections.abc import Callable, Generator, Iterable
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
+    "AFTER_COMMIT",
+    "CONTRACT",
+    "DAY_MS",
+    "HOUR_MS",
+    "MAX_NOW",
+    "OUTCOMES",
+    "PRAGMAS",
+    "PRODUCT",
+    "RUN_ONCE_RETRY",
+    "SCHEMA",
+    "SQL_ACTIVE",
+    "SQL_AUDIT",
+    "SQL_CHANGES",
+    "SQL_INSERT_JOB",
+    "SQL_JOB",
+    "SQL_JOBS",
+    "SQL_LEASE",
+    "SQL_NEXT_CLAIMABLE",
+    "SQL_NEXT_FRESH",
+    "SQL_QUARANTINE",
+    "SQL_REDRIVE",
+    "SQL_SETTLE",
     "BadAck",
     "Conflict",
+    "Cycle",
+    "Fault",
+    "Hook",
+    "Limits",
     "Permanent",
+    "Plan",
+    "Reply",
+    "Retry",
     "Retryable",
+    "Sql",
+    "SqlMany",
+    "Step",
+    "Ticket",
     "Unavailable",
+    "check_callable",
+    "check_con",
+    "check_enqueue",
+    "check_event",
+    "check_fault",
+    "check_identifier",
+    "check_int",
+    "check_jitter",
+    "check_now",
+    "check_queue_path",
+    "check_redrive",
+    "check_run_args",
     "claim",
     "claim_many",
     "cycle",
+    "delivery_result",
+    "drive",
     "enqueue",
+    "enqueue_many",
+    "epoch_ms",
     "extend",
     "extend_many",
     "finish",
     "finish_many",
+    "fresh_event",
+    "json_set",
+    "judge_send",
+    "open_db",
     "open_queue",
+    "plan_claim",
+    "plan_claim_many",
+    "plan_cycle",
+    "plan_enqueue",
+    "plan_enqueue_many",
+    "plan_extend",
+    "plan_extend_many",
+    "plan_finish",
+    "plan_finish_many",
+    "plan_redrive",
+    "plan_schema",
     "redrive",
     "retry_delay",
     "run_file",
     "run_once",
+    "second_reading",
+    "write_one",
 ]
 
 
@@ -769,29 +835,6 @@ def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str |
     return statuses, any(status is not False for status in statuses)
 
 
-def plan_finish_and_claim(
-    results: Iterable[tuple[Ticket, str, int, int]],
-    owner: object,
-    now_ms: object,
-    lease_ms: object,
-    count: object,
-    *,
-    limits: Limits = CONTRACT,
-) -> Plan[tuple[list[str | bool], list[Ticket]]]:
-    """Plan finishes, then up to ``count`` claims at ``now_ms``, in one transaction.
-
-    Identical to ``finish_many(results)`` followed by ``claim_many(owner, now_ms, lease_ms,
-    count)``; the result is ``(statuses, tickets)``.  ``results`` may be empty.
-    """
-    check_int(count, "count", 1, 1024)
-    return _pair(plan_cycle(results, (), owner, now_ms, lease_ms, count, limits=limits))
-
-
-def _pair(plan: Plan[Cycle]) -> Plan[tuple[list[str | bool], list[Ticket]]]:
-    (statuses, _, tickets, _), changed = yield from plan
-    return (statuses, tickets), changed
-
-
 def plan_cycle(
     results: Iterable[tuple[Ticket, str, int, int]],
     held: Iterable[Ticket],
@@ -934,21 +977,14 @@ def _rollback(con: sqlite3.Connection) -> None:
 
 
 def drive(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
-    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con`` and return its result.
+    """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con``: COMMIT and return its
+    result, or ROLLBACK and re-raise.
 
     The sqlite3 driver of every plan; the package's own surfaces use it to run plans built
     with ``limits=PRODUCT``.
     """
     # outside the try: a failed BEGIN owns no transaction
     check_con(con).execute("BEGIN IMMEDIATE")
-    return transact(con, plan, fault)
-
-
-def transact(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
-    """Run ``plan`` inside the transaction ``con`` has begun: COMMIT, or ROLLBACK and re-raise.
-
-    The sqlite3 driver loop; ``asnackq.store.aio`` calls it after its own (retried) BEGIN.
-    """
     result: T
     try:
         reply: Reply = None
@@ -1058,19 +1094,6 @@ def finish_many(
 ) -> list[str | bool]:
     """Several finishes in one transaction, each fenced on its own (an addition)."""
     plan = plan_finish_many(results)
-    return drive(con, plan)
-
-
-def finish_and_claim(
-    con: sqlite3.Connection,
-    results: Iterable[tuple[Ticket, str, int, int]],
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    count: int,
-) -> tuple[list[str | bool], list[Ticket]]:
-    """Finishes, then claims, in one transaction (see ``plan_finish_and_claim``)."""
-    plan = plan_finish_and_claim(results, owner, now_ms, lease_ms, count)
     return drive(con, plan)
 
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["TARGETS", "Hosts", "HostsUnavailable", "require", "sweep"]
+__all__ = ["MAX_HOSTS", "TARGETS", "Hosts", "HostsUnavailable", "require", "sweep"]
 
 TARGETS = ("db", "sinks", "both")  # what a partition cuts a host off from
 NETNS = re.compile(r"^asnackq-(\d+)-\d+-h\d+$")

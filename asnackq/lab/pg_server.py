@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["Binaries", "LocalServer", "find_binaries", "local_server"]
+__all__ = ["DURABLE", "SUPERUSER", "Binaries", "LocalServer", "find_binaries", "local_server"]
 
 SUPERUSER = "asnackq"
 # Durable settings (the benchmark's); tests pass FAST to trade durability for speed.

@@ -7,7 +7,7 @@ Rules of this module:
   never writes, creates or migrates anything.  The numbers are ``ops.stats`` and
   ``ops.audit``, the same as ``asnackq stats`` and ``asnackq audit``.  A URL is shown with
   its password as ``***``.
-* One sampler task reads the DBs every ``SAMPLE_S`` (in a thread), or ten times the last
+* One watcher task reads the DBs every ``SAMPLE_S`` (in a thread), or ten times the last
   sample's reading time when that is longer, never more than ``MAX_GAP_S`` apart; it
   keeps the last minute of done counts for the throughput.  Requests are answered from the
   latest sample, so open pages add no load on the queue.  The audit (a join over every
@@ -27,7 +27,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import collections
@@ -54,7 +53,7 @@ from asnackq.store.targets import Target, one_line, shown
 from asnackq.wire import logs, metrics
 from asnackq.wire.send import is_loopback
 
-__all__ = ["Sampler", "make_app", "run_dashboard"]
+__all__ = ["Watcher", "dashboard_app", "serve"]
 
 SAMPLE_S = 1.0
 MAX_GAP_S = 5.0  # the longest pause between samples, however long a read takes
@@ -143,7 +142,7 @@ def reading(where: Target, table: str, what: str, reader: Callable[[Reader], Any
 
 
 @dataclass
-class Sampler:
+class Watcher:
     """The latest reading of the DBs, and the done counts of the last minute."""
 
     queue: Target
@@ -226,7 +225,7 @@ class Sampler:
 
 # --- the web app ---------------------------------------------------------------------------
 
-SAMPLER = web.AppKey("sampler", Sampler)
+WATCHER = web.AppKey("watcher", Watcher)
 PAGE = importlib.resources.files("asnackq.ops").joinpath("dashboard.html").read_text("utf-8")
 
 
@@ -299,28 +298,28 @@ async def get_page(request: web.Request) -> web.Response:
 
 
 async def get_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SAMPLER].state)
+    return web.json_response(request.app[WATCHER].state)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    state = request.app[SAMPLER].state
+    state = request.app[WATCHER].state
     if state["error"] is not None:
         return web.Response(status=503, text=f"{state['error']}\n")
     return metrics.exposition(metrics.render(metrics.queue_families(state["stats"])))
 
 
-def make_app(
-    sampler: Sampler, token: str | None = None, loopback_only: bool = True
+def dashboard_app(
+    watcher: Watcher, token: str | None = None, loopback_only: bool = True
 ) -> web.Application:
-    """The dashboard over a sampler that has read once; it samples while the app runs."""
+    """The dashboard over a watcher that has read once; it samples while the app runs."""
     app = web.Application(middlewares=[guard(token, loopback_only)])
-    app[SAMPLER] = sampler
+    app[WATCHER] = watcher
     app.router.add_get("/", get_page)
     app.router.add_get("/api/state", get_state)
     app.router.add_get("/metrics", get_metrics)
 
     async def sampling(app: web.Application) -> Any:
-        task = asyncio.create_task(sampler.run())
+        task = asyncio.create_task(watcher.run())
         yield
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -332,13 +331,22 @@ def make_app(
 # --- the command ---------------------------------------------------------------------------
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
-    metrics.check_host(args.host, args.allow_remote)
-    if args.auth_token is not None and not TOKEN.fullmatch(args.auth_token):
+def serve(
+    queue: Target,
+    sink_db: Target | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    allow_remote: bool = False,
+    auth_token: str | None = None,
+) -> int:
+    """Serve the dashboard until SIGINT or SIGTERM (``asnackq dashboard``)."""
+    metrics.check_host(host, allow_remote)
+    if auth_token is not None and not TOKEN.fullmatch(auth_token):
         raise ValueError("--auth-token must be 1-256 visible ASCII characters")
-    sampler = Sampler(args.queue, args.sink_db)
-    sampler.sample()  # a missing or unreadable DB: one line, exit 1
-    app = make_app(sampler, args.auth_token, loopback_only=not args.allow_remote)
+    watcher = Watcher(queue, sink_db)
+    watcher.sample()  # a missing or unreadable DB: one line, exit 1
+    app = dashboard_app(watcher, auth_token, loopback_only=not allow_remote)
     logs.to_stderr(LOG, "asnackq dashboard")
 
     async def main() -> None:
@@ -346,7 +354,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with metrics.serving(app, args.host, args.port, LOG) as url:
+        async with metrics.serving(app, host, port, LOG) as url:
             print(f"asnackq dashboard listening on {url}/", flush=True)
             await stop.wait()
 

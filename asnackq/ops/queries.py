@@ -16,7 +16,7 @@ from typing import Any
 from asnackq.core import worker as w
 from asnackq.store import sessions
 from asnackq.store.readers import read_only
-from asnackq.store.sessions import Reader, Store
+from asnackq.store.sessions import Reader, Session
 from asnackq.store.targets import Target, is_url
 
 __all__ = [
@@ -53,7 +53,7 @@ def enqueue_all(
     later chunk fails).
     """
     results: list[bool | w.Conflict] = []
-    with sessions.open_queue(path, create=True) as store:
+    with sessions.open_session(path, create=True) as store:
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
             done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
@@ -135,7 +135,7 @@ def history(con: Reader, job_id: str) -> dict[str, Any]:
     }
 
 
-def redrive(store: Store, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
+def redrive(store: Session, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
     """The core's audited redrive, with the product's ranges (a ttl of up to 30 days)."""
     store.run(partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
 
@@ -147,7 +147,7 @@ def redrive_by_reason(
     if reason not in REASONS:
         raise ValueError(f"reason must be one of {', '.join(REASONS)}: {reason!r}")
     w.check_redrive("x", now_ms, ttl_ms, note, w.PRODUCT)  # validate before any change
-    with sessions.open_queue(path) as store:
+    with sessions.open_session(path) as store:
         done = []
         for job in dead(store, reason):
             try:

@@ -45,7 +45,7 @@ from asnackq.store.targets import one_line
 from asnackq.wire import strict_json
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
-__all__ = ["SERVER_OPTIONS", "SinkConfig", "make_app"]
+__all__ = ["BUSY", "SERVER_OPTIONS", "STATS", "SinkConfig", "as_json", "make_app"]
 
 COUNTERS = (
     "requests",

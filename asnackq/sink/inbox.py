@@ -112,7 +112,7 @@ class Inbox:
 
     async def _commit(self, batch: list[Delivery]) -> list[str]:
         make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
-        statuses: list[str] = await self.db.transact(make(), make)
+        statuses: list[str] = await self.db.run(make)
         self.commits += 1
         return statuses
 

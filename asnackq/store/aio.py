@@ -28,7 +28,7 @@ from asnackq.store.outage import Health
 from asnackq.store.sqlite_aio import QueueBusy, SqliteStore, call_fault
 from asnackq.store.targets import is_url
 
-__all__ = ["AsyncQueue", "AsyncSend", "QueueBusy", "Store", "open_store"]
+__all__ = ["NOT_AN_INTAKE", "AsyncQueue", "AsyncSend", "QueueBusy", "Store", "open_store"]
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
@@ -51,10 +51,8 @@ class Store(Protocol):
     @property
     def in_transaction(self) -> bool: ...
 
-    async def transact(
-        self, plan: w.Plan[Any], make: Callable[[], w.Plan[Any]], fault: w.Fault = None
-    ) -> Any:
-        """Run ``plan`` in one transaction; ``make()`` builds it again if it must be retried."""
+    async def run(self, make: Callable[[], w.Plan[Any]], fault: w.Fault = None) -> Any:
+        """Run ``make()``'s plan in one transaction; ``make()`` again if it must be retried."""
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
 
@@ -84,11 +82,8 @@ async def open_store(
 class AsyncQueue:
     """A queue driven through a ``Store``: the same validation, results and hooks as the core."""
 
-    def __init__(
-        self, db: Store, attempts: int = 8, limits: w.Limits = w.PRODUCT, intakes_only: bool = False
-    ) -> None:
+    def __init__(self, db: Store, limits: w.Limits = w.PRODUCT, intakes_only: bool = False) -> None:
         self._db = db
-        self._attempts = attempts
         self._lock = asyncio.Lock()
         self.limits = limits
         self.intakes_only = intakes_only  # on the application's connection: see ``within``
@@ -110,7 +105,7 @@ class AsyncQueue:
         if not 0 < busy_s <= 60:
             raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
         w.check_int(attempts, "attempts", 1, 100)
-        return cls(await open_store(target, w.SCHEMA, busy_s, attempts), attempts, limits)
+        return cls(await open_store(target, w.SCHEMA, busy_s, attempts), limits)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -140,7 +135,7 @@ class AsyncQueue:
 
         w.check_int(attempts, "attempts", 1, 100)
         store = await borrowed.adopt(con, w.SCHEMA, attempts)
-        return cls(store, attempts, limits, intakes_only=True)
+        return cls(store, limits, intakes_only=True)
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
@@ -164,13 +159,16 @@ class AsyncQueue:
         ``make`` builds the plan, validating it before any I/O (a store may build it again
         to retry a transaction that met a concurrent one).
         """
-        plan = make()
+        built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
 
+        def again() -> w.Plan[T]:
+            return built.pop() if built else make()
+
         async def locked() -> T:
             async with self._lock:
-                result: T = await self._db.transact(plan, make, fault)
+                result: T = await self._db.run(again, fault)
                 return result
 
         task = asyncio.ensure_future(locked())
@@ -223,20 +221,6 @@ class AsyncQueue:
         make = partial(w.plan_finish_many, results, limits=self.limits)
         statuses: list[str | bool] = await self._run(make)
         return statuses
-
-    async def finish_and_claim(
-        self,
-        results: list[tuple[w.Ticket, str, int, int]],
-        owner: str,
-        now_ms: int,
-        lease_ms: int,
-        count: int,
-    ) -> tuple[list[str | bool], list[w.Ticket]]:
-        make = partial(
-            w.plan_finish_and_claim, results, owner, now_ms, lease_ms, count, limits=self.limits
-        )
-        outcome: tuple[list[str | bool], list[w.Ticket]] = await self._run(make)
-        return outcome
 
     async def extend(
         self, ticket: w.Ticket, now_ms: int, lease_ms: int, fault: w.Fault = None

@@ -27,9 +27,9 @@ import aiosqlite
 
 from asnackq.core import outbox
 from asnackq.core import worker as w
-from asnackq.store.sqlite_aio import Make, pump, transact
+from asnackq.store.sqlite_aio import Make, drive, steps
 
-__all__ = ["BorrowedSqlite", "Source", "adopt", "check_journal"]
+__all__ = ["BUSY", "NO_TRANSACTION", "BorrowedSqlite", "Source", "adopt", "check_journal"]
 
 # What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
 JOURNAL = {"journal_mode": "delete", "synchronous": 2}
@@ -66,20 +66,21 @@ class BorrowedSqlite:
         await check_journal(db)
         if db.in_transaction:
             raise ValueError(BUSY)
-        await transact(db, w.plan_schema(schema), None, 8)
+        await drive(db, w.plan_schema(schema))
         return cls(db)
 
     @property
     def in_transaction(self) -> bool:
         return self.db.in_transaction
 
-    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
-        """Run ``plan`` under a savepoint of the application's open transaction."""
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        """Run ``make()``'s plan under a savepoint of the application's open transaction."""
+        plan = make()
         if not self.db.in_transaction:
             raise ValueError(NO_TRANSACTION)
         await self.db.execute_fetchall("SAVEPOINT asnackq")
         try:
-            result, _ = await pump(self.db, plan, fault)
+            result, _ = await steps(self.db, plan, fault)
         except BaseException:
             with contextlib.suppress(sqlite3.Error, ValueError):  # the original error wins
                 await self.db.execute_fetchall("ROLLBACK TO asnackq")
@@ -130,4 +131,4 @@ class Source:
         """``outbox.accept`` inside the open transaction: True accepted, False already there."""
         plan = outbox.plan_accept(event)  # validated before anything is sent
         async with self.lock:
-            return bool(await self.store.transact(plan, None))
+            return bool(await self.store.run(lambda: plan))

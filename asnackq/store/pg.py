@@ -8,7 +8,8 @@ Rules of this module:
   previous statement's row count).
 * A transaction that meets a deadlock or a concurrent intake of the same id is rolled
   back and its plan made again and re-run (bounded, jittered); ``make`` is a zero-argument
-  callable returning a fresh plan.  Fault hooks of a rolled-back try run again.
+  callable returning a fresh plan (without it, a conflict is raised).  Fault hooks of a
+  rolled-back try run again.
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
@@ -25,6 +26,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -38,13 +40,14 @@ from asnackq.store.targets import one_line, shown
 
 __all__ = [
     "AsyncStore",
+    "BorrowedStore",
+    "CommitCut",
     "Unreachable",
     "aconnect",
-    "apump",
+    "adrive",
     "client_cursor",
     "connect",
     "drive",
-    "translate",
 ]
 
 Make = Callable[[], w.Plan[Any]]
@@ -58,7 +61,7 @@ class Unreachable(ConnectionError):
 
 
 class CommitCut(Exception):
-    """Raised by ``apump`` when the session was lost while its COMMIT was on the way: the
+    """Raised by ``adrive`` when the session was lost while its COMMIT was on the way: the
     transaction ``begun`` (its id, and the server's start time) may or may not have
     committed; ``result`` is what the plan returned."""
 
@@ -129,7 +132,8 @@ def connect(
         raise _refused(url, error) from None
     try:
         con.execute(SQL_SESSION)
-        drive(con, lambda: plan_open(SCHEMAS[schema], create and not read_only))
+        opening = partial(plan_open, SCHEMAS[schema], create and not read_only)
+        drive(con, opening(), make=opening)
         if read_only:
             con.execute("SET default_transaction_read_only = on")
     except BaseException:
@@ -140,24 +144,24 @@ def connect(
 
 def drive(
     con: psycopg.Connection[Any],
-    make: Make,
+    plan: w.Plan[Any],
     fault: w.Fault = None,
+    *,
+    make: Make | None = None,
     attempts: int = 8,
-    first: w.Plan[Any] | None = None,
 ) -> Any:
-    """Run the plan ``first`` (default: ``make()``) in one transaction on ``con``.
+    """Run ``plan`` in one transaction on ``con``.
 
     A conflict with a concurrent transaction rolls back and runs ``make()`` again.
     """
-    plan = make() if first is None else first  # validated before anything is sent
     for attempt in range(attempts):
         con.execute("BEGIN")  # outside the try: a failed BEGIN owns no transaction
         try:
-            result, changed = _run(con, plan, fault)
+            result, changed = _steps(con, plan, fault)
             con.execute("COMMIT")
         except BaseException as error:
             _rollback(con)
-            if not _conflict(error) or attempt == attempts - 1:
+            if make is None or not _conflict(error) or attempt == attempts - 1:
                 raise
             time.sleep(_backoff(attempt))
             plan = make()
@@ -168,8 +172,8 @@ def drive(
     raise AssertionError("unreachable")
 
 
-def _run(con: psycopg.Connection[Any], plan: w.Plan[Any], fault: w.Fault) -> tuple[Any, bool]:
-    """The sync pump loop: each step is one round trip (executemany: one pipeline)."""
+def _steps(con: psycopg.Connection[Any], plan: w.Plan[Any], fault: w.Fault) -> tuple[Any, bool]:
+    """The plan's steps: each step is one round trip (executemany: one pipeline)."""
     reply: list[tuple[Any, ...]] | None = None
     count = 0
     while True:
@@ -219,19 +223,21 @@ async def aconnect(
         raise _refused(url, error) from None
     try:
         await con.execute(SQL_SESSION)
-        await apump(con, lambda: plan_open(SCHEMAS[schema], create))
+        opening = partial(plan_open, SCHEMAS[schema], create)
+        await adrive(con, opening(), make=opening)
     except BaseException:
         await con.close()
         raise
     return con
 
 
-async def apump(
+async def adrive(
     con: psycopg.AsyncConnection[Any],
-    make: Make,
+    plan: w.Plan[Any],
     fault: w.Fault = None,
+    *,
+    make: Make | None = None,
     attempts: int = 8,
-    first: w.Plan[Any] | None = None,
     call: Hooks | None = None,
 ) -> Any:
     """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain).
@@ -240,12 +246,11 @@ async def apump(
     id, the plan's result): whether it committed is for the caller to learn.
     """
     call = call or _call
-    plan = make() if first is None else first
     for attempt in range(attempts):
         await con.execute("BEGIN")
         begun: tuple[str | None, str] = (None, "")
         try:
-            result, changed = await _arun(con, plan, fault, call)
+            result, changed = await _asteps(con, plan, fault, call)
             cursor = await con.execute(SQL_XACT)
             begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
@@ -253,7 +258,7 @@ async def apump(
             if begun[0] is not None and con.closed:
                 raise CommitCut((begun[0], begun[1]), result, changed) from error
             await _arollback(con)
-            if not _conflict(error) or attempt == attempts - 1:
+            if make is None or not _conflict(error) or attempt == attempts - 1:
                 raise
             await asyncio.sleep(_backoff(attempt))
             plan = make()
@@ -269,7 +274,7 @@ def _call(fault: w.Fault, point: str) -> None:
         fault(point)
 
 
-async def _arun(
+async def _asteps(
     con: psycopg.AsyncConnection[Any], plan: w.Plan[Any], fault: w.Fault, call: Hooks
 ) -> tuple[Any, bool]:
     reply: list[tuple[Any, ...]] | None = None
@@ -333,11 +338,14 @@ class AsyncStore:
     ) -> AsyncStore:
         return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
 
-    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        plan = make()
         for _ in range(self.attempts):
             con = await self.session()
             try:
-                return await apump(con, make, fault, self.attempts, plan, self.call)
+                return await adrive(
+                    con, plan, fault, make=make, attempts=self.attempts, call=self.call
+                )
             except CommitCut as cut:
                 self._lost(cut.__cause__)
                 self.health.cut_commits += 1
@@ -439,14 +447,15 @@ class BorrowedStore:
 
             raise ValueError(BUSY)
         async with con.transaction():
-            await _arun(con, plan_open(SCHEMAS[schema], True), None, _call)
+            await _asteps(con, plan_open(SCHEMAS[schema], True), None, _call)
         return cls(con, attempts)
 
     @property
     def in_transaction(self) -> bool:
         return self.con.info.transaction_status != TransactionStatus.IDLE
 
-    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        plan = make()
         if self.con.info.transaction_status != TransactionStatus.INTRANS:
             from asnackq.store.borrowed import NO_TRANSACTION
 
@@ -454,7 +463,7 @@ class BorrowedStore:
         for attempt in range(self.attempts):
             try:
                 async with self.con.transaction():  # a savepoint: the caller's stays open
-                    result, _ = await _arun(self.con, plan, fault, _call)
+                    result, _ = await _asteps(self.con, plan, fault, _call)
                 return result
             except Exception as error:
                 if not _conflict(error) or attempt == self.attempts - 1:

@@ -32,6 +32,7 @@ __all__ = [
     "SINK",
     "STATEMENTS",
     "Missing",
+    "Params",
     "Schema",
     "placeholders",
     "plan_open",

@@ -3,9 +3,9 @@
 Rules of this module:
 
 * A target is a file (sqlite3, the core's own driver) or a ``postgresql://`` URL
-  (``asnackq.store.pg.drive``); both give the same small face: ``run(make)`` runs a plan in one
-  transaction, ``execute(sql, params)`` reads with SQLite's placeholders.
-* Nothing creates a queue but ``open_queue(..., create=True)`` (``init``, the lab, the
+  (``asnackq.store.pg.drive``); both give the same small face: ``run(make, fault)`` runs a
+  plan in one transaction, ``execute(sql, params)`` reads with SQLite's placeholders.
+* Nothing creates a queue but ``open_session(..., create=True)`` (``init``, the lab, the
   demo); every other opening insists the queue (or the sink DB) is already there, and
   inspecting opens read-only.  A file is written only if it is new, empty or already a
   queue (``asnackq.store.files``): never another application's database.
@@ -29,11 +29,11 @@ from asnackq.store.targets import Target, is_url, shown
 
 __all__ = [
     "Reader",
-    "Store",
+    "Session",
     "database_error",
     "init",
     "local_copies",
-    "open_queue",
+    "open_session",
     "pg_read_only",
     "require",
 ]
@@ -47,10 +47,10 @@ class Reader(Protocol):
     def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
 
 
-class Store(Reader, Protocol):
+class Session(Reader, Protocol):
     """A read-write session: plans, reads, and ``close``."""
 
-    def run(self, make: Make) -> Any: ...
+    def run(self, make: Make, fault: w.Fault = None) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -61,8 +61,8 @@ class SqliteFile:
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
 
-    def run(self, make: Make) -> Any:
-        return w.drive(self.con, make())
+    def run(self, make: Make, fault: w.Fault = None) -> Any:
+        return w.drive(self.con, make(), fault)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         return self.con.execute(sql, parameters)
@@ -77,10 +77,10 @@ class PgDatabase:
     def __init__(self, con: Any) -> None:
         self.con = con
 
-    def run(self, make: Make) -> Any:
+    def run(self, make: Make, fault: w.Fault = None) -> Any:
         from asnackq.store import pg
 
-        return pg.drive(self.con, make)
+        return pg.drive(self.con, make(), fault, make=make)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         from asnackq.store import pg, pg_sql
@@ -98,10 +98,10 @@ def _pg(where: str, schema: tuple[str, ...], *, create: bool, read_only: bool = 
 
 
 @contextlib.contextmanager
-def open_queue(where: Target, *, create: bool = False) -> Iterator[Store]:
+def open_session(where: Target, *, create: bool = False) -> Iterator[Session]:
     """A read-write session on a queue (created only with ``create``), closed on exit."""
     if is_url(where):
-        store: Store = PgDatabase(_pg(str(where), w.SCHEMA, create=create))
+        store: Session = PgDatabase(_pg(str(where), w.SCHEMA, create=create))
     else:
         if not create:
             require(where)
@@ -136,7 +136,7 @@ def init(where: Target) -> tuple[bool, int]:
             created = True
     else:
         created = not files.holds(where, w.SCHEMA)
-    with open_queue(where, create=True) as store:
+    with open_session(where, create=True) as store:
         (jobs,) = store.execute("SELECT count(*) FROM jobs").fetchone()
     return created, int(jobs)
 

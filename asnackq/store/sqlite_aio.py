@@ -30,10 +30,10 @@ import aiosqlite
 
 from asnackq.core import worker as w
 
-__all__ = ["HOPS", "QueueBusy", "SqliteStore", "call_fault", "pump", "transact"]
+__all__ = ["HOPS", "Make", "QueueBusy", "SqliteStore", "call_fault", "drive", "steps"]
 
 T = TypeVar("T")
-Make = Callable[[], w.Plan[Any]] | None  # builds the plan again (unused: see ``transact``)
+Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries it)
 
 # Awaits on the connection per transaction, at most, whatever its batch: BEGIN, the plan's
 # statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
@@ -71,8 +71,9 @@ async def begin(db: aiosqlite.Connection, attempts: int) -> None:
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
 
 
-async def pump(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault) -> tuple[T, bool]:
-    """The async pump loop: each step is one await (one hop); returns ``(result, changed)``."""
+async def steps(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault) -> tuple[T, bool]:
+    """The plan's steps, in the caller's transaction: each step is one await (one hop);
+    returns ``(result, changed)``."""
     reply: w.Reply = None
     while True:
         try:
@@ -95,11 +96,13 @@ async def rollback(db: aiosqlite.Connection) -> None:
             await db.rollback()
 
 
-async def transact(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault, attempts: int) -> T:
+async def drive(
+    db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault = None, attempts: int = 8
+) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction: COMMIT, or ROLLBACK and re-raise."""
     await begin(db, attempts)  # outside the try: a failed BEGIN owns no transaction
     try:
-        result, changed = await pump(db, plan, fault)
+        result, changed = await steps(db, plan, fault)
         await db.commit()
     except BaseException:
         await rollback(db)
@@ -135,7 +138,7 @@ class SqliteStore:
         """
         db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
         try:
-            await transact(db, w.plan_schema(schema), None, attempts)
+            await drive(db, w.plan_schema(schema), None, attempts)
             for pragma in pragmas:
                 await db.execute_fetchall(pragma)
         except BaseException:
@@ -147,10 +150,10 @@ class SqliteStore:
     def in_transaction(self) -> bool:
         return self.db.in_transaction
 
-    async def transact(self, plan: w.Plan[Any], make: Make, fault: w.Fault = None) -> Any:
-        """Run ``plan`` in one transaction (``make`` is not needed: SQLite serialises
-        writers, so a plan never meets a concurrent one)."""
-        return await transact(self.db, plan, fault, self.attempts)
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        """Run ``make()``'s plan in one transaction (made once: SQLite serialises writers,
+        so a plan never meets a concurrent one)."""
+        return await drive(self.db, make(), fault, self.attempts)
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]

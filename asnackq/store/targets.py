@@ -10,13 +10,12 @@ Rules of this module:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Target", "is_url", "one_line", "shown", "target"]
+__all__ = ["SCHEMES", "Target", "is_url", "one_line", "parse_target", "shown"]
 
 SCHEMES = ("postgresql://", "postgres://")
 Target = Path | str  # a Path is a file; a str here is always a URL
@@ -27,16 +26,16 @@ def is_url(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(SCHEMES)
 
 
-def target(text: str) -> Target:
-    """A command-line argument as a target: a URL stays a str, anything else is a Path.
+def parse_target(text: str) -> Target:
+    """Text as a target: a URL stays a str, anything else is a Path.
 
-    A mistyped URL is refused (never taken for a file name), and not echoed: it may hold
-    a password.
+    A mistyped URL is refused (``ValueError``: never taken for a file name), and not
+    echoed: it may hold a password.
     """
     if is_url(text):
         return text
     if text.lower().startswith(("postgres:", "postgresql:")):
-        raise argparse.ArgumentTypeError(
+        raise ValueError(
             "not a PostgreSQL URL (expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE)"
         )
     return Path(text)

@@ -28,10 +28,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONTENT_TYPE",
+    "REASONS",
     "Family",
     "Histogram",
     "check_host",
+    "counter",
     "exposition",
+    "gauge",
+    "labelled",
     "queue_families",
     "render",
     "screen_expect",

@@ -51,6 +51,9 @@ __all__ = [
     "AsyncHttpSender",
     "HttpSender",
     "Untrusted",
+    "check_number",
+    "check_url",
+    "is_loopback",
     "judge",
 ]
 
