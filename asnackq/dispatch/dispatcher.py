@@ -4,7 +4,8 @@
   holds: finishes in; claims, extensions and tickets out, one transaction per cycle, the
   results of busy coroutines gathered for up to ``gather_ms``.
 * ``deliver`` is one delivery coroutine: take a ticket, send it (again, while the sink is
-  not there: see ``breaker``), hand the result back.
+  not there: see ``breaker``), hand the result back - through its ``Port``, never the
+  committer itself.
 * ``Dispatcher.run`` is the lifecycle: start, drain, close, cancel (``Phase``).
 
 Rules of this module:
@@ -26,8 +27,10 @@ from collections.abc import Callable
 
 from asnackq.core import worker as w
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
-from asnackq.dispatch.committer import Claimed, Committer, Sent, Settings, Trace
+from asnackq.dispatch.committer import Committer
+from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.settings import Settings, Trace
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 
@@ -36,30 +39,30 @@ DEFAULT_BREAKER = BreakerPolicy()
 __all__ = ["Dispatcher"]
 
 
-async def deliver(committer: Committer, send: AsyncSend) -> None:
+async def deliver(port: Port, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
-    while (claimed := await committer.take()) is not None:
+    while (claimed := await port.take()) is not None:
         try:
-            sent = await send_until_answered(committer, send, claimed)
+            sent = await send_until_answered(port, send, claimed)
         except Exception:  # a bad clock or jitter: the run fails, the job
-            committer.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
-            committer.drain()
+            port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
+            port.drain()
             raise
-        committer.hand_back(sent)
+        port.hand_back(sent)
 
 
-async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Claimed) -> Sent:
+async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> Sent:
     """Send a ticket, and again under the same lease while the sink is not there.
 
     Classified like ``run_once``; an ``Unavailable`` failure is not an outcome: the send
     goes again (paced by the retry policy, gated by the breaker) for as long as the run
     keeps the lease - up to the job's deadline.
     """
-    settings, breaker, summary = committer.settings, committer.breaker, committer.summary
+    settings, breaker, summary = port.settings, port.breaker, port.summary
     ticket, again = claimed.ticket, 0
     while True:
-        probe = await breaker.admit(committer.lease_left_s(ticket)) if breaker.is_open else False
-        if (again or probe is not False) and not committer.keeps(ticket, committer.now()):
+        probe = await breaker.admit(port.lease_left_s(ticket)) if breaker.is_open else False
+        if (again or probe is not False) and not port.keeps(ticket):
             breaker.record(probe, None)  # (a first send's ticket was just checked)
             return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
@@ -87,14 +90,12 @@ async def send_until_answered(committer: Committer, send: AsyncSend, claimed: Cl
                 claimed, None, failure="bad_acks" if isinstance(error, w.BadAck) else "errors"
             )
         breaker.record(probe, False)
-        return Sent(claimed, *outcome_at(committer, claimed, outcome))
+        return Sent(claimed, *outcome_at(port, claimed, outcome))
 
 
-def outcome_at(
-    committer: Committer, claimed: Claimed, outcome: tuple[str, int]
-) -> tuple[str, int, int]:
+def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
     """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
-    now = w.second_reading(committer.now, claimed.first, committer.settings.limits)
+    now = w.second_reading(port.now, claimed.first, port.settings.limits)
     return outcome[0], now, outcome[1]
 
 
@@ -150,17 +151,17 @@ class Dispatcher:
             )
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
         self.settings = Settings(
-            owner,
-            concurrency,
-            lease_ms,
-            clock,
-            jitter,
-            idle_ms,
-            gather_ms,
-            prefetch,
-            trace,
-            retry,
-            limits,
+            owner=owner,
+            concurrency=concurrency,
+            lease_ms=lease_ms,
+            clock=clock,
+            jitter=jitter,
+            idle_ms=idle_ms,
+            gather_ms=gather_ms,
+            prefetch=prefetch,
+            trace=trace,
+            retry=retry,
+            limits=limits,
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None
@@ -212,8 +213,9 @@ class Dispatcher:
         )
         self._committer = committer
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
+        port = committer.port()
         workers = [
-            asyncio.ensure_future(deliver(committer, self.send))
+            asyncio.ensure_future(deliver(port, self.send))
             for _ in range(self.settings.concurrency)
         ]
         try:

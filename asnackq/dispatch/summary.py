@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 __all__ = ["Summary"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Summary:
     """What a dispatcher run did."""
 

@@ -1,0 +1,65 @@
+"""What a delivery coroutine sees of its run: tickets in, results out, the leases it sends under.
+
+Rules of this module:
+
+* A coroutine never sees the committer: it takes tickets and hands results back through a
+  ``Port``, asks whether the run still keeps a lease, and shares the run's breaker, clock
+  and counts of sends.
+* Values that travel between the coroutines and the committer are named here:
+  ``Claimed`` out, ``Sent`` back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from asnackq.core import worker as w
+from asnackq.dispatch.breaker import Breaker
+from asnackq.dispatch.ledger import Ledger
+from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.settings import Settings
+from asnackq.dispatch.summary import Summary
+
+__all__ = ["Claimed", "Port", "Sent"]
+
+
+class Claimed(NamedTuple):
+    """A ticket as claimed, and the clock reading of its claim (the delivery's first)."""
+
+    ticket: w.Ticket
+    first: int
+
+
+class Sent(NamedTuple):
+    """What a coroutine hands back: the outcome of one send, or why there is none."""
+
+    claimed: Claimed
+    outcome: str | None  # ok / retry / permanent; None: nothing to finish
+    now_ms: int = 0  # the second clock reading
+    delay_ms: int = 0
+    failure: str | None = None  # "bad_acks" or "errors" when outcome is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Port:
+    """A delivery coroutine's narrow view of its run."""
+
+    take: Callable[[], Awaitable[Claimed | None]]  # the next ticket; None: no more
+    hand_back: Callable[[Sent], None]
+    drain: Callable[[], None]  # claim nothing more (the coroutine fails the run)
+    ledger: Ledger  # read only: which leases the run keeps
+    now: RunClock
+    breaker: Breaker
+    summary: Summary  # the coroutine counts its requests
+    settings: Settings
+
+    def keeps(self, ticket: w.Ticket) -> bool:
+        """Whether the run still holds this lease now (a send may go under it)."""
+        return self.ledger.keeps(ticket, self.now())
+
+    def lease_left_s(self, ticket: w.Ticket) -> float:
+        """Seconds until the run's current lease on this ticket ends (0: not held)."""
+        until = self.ledger.lease_until(ticket)
+        return 0.0 if until is None else max(0.0, (until - self.now()) / 1000)

@@ -1,0 +1,97 @@
+"""The committer's loop-free parts: the ledger of held leases and the pacer of claims."""
+
+from __future__ import annotations
+
+import random
+
+from asnackq.core import worker as w
+from asnackq.dispatch.ledger import Due, Ledger
+from asnackq.dispatch.pacer import Pacer, Want
+from asnackq.dispatch.settings import Settings
+
+LEASE = 1000
+
+
+def ticket(job_id, token, until):
+    return {"id": job_id, "token": token, "lease_until": until}
+
+
+def settings(**changes):
+    fields = {
+        "owner": "w1",
+        "concurrency": 8,
+        "lease_ms": LEASE,
+        "clock": w.epoch_ms,
+        "jitter": random.random,
+        "idle_ms": 20,
+        "gather_ms": 10,
+        "prefetch": None,
+        "trace": None,
+        "retry": w.RUN_ONCE_RETRY,
+        "limits": w.Limits(),
+    }
+    return Settings(**(fields | changes))
+
+
+def test_a_ledger_keeps_only_the_current_lease():
+    ledger = Ledger(LEASE)
+    held = ticket("a", "t1", 1000)
+    ledger.hold(held)
+    assert ledger.keeps(held, 999) and not ledger.keeps(held, 1000)
+    assert not ledger.holds(ticket("a", "t0", 1000)), "an older token is not held"
+    assert ledger.lease_until(held) == 1000
+    ledger.release("a")
+    assert not ledger and ledger.lease_until(held) is None and not ledger.keeps(held, 0)
+
+
+def test_due_extends_at_half_a_lease_presses_returning_results_and_skips_capped_leases():
+    ledger = Ledger(LEASE)
+    for job_id, until in [("due", 500), ("later", 800), ("back", 400), ("cap", 450)]:
+        ledger.hold(ticket(job_id, "t", until))
+    assert ledger.kept(0, [ticket("cap", "t", 450)], [ticket("cap", "t", 450)]) == 0
+    due = ledger.due(0, {"back"})
+    assert due == Due([ticket("due", "t", 500)], 300, True)
+    stale = ledger.kept(0, due.tickets, [False])
+    assert stale == 1 and not ledger.holds(ticket("due", "t", 500)), "a stale extension is lost"
+
+
+def test_the_hundredth_cycle_still_keeps_every_held_lease():
+    rng = random.Random(24)
+    ledger, now, deadline = Ledger(LEASE), 0, 30_000
+    for i in range(20):
+        ledger.hold(ticket(f"job-{i}", "t", LEASE))
+    for _ in range(200):
+        now += rng.randrange(1, LEASE // 2)  # cycles at least every half a lease
+        for i in range(20):  # no lease lapsed since the last cycle
+            assert ledger.keeps(ticket(f"job-{i}", "t", 0), now) or now >= deadline, (now, i)
+        due = ledger.due(now, set())
+        extended = [ticket(t["id"], "t", min(now + LEASE, deadline)) for t in due.tickets]
+        assert ledger.kept(now, due.tickets, extended) == 0
+
+
+def test_a_pacer_claims_for_waiters_and_ahead_within_the_budget():
+    pacer = Pacer(settings(prefetch=5), lambda: 0.0)
+    assert pacer.want(waiting=3, ready=2, budget=None) == Want(3, 3)
+    assert pacer.want(waiting=3, ready=2, budget=4) == Want(3, 1)
+    assert Pacer(settings(), lambda: 0.0).ahead() == 2, "a quarter of the concurrency at least"
+
+
+def test_a_dry_claim_waits_for_the_idle_poll():
+    pacer = Pacer(settings(), lambda: 0.0)
+    pacer.found(Want(2, 0), 1)
+    assert not pacer.claims(Want(1, 0)) and pacer.claims(Want(0, 1))
+    assert pacer.idle_wake(None) == 20 and pacer.idle_wake(5) == 5
+    pacer.poll_again()
+    assert pacer.claims(Want(1, 0)) and pacer.idle_wake(None) is None
+
+
+def test_results_gather_from_the_last_cycle_never_past_a_lease_due():
+    now = [100.0]
+    pacer = Pacer(settings(gather_ms=50), lambda: now[0])
+    started = pacer.begin()
+    now[0] += 0.02
+    pacer.end(started)
+    assert abs(pacer.txn_s - 0.02) < 1e-9
+    assert abs(pacer.pause(False, None) - 0.03) < 1e-9
+    assert abs(pacer.pause(False, 10) - 0.01) < 1e-9
+    assert pacer.pause(True, None) == 0.0
