@@ -167,7 +167,9 @@ def run_work(args: argparse.Namespace) -> int:
     check_sink(args.sink, args.allow_remote)
     try:
         retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
-        breaker = BreakerPolicy(args.breaker_after, 100, args.breaker_max_ms).check()
+        breaker = BreakerPolicy(
+            after=args.breaker_after, base_ms=100, max_ms=args.breaker_max_ms
+        ).check()
     except ValueError as error:
         raise Usage(str(error)) from None
     existing_queue(args.queue)

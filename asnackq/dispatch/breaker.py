@@ -23,7 +23,7 @@ from asnackq.core import worker as w
 __all__ = ["Breaker", "BreakerPolicy"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BreakerPolicy:
     """When the breaker opens (``after`` failures in a row) and how it probes."""
 
@@ -38,7 +38,7 @@ class BreakerPolicy:
         return self
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BreakerCounts:
     """What the breaker did during a run."""
 
