@@ -31,7 +31,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from asnackq.core import worker as w
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
@@ -44,7 +44,7 @@ __all__ = ["Claimed", "Committer", "Finish", "Phase", "Sent", "Settings", "Trace
 
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
-Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
+Trace = Callable[[str, w.Ticket, int, "str | bool | None"], None]
 CLOSE_WAIT_S = 10.0  # how long a closing run waits for its database to come back
 
 
