@@ -212,13 +212,19 @@ async def test_following_dispatcher_waits_for_new_jobs_and_traces_each_step(queu
 async def test_cancelling_the_dispatcher_loses_no_job(queue, db):
     await fill(queue, 100, now=epoch_ms())
 
+    sent = [0]
+    under_way = asyncio.Event()
+
     async def slow(event, token):
         await asyncio.sleep(0.01)
+        sent[0] += 1
+        if sent[0] == 20:
+            under_way.set()
         return True
 
     dispatcher = Dispatcher(queue, slow, owner="d1", concurrency=8, lease_ms=1000, grace_s=2)
     task = asyncio.ensure_future(dispatcher.run())
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(under_way.wait(), 10)  # 20 sent, others in flight, most still queued
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

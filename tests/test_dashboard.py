@@ -119,8 +119,8 @@ def test_the_state_is_what_stats_and_audit_say(dbs):
     assert [(r["id"], r["note"]) for r in shown["redrives"]] == [("b", "fixed")]
     assert shown["inbox"] == {"effects_applied": 2, "deliveries": 3, "duplicates": 1, "stock": 7}
     audited = ops.audit(queue, sink, shown["audit"]["at_ms"], limit=20)
-    assert shown["audit"]["flags"] == audited["flags"]
-    assert shown["audit"]["attention"] == audited["listed"]["attention"]
+    assert shown["audit"]["flags"] == audited.flags
+    assert shown["audit"]["attention"] == audited.listed["attention"]
     assert {e["id"] for e in shown["audit"]["attention"]} == {"a", "e"}
     assert status == 200 and headers["Content-Type"].startswith("text/html")
     assert b'data-field="by_status.done"' in page

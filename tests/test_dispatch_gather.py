@@ -122,24 +122,42 @@ async def test_an_idle_coroutine_is_never_kept_waiting_by_the_gathering(queue):
     assert time.monotonic() - began < 4.0
 
 
-async def test_gathering_gives_fewer_and_larger_commits(queue):
-    """The same 400 jobs with 16 coroutines: with gathering, at most half the commits."""
+async def test_results_gathered_while_every_coroutine_is_busy_share_one_commit(queue):
+    """Two coroutines, four tickets ahead: job-0, job-1 and job-2 come back one after the
+    other, each coroutine taking a ready ticket at once; the three results are committed
+    together, in one commit, when the gathering (1 s) ends; without gathering each would be
+    committed as it came back."""
+    await fill(queue, 6)
+    gate = Gate(6)
+    committed_in: dict[str, int] = {}
 
-    async def send(event, token):
-        await asyncio.sleep(0.002)
-        return True
+    def trace(kind, ticket, now_ms, status):
+        if kind == "finish":
+            committed_in[ticket["id"]] = dispatcher.summary.commits
+        gate.trace(kind, ticket, now_ms, status)
 
-    commits = {}
-    for gather_ms in (0, 50):
-        await fill(queue, 400) if not commits else await queue.enqueue_many(
-            [({"id": f"more-{i}", "qty": 1}, 600_000, 3) for i in range(400)], epoch_ms()
-        )
-        summary = await Dispatcher(
-            queue, send, owner="d1", concurrency=16, lease_ms=10_000, gather_ms=gather_ms
-        ).run()
-        assert summary.done == 400
-        commits[gather_ms] = summary.commits
-    assert commits[50] * 2 <= commits[0], commits
+    dispatcher = Dispatcher(
+        queue,
+        gate,
+        owner="d1",
+        concurrency=2,
+        prefetch=4,
+        lease_ms=60_000,
+        gather_ms=1000,
+        trace=trace,
+    )
+    run = asyncio.ensure_future(dispatcher.run())
+    for job, taken in (("job-0", "job-2"), ("job-1", "job-3"), ("job-2", "job-4")):
+        await asyncio.wait_for(gate.sent[job].wait(), 10)
+        gate.release[job].set()
+        await asyncio.wait_for(gate.sent[taken].wait(), 10)  # its coroutine stays busy
+    await asyncio.wait_for(gate.finished["job-2"].wait(), 10)
+    gathered = dict(committed_in)
+    gate.open_all()
+    summary = await asyncio.wait_for(run, 10)
+    assert summary.done == 6 and summary.stale == 0
+    assert sorted(gathered) == ["job-0", "job-1", "job-2"]
+    assert len(set(gathered.values())) == 1, gathered  # one commit of the three
 
 
 async def test_a_draining_run_commits_the_gathered_results_at_once(queue):

@@ -94,17 +94,23 @@ async def test_tickets_kept_ahead_are_first_attempts_and_reclaims_go_to_waiting_
                 sending.set()
             await asyncio.Event().wait()
 
+        ahead = asyncio.Event()  # more claimed than two coroutines can send: kept ahead
+
+        def trace(kind, ticket, at, status):
+            claims.append((ticket["id"], ticket["attempt"]))
+            if len(claims) > 2:
+                ahead.set()
+
         dispatcher = Dispatcher(
             queue,
             send,
             owner="d1",
             concurrency=2,
             prefetch=8,
-            trace=lambda kind, ticket, at, status: claims.append((ticket["id"], ticket["attempt"])),
+            trace=trace,
         )
         run = asyncio.ensure_future(dispatcher.run(follow=True))
-        await asyncio.wait_for(sending.wait(), 30)
-        await asyncio.sleep(0.2)  # (cycles more: what they would claim ahead)
+        await asyncio.wait_for(asyncio.gather(sending.wait(), ahead.wait()), 30)
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
     again = {t["id"] for t in first} | {retried["id"]}

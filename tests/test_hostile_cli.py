@@ -3,7 +3,10 @@ line on stderr, no traceback, and every file as it was (or never created)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import pathlib
 import socket
 import sqlite3
 import time
@@ -134,15 +137,30 @@ def test_enqueue_needs_either_id_and_qty_or_an_input(queue, args):
     assert digest(queue) == before
 
 
+def opens(pid, path, within_s):
+    """Whether process ``pid`` has ``path`` open within ``within_s`` seconds."""
+    wanted, fds = os.path.realpath(path), pathlib.Path(f"/proc/{pid}/fd")
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for fd in fds.iterdir() if fds.exists() else ():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) == wanted:
+                    return True
+        time.sleep(0.01)
+    return False
+
+
 def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_path):
     """``work`` started while the file is locked waits with the bounded backoff of BEGIN
-    (about 9 s in all) instead of failing after a second; 1.5 s of lock is waited out."""
+    (about 9 s in all) instead of failing after a second; a lock held 1.3 s after the worker
+    opened the file is waited out."""
     holder = sqlite3.connect(queue, isolation_level=None)
     with sink_process(tmp_path / "sink.db") as url:
         holder.execute("BEGIN EXCLUSIVE")
         work = worker(queue, url, "--until-empty", "--json", stdout=PIPE, stderr=PIPE)
         try:
-            time.sleep(1.5)  # longer than a busy timeout (1 s) and start-up
+            assert opens(work.pid, queue, within_s=30)
+            time.sleep(1.3)  # the fault: the lock outlasts a busy timeout (1 s)
             holder.execute("COMMIT")
             out, err = work.communicate(timeout=30)
         finally:

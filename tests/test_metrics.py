@@ -118,8 +118,12 @@ async def test_the_breaker_counts_are_live_while_the_run_goes_on(db):
                 break
             await asyncio.sleep(0.01)
         first, settled = dispatcher.snapshot(), dispatcher.summary.outages
-        await asyncio.sleep(0.1)
         later = dispatcher.snapshot()
+        for _ in range(1000):  # at most 10 s for the pause to grow by 100 ms
+            if later["paused_ms"] >= first["paused_ms"] + 100:
+                break
+            await asyncio.sleep(0.01)
+            later = dispatcher.snapshot()
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run

@@ -36,9 +36,15 @@ async def test_a_worker_clock_ahead_by_more_than_a_lease_duplicates_at_most(plac
     db, sink_db = places
     qty = {f"job-{i}": i % 9 + 1 for i in range(40)}
     finishes = []
+    held = asyncio.Event()  # the slow worker has claimed every job
+    claimed = set()
 
     def tracer(name):
         def trace(kind, ticket, at, status):
+            if kind == "claim" and name == "behind":
+                claimed.add(ticket["id"])
+                if len(claimed) == len(qty):
+                    held.set()
             if kind == "finish" and status is not False:
                 finishes.append((ticket["id"], ticket["token"], status, name))
 
@@ -72,7 +78,7 @@ async def test_a_worker_clock_ahead_by_more_than_a_lease_duplicates_at_most(plac
             trace=tracer("ahead"),
         )
         first = asyncio.ensure_future(slow.run())
-        await asyncio.sleep(0.3)  # the slow worker holds every job by now
+        await asyncio.wait_for(held.wait(), 10)
         summaries = await asyncio.gather(fast.run(), first)
         async with aiohttp.ClientSession() as session, session.get(s.base + "/stats") as answer:
             stats = await answer.json()

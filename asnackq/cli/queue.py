@@ -339,15 +339,15 @@ def run_audit(args: argparse.Namespace) -> int:
     result = ops.audit(args.queue, args.sink_db, w.epoch_ms(), job_id=args.id, limit=args.limit)
 
     def human(out: Console) -> None:
-        out.print(key_values("evidence reached", sorted(result["stages"].items())))
+        out.print(key_values("evidence reached", sorted(result.stages.items())))
         flags = [
             (f"{name}: {ops.VIOLATIONS.get(name) or ops.ATTENTION[name]}", n)
-            for name, n in result["flags"].items()
+            for name, n in result.flags.items()
             if n
         ]
         if flags:
             out.print(key_values("flags", flags))
-        listed = [(kind, entry) for kind, entries in result["listed"].items() for entry in entries]
+        listed = [(kind, entry) for kind, entries in result.listed.items() for entry in entries]
         if listed:
             table = Table(title="jobs that need a look")
             for column in ("id", "kind", "flags", "job", "inbox (qty, tokens, deliveries)"):
@@ -367,14 +367,14 @@ def run_audit(args: argparse.Namespace) -> int:
                     f"{inbox['deliveries']}",
                 )
             out.print(table)
-        if result["job"] is not None:
-            out.print(f"{args.id}: {json.dumps(result['job'])}")
+        if result.job is not None:
+            out.print(f"{args.id}: {json.dumps(result.job)}")
         verdict = (
             "no violations"
-            if not result["violations"]
-            else f"[bold red]{result['violations']} VIOLATIONS[/]"
+            if not result.violations
+            else f"[bold red]{result.violations} VIOLATIONS[/]"
         )
-        out.print(f"stock {result['stock']} / inbox total {result['inbox_qty_sum']}: {verdict}")
+        out.print(f"stock {result.stock} / inbox total {result.inbox_qty_sum}: {verdict}")
 
-    emit(args, result, human)
-    return 1 if result["violations"] else 0
+    emit(args, result.as_dict(), human)
+    return 1 if result.violations else 0

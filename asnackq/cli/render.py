@@ -21,7 +21,7 @@ def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None
         human(Console(highlight=False))
 
 
-def key_values(title: str, pairs: list[tuple[str, object]]) -> Table:
+def key_values(title: str, pairs: Sequence[tuple[str, object]]) -> Table:
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")

@@ -45,7 +45,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypedDict, TypeVar, cast
 
 __all__ = [
     "AFTER_COMMIT",
@@ -172,7 +172,18 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 T = TypeVar("T")
 Fault = Callable[[str], object] | None
-Ticket = dict[str, Any]
+
+
+class Ticket(TypedDict):
+    """A claim's ticket: a plain dict at run time, exactly these six keys (``TICKET_KEYS``)."""
+
+    id: str
+    qty: int
+    owner: str
+    token: int
+    attempt: int
+    lease_until: int
+
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -261,7 +272,7 @@ def check_ticket(ticket: object) -> Ticket:
     check_int(ticket["token"], "ticket token", 1, MAX_TOKEN)
     check_int(ticket["attempt"], "ticket attempt", 1, 16)
     check_int(ticket["lease_until"], "ticket lease_until", 1, MAX_TOKEN)
-    return dict(ticket)
+    return cast(Ticket, dict(ticket))
 
 
 def check_outcome(outcome: object) -> str:
@@ -674,7 +685,7 @@ def _take(
 ) -> Generator[Step, Any, list[Ticket]]:
     """Lease the jobs ``sql`` selects (up to ``count``): one claim each, in ``seq`` order."""
     rows = yield Sql(sql, {"now": now_ms, "n": count})
-    tickets = [
+    tickets: list[Ticket] = [
         {
             "id": job_id,
             "qty": qty,
@@ -1219,10 +1230,10 @@ def run_once(
     ticket = claim(con, owner, first, lease_ms)
     if ticket is None:
         return None
-    mine = dict(ticket)  # our own copy: send may mutate what it gets or enqueue elsewhere
+    mine = ticket.copy()  # our own copy: send may mutate what it gets or enqueue elsewhere
     outcome, delay = classify(send, mine, jitter)
     now = second_reading(clock, first)
-    return delivery_result(mine, finish(con, dict(mine), outcome, now, delay))
+    return delivery_result(mine, finish(con, mine.copy(), outcome, now, delay))
 
 
 def run_file(

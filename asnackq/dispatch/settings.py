@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from asnackq.core import worker as w
 
@@ -12,7 +11,7 @@ __all__ = ["Settings", "Trace"]
 
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
-Trace = Callable[[str, dict[str, Any], int, "str | bool | None"], None]
+Trace = Callable[[str, w.Ticket, int, "str | bool | None"], None]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asnackq.core.worker import Ticket
+
 __all__ = ["Tracer", "read_traces"]
 
 
@@ -23,9 +25,7 @@ class Tracer:
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
 
-    def __call__(
-        self, kind: str, ticket: dict[str, Any], at_ms: int, status: str | bool | None
-    ) -> None:
+    def __call__(self, kind: str, ticket: Ticket, at_ms: int, status: str | bool | None) -> None:
         record = {
             "e": kind,
             "id": ticket["id"],

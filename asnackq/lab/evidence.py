@@ -75,10 +75,8 @@ def verify(
     check_jobs(found, jobs, qty)
     audited = ops.audit(queue, sink_db, w.epoch_ms(), limit=5)
     for flag, description in ops.VIOLATIONS.items():
-        if audited["flags"][flag]:
-            found.add(
-                flag, f"{audited['flags'][flag]} x {flag}: {description}", audited["flags"][flag]
-            )
+        if audited.flags[flag]:
+            found.add(flag, f"{audited.flags[flag]} x {flag}: {description}", audited.flags[flag])
     # A batch whose COMMIT's answer was lost may have committed uncounted (it was answered
     # 503): then, as after a kill, the counter is a lower bound.
     applied = stats.get("applied")
@@ -103,7 +101,7 @@ def verify(
     return {
         "violations": found.messages,
         "broken": found.broken,
-        "dead_after_applied": audited["flags"]["dead-after-applied"],
+        "dead_after_applied": audited.flags["dead-after-applied"],
         "statuses": statuses,
         "liveness": liveness(jobs, audited),
         "dead_reasons": {
@@ -115,7 +113,7 @@ def verify(
         "inbox_rows": inbox_rows,
         "redelivered": redelivered,
         "inbox_duplicates": int(duplicates),
-        "stock": audited["stock"],
+        "stock": audited.stock,
         "qty_total": sum(qty.values()),
         "latency_ms": timeline.latency(latencies),
         "claims_traced": len(claims),
@@ -180,7 +178,7 @@ def check_finishes(
     return latencies
 
 
-def liveness(jobs: dict[str, Job], audited: dict[str, Any]) -> dict[str, Any]:
+def liveness(jobs: dict[str, Job], audited: ops.Audit) -> dict[str, Any]:
     """The jobs that ended dead although the sink never rejected them, by what is known."""
     unsent = sorted(
         i
@@ -193,7 +191,7 @@ def liveness(jobs: dict[str, Job], audited: dict[str, Any]) -> dict[str, Any]:
     return {
         "dead_unanswered": unanswered,
         "never_sent": len(unsent),
-        "dead_after_applied": audited["flags"]["dead-after-applied"],
+        "dead_after_applied": audited.flags["dead-after-applied"],
         "examples": unsent[:5],
     }
 

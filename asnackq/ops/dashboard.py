@@ -120,14 +120,14 @@ def read_inbox(con: Reader) -> dict[str, int]:
     }
 
 
-def audit_state(audited: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def audit_state(audited: ops.Audit, now_ms: int) -> dict[str, Any]:
     return {
         "at_ms": now_ms,
-        "flags": audited["flags"],
-        "violations": audited["violations"],
-        "stages": audited["stages"],
-        "attention": audited["listed"]["attention"],
-        "violating": audited["listed"]["violations"],
+        "flags": audited.flags,
+        "violations": audited.violations,
+        "stages": audited.stages,
+        "attention": audited.listed["attention"],
+        "violating": audited.listed["violations"],
     }
 
 

@@ -9,6 +9,7 @@ URIs, so inspecting never creates a file, takes a write lock or changes a byte; 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "SQL_INBOX_COUNTS",
     "SQL_JOB_STATES",
     "VIOLATIONS",
+    "Audit",
     "Intake",
     "audit",
     "dead",
@@ -257,6 +259,27 @@ def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[
     return entry
 
 
+@dataclass(frozen=True, kw_only=True)
+class Audit:
+    """A queue audited against its sink DB: how far each job's evidence reached
+    (``stages``), how many jobs each flag holds (``flags``, a violation's or one that needs a
+    look), the violations in all, the sink's stock and its inbox's sum of qty, up to
+    ``limit`` flagged jobs of each kind (``listed``: ``violations``, ``attention``) and the
+    job asked about, if any."""
+
+    stages: dict[str, int]
+    flags: dict[str, int]
+    violations: int
+    stock: int
+    inbox_qty_sum: int
+    listed: dict[str, list[dict[str, Any]]]
+    job: dict[str, Any] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The audit as JSON-ready data (``asnackq audit --json``)."""
+        return asdict(self)
+
+
 def audit(
     queue: Target,
     sink_db: Target,
@@ -265,7 +288,7 @@ def audit(
     job_id: str | None = None,
     limit: int = 50,
     busy_s: float = 5.0,
-) -> dict[str, Any]:
+) -> Audit:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
         with sessions.local_copies(queue, sink_db) as (queue_copy, sink_copy):
@@ -300,12 +323,12 @@ def audit(
     if job_id is not None and selected is None:
         raise ValueError(f"no job {job_id!r} in the queue or the sink")
     violations = sum(flags[name] for name in VIOLATIONS)
-    return {
-        "stages": stages,
-        "flags": flags,
-        "violations": violations,
-        "stock": stock,
-        "inbox_qty_sum": inbox_sum,
-        "listed": listed,
-        "job": selected,
-    }
+    return Audit(
+        stages=stages,
+        flags=flags,
+        violations=violations,
+        stock=stock,
+        inbox_qty_sum=inbox_sum,
+        listed=listed,
+        job=selected,
+    )

@@ -281,10 +281,10 @@ class AsyncQueue:
         ticket = await self.claim(owner, first, lease_ms)
         if ticket is None:
             return None
-        mine = dict(ticket)
+        mine = ticket.copy()
         outcome, delay = await classify(send, mine, jitter)
         now = w.second_reading(clock, first, self.limits)
-        return w.delivery_result(mine, await self.finish(dict(mine), outcome, now, delay))
+        return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
 
 
 async def classify(
