@@ -158,8 +158,7 @@ class AsyncQueue:
         ttl_ms: int | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> AsyncIterator[AsyncQueue]:
-        """``async with AsyncQueue.open(path) as q:`` - closed on exit (``connect``'s
-        arguments)."""
+        """``async with AsyncQueue.open(path) as q:`` - ``connect``, closed on exit."""
         queue = await cls.connect(
             path,
             busy_s=busy_s,
