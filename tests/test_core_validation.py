@@ -11,7 +11,7 @@ import pytest
 from asnackq.core import worker as w
 
 from .conftest import T0, rows
-from .drivers import connect, q
+from .drivers import AioBridge, connect, q
 
 
 class MyStr(str):
@@ -157,6 +157,8 @@ def test_enqueue_rejects_bad_events(con, db, event):
     ],
 )
 def test_enqueue_rejects_bad_numbers(con, db, now, ttl, max_attempts):
+    if now is None and isinstance(con, AioBridge):
+        pytest.skip("AsyncQueue reads its clock for a missing now_ms (test_aio_defaults.py)")
     with pytest.raises(ValueError):
         q.enqueue(con, {"id": "a", "qty": 1}, now, ttl, max_attempts)
     assert rows(db) == [("--",)]

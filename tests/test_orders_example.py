@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -14,10 +17,12 @@ import pytest
 
 from asnackq.core import outbox
 from asnackq.core.worker import epoch_ms
+from asnackq.lab import procs
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.borrowed import Source
 
 from .conftest import execute, job
+from .sinks import sink_state
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "orders_app.py"
 
@@ -64,3 +69,51 @@ async def test_the_outbox_accepts_inside_the_application_transaction(tmp_path, e
     with sqlite3.connect(path) as con:
         assert outbox.pending(con) == ([{"id": "o1", "qty": 2}] if committed else [])
     con.close()
+
+
+def shop_app(shop: Path, sink: str) -> tuple[procs.Proc, str]:
+    """Start the example with a Dispatcher delivering to ``sink``; return it and its URL."""
+    app = procs.start([sys.executable, str(EXAMPLE), str(shop), sink], stdout=procs.PIPE)
+    assert app.stdout is not None
+    line = app.stdout.readline()
+    if not line.startswith("listening on "):
+        procs.stop(app)
+        raise RuntimeError(f"the example did not start: {line!r}")
+    return app, line.split()[-1]
+
+
+def post(url: str, order: dict[str, object]) -> int:
+    request = urllib.request.Request(url, json.dumps(order).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return int(answer.status)
+
+
+def test_the_app_delivers_every_order_once_across_a_graceful_restart(tmp_path):
+    shop, stock = tmp_path / "shop.db", tmp_path / "stock.db"
+    orders = [{"id": f"o{i}", "qty": i % 7 + 1} for i in range(40)]
+    sink, sink_url = procs.start_sink(stock, "--delay-ms", 200)  # sends are in flight
+    try:
+        app, url = shop_app(shop, sink_url)
+        try:
+            assert [post(url, order) for order in orders[:20]] == [201] * 20
+        finally:
+            assert procs.stop(app) == [0]  # SIGTERM mid-stream: a graceful stop
+        done = {i for (i,) in execute(shop, "SELECT id FROM jobs WHERE status = 'done'")}
+        applied = {i for i, _, _ in sink_state(stock)[1]}
+        assert applied <= done  # the sends in flight finished and their results committed
+        assert execute(shop, "SELECT count(*) FROM jobs WHERE status = 'leased'") == [(0,)]
+        app, url = shop_app(shop, sink_url)
+        try:
+            assert [post(url, order) for order in orders[20:]] == [201] * 20
+            deadline = time.monotonic() + 30
+            while execute(shop, "SELECT count(*) FROM jobs WHERE status = 'done'") != [(40,)]:
+                assert time.monotonic() < deadline, execute(shop, "SELECT * FROM jobs")
+                time.sleep(0.05)  # polled, bounded: the dispatcher's progress
+        finally:
+            assert procs.stop(app) == [0]
+    finally:
+        procs.stop(sink)
+    total, inbox = sink_state(stock)
+    assert sorted((i, q) for i, q, _ in inbox) == sorted((o["id"], o["qty"]) for o in orders)
+    assert total == sum(int(o["qty"]) for o in orders)  # every effect applied exactly once
+    assert execute(shop, "SELECT count(*) FROM orders") == [(40,)]

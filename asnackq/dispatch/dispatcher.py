@@ -22,6 +22,7 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Callable
 
@@ -108,7 +109,7 @@ class Dispatcher:
     how long results may wait for more while every coroutine is busy; 0 settles each
     batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
     attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
-    outage.
+    outage.  ``clock`` is the queue's unless given.
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -120,7 +121,7 @@ class Dispatcher:
         owner: str,
         concurrency: int = 64,
         lease_ms: int = 5000,
-        clock: Callable[[], int] = w.epoch_ms,
+        clock: Callable[[], int] | None = None,
         jitter: Callable[[], float] = random.random,
         grace_s: float = 5.0,
         idle_ms: int = 20,
@@ -133,7 +134,10 @@ class Dispatcher:
         limits = queue.limits
         if queue.intakes_only:
             raise ValueError(NOT_AN_INTAKE)
+        if clock is None:
+            clock = queue.clock
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
+        check_send(send)
         w.check_int(concurrency, "concurrency", 1, 1024)
         w.check_int(idle_ms, "idle_ms", 1, 60_000)
         w.check_int(gather_ms, "gather_ms", 0, 1000)
@@ -234,6 +238,32 @@ class Dispatcher:
         if failure is not None:  # a coroutine's unexpected failure is the run's
             raise failure
         return self.summary
+
+
+def check_send(send: object) -> None:
+    """Refuse a ``send`` the run could not await as ``await send(event, token)``: one that
+    does not take two positional arguments, or is not async (a coroutine function, an
+    object with an async ``__call__``, or a function annotated to return an awaitable)."""
+    try:
+        signature = inspect.signature(send)  # type: ignore[arg-type]  # (checked callable)
+    except (TypeError, ValueError):  # a builtin without one: judged by its first send
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ValueError(
+            f"send must accept (event, token) positionally; its signature is {signature}"
+        ) from None
+    call = getattr(send, "__call__", None)  # noqa: B004  # (its own __call__, if an object)
+    annotation = str(signature.return_annotation)
+    if not (
+        inspect.iscoroutinefunction(send)
+        or inspect.iscoroutinefunction(call)
+        or any(kind in annotation for kind in ("Awaitable", "Coroutine", "Future"))
+    ):
+        raise ValueError(
+            f"send must be async (async def, or an object with an async __call__): {send!r}"
+        )
 
 
 def first_failure(tasks: list[asyncio.Future[None]]) -> BaseException | None:

@@ -8,7 +8,7 @@ URIs, so inspecting never creates a file, takes a write lock or changes a byte; 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -16,6 +16,7 @@ from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.store import sessions
+from asnackq.store.budget import Budget, Intake, Item, intakes
 from asnackq.store.readers import read_only
 from asnackq.store.sessions import Reader, Session
 from asnackq.store.targets import Target, is_url
@@ -40,24 +41,28 @@ __all__ = [
 
 REASONS = ("exhausted", "deadline", "permanent")
 CHUNK = 1000  # intakes per transaction in a bulk enqueue
-Intake = tuple[dict[str, Any], int, int]
+DEFAULT_BUDGET = Budget()
 
 
 def enqueue_all(
     path: Target,
-    items: list[Intake],
+    items: Sequence[Item],
     advance: Callable[[list[bool | w.Conflict]], object] | None = None,
+    budget: Budget = DEFAULT_BUDGET,
 ) -> list[bool | w.Conflict]:
-    """Enqueue ``(event, ttl_ms, max_attempts)`` items, ``CHUNK`` per transaction.
+    """Enqueue plain events (``budget``: a day, 5 attempts by default; see
+    ``asnackq.store.budget``) or ``(event, ttl_ms, max_attempts)`` items, mixed as needed,
+    ``CHUNK`` per transaction.
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
     is called with each committed chunk's results (a progress bar; where to resume when a
     later chunk fails).
     """
+    triples = intakes(items, Budget.of(*budget, w.PRODUCT))
     results: list[bool | w.Conflict] = []
     with sessions.open_session(path, create=True) as store:
-        for start in range(0, len(items), CHUNK):
-            chunk = items[start : start + CHUNK]
+        for start in range(0, len(triples), CHUNK):
+            chunk = triples[start : start + CHUNK]
             done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
             results += done
             if advance is not None:

@@ -24,14 +24,16 @@ from typing import Any, Protocol, TypeVar
 
 from asnackq.core import worker as w
 from asnackq.store import files
+from asnackq.store.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
 from asnackq.store.outage import Health
 from asnackq.store.sqlite_aio import QueueBusy, SqliteStore, call_fault
 from asnackq.store.targets import is_url
 
-__all__ = ["NOT_AN_INTAKE", "AsyncQueue", "AsyncSend", "QueueBusy", "Store", "open_store"]
+__all__ = ["NOT_AN_INTAKE", "AsyncQueue", "AsyncSend", "Clock", "QueueBusy", "Store", "open_store"]
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
+Clock = Callable[[], int]
 NOT_AN_INTAKE = (
     "on the application's connection a queue only enqueues: claims, finishes and the "
     "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
@@ -80,23 +82,53 @@ async def open_store(
 
 
 class AsyncQueue:
-    """A queue driven through a ``Store``: the same validation, results and hooks as the core."""
+    """A queue driven through a ``Store``: the same validation, results and hooks as the core.
 
-    def __init__(self, db: Store, limits: w.Limits = w.PRODUCT, intakes_only: bool = False) -> None:
+    The queue keeps a clock and a budget for the calls that name none: ``clock`` (wall time,
+    ``epoch_ms``, by default; the Dispatcher's too unless it is given its own) is read for
+    a missing ``now_ms``; ``ttl_ms`` (a day, or the ``limits``' longest ttl if shorter) and
+    ``max_attempts`` (5) are a new job's budget when its intake names none.  A day outlasts
+    an overnight outage of the partner within ``PRODUCT``'s limits; five attempts suffice
+    because the Dispatcher's breaker keeps a sink outage from spending attempts, so
+    attempts count only real refusals and timeouts (``asnackq.store.budget``).
+    """
+
+    def __init__(
+        self,
+        db: Store,
+        limits: w.Limits = w.PRODUCT,
+        intakes_only: bool = False,
+        *,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> None:
+        self.budget = check_defaults(clock, ttl_ms, max_attempts, limits)
         self._db = db
         self._lock = asyncio.Lock()
         self.limits = limits
+        self.clock = clock
         self.intakes_only = intakes_only  # on the application's connection: see ``within``
 
     @classmethod
     async def connect(
-        cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8, limits: w.Limits = w.PRODUCT
+        cls,
+        path: Any,
+        *,
+        busy_s: float = 1.0,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
         (``asnackq.store.pg``: the same tables in that database); close it with ``close()``.
 
         ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
         delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
+        ``clock``, ``ttl_ms``, ``max_attempts``: the time and budget of calls that name
+        none (see the class), checked here against ``limits``.
 
         A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
         is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
@@ -105,15 +137,33 @@ class AsyncQueue:
         if not 0 < busy_s <= 60:
             raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
         w.check_int(attempts, "attempts", 1, 100)
-        return cls(await open_store(target, w.SCHEMA, busy_s, attempts), limits)
+        defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
+        store = await open_store(target, w.SCHEMA, busy_s, attempts)
+        return cls(store, limits, False, clock=clock, **defaults._asdict())
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, path: Any, *, busy_s: float = 1.0, attempts: int = 8, limits: w.Limits = w.PRODUCT
+        cls,
+        path: Any,
+        *,
+        busy_s: float = 1.0,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> AsyncIterator[AsyncQueue]:
-        """``async with AsyncQueue.open(path) as q:`` - closed on exit."""
-        queue = await cls.connect(path, busy_s=busy_s, attempts=attempts, limits=limits)
+        """``async with AsyncQueue.open(path) as q:`` - ``connect``, closed on exit."""
+        queue = await cls.connect(
+            path,
+            busy_s=busy_s,
+            attempts=attempts,
+            limits=limits,
+            clock=clock,
+            ttl_ms=ttl_ms,
+            max_attempts=max_attempts,
+        )
         try:
             yield queue
         finally:
@@ -121,7 +171,14 @@ class AsyncQueue:
 
     @classmethod
     async def within(
-        cls, con: object, *, attempts: int = 8, limits: w.Limits = w.PRODUCT
+        cls,
+        con: object,
+        *,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> AsyncQueue:
         """A queue on a connection the application owns: an ``aiosqlite.Connection`` on the
         queue's file or a psycopg ``AsyncConnection`` (``asnackq.store.borrowed``).
@@ -129,13 +186,15 @@ class AsyncQueue:
         ``enqueue`` and ``enqueue_many`` run inside the application's open transaction and
         commit with it; claims, finishes and the Dispatcher are refused (they are the
         queue's own transactions: open the queue with ``connect`` for them).  The tables are
-        created here, in a transaction of their own.
+        created here, in a transaction of their own.  ``clock``, ``ttl_ms``,
+        ``max_attempts``: as ``connect``'s.
         """
         from asnackq.store import borrowed
 
         w.check_int(attempts, "attempts", 1, 100)
+        defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
         store = await borrowed.adopt(con, w.SCHEMA, attempts)
-        return cls(store, limits, intakes_only=True)
+        return cls(store, limits, True, clock=clock, **defaults._asdict())
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
@@ -183,16 +242,30 @@ class AsyncQueue:
         async with self._lock:
             return await self._db.read(sql, params)
 
+    def _now(self, now_ms: int | None = None) -> int:
+        """``now_ms``, or the queue's clock's reading when it is None."""
+        return self.clock() if now_ms is None else now_ms
+
     async def enqueue(
-        self, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3
+        self,
+        event: dict[str, Any],
+        now_ms: int | None = None,
+        ttl_ms: int | None = None,
+        max_attempts: int | None = None,
     ) -> bool:
-        make = partial(w.plan_enqueue, event, now_ms, ttl_ms, max_attempts, limits=self.limits)
+        """Enqueue ``event`` (True inserted, False already there); None: the queue's clock
+        and budget."""
+        ttl, tries = self.budget.fill(ttl_ms, max_attempts)
+        make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
         return bool(await self._run(make, intake=True))
 
     async def enqueue_many(
-        self, items: list[tuple[dict[str, Any], int, int]], now_ms: int
+        self, items: Sequence[Item], now_ms: int | None = None
     ) -> list[bool | w.Conflict]:
-        make = partial(w.plan_enqueue_many, items, now_ms, limits=self.limits)
+        """Enqueue plain events (the queue's budget) or ``(event, ttl_ms, max_attempts)``
+        triples, mixed as needed, in one transaction."""
+        triples = intakes(items, self.budget)
+        make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
         results: list[bool | w.Conflict] = await self._run(make, intake=True)
         return results
 
@@ -262,9 +335,17 @@ class AsyncQueue:
         return outcome
 
     async def redrive(
-        self, job_id: str, now_ms: int, ttl_ms: int, note: str, fault: w.Fault = None
+        self,
+        job_id: str,
+        now_ms: int | None = None,
+        ttl_ms: int | None = None,
+        note: str | None = None,
+        fault: w.Fault = None,
     ) -> bool:
-        make = partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=self.limits)
+        """Give a dead job a new life (``note``, required, says why); None: the queue's clock
+        and ttl."""
+        ttl = self.budget.ttl_ms if ttl_ms is None else ttl_ms
+        make = partial(w.plan_redrive, job_id, self._now(now_ms), ttl, note, limits=self.limits)
         return bool(await self._run(make, check_async_fault(fault)))
 
     async def run_once(
@@ -285,6 +366,12 @@ class AsyncQueue:
         outcome, delay = await classify(send, mine, jitter)
         now = w.second_reading(clock, first, self.limits)
         return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
+
+
+def check_defaults(clock: object, ttl_ms: object, max_attempts: object, limits: w.Limits) -> Budget:
+    """The defaults given at open: a ValueError names the argument and its range."""
+    w.check_callable(clock, "clock")
+    return Budget.of(ttl_ms, max_attempts, limits)
 
 
 async def classify(

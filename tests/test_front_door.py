@@ -1,0 +1,123 @@
+"""``import asnackq``: the product's names next to the contract's, typed, loaded on first use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import asnackq
+from asnackq.dispatch.dispatcher import Dispatcher
+from asnackq.store.aio import AsyncQueue
+
+ROOT = Path(__file__).parents[1]
+PROGRAM = """
+    import asyncio
+
+    import asnackq
+
+
+    async def main(path: str, url: str) -> asnackq.Summary:
+        async with asnackq.AsyncQueue.open(path) as q, asnackq.AsyncHttpSender(url) as send:
+            inserted: bool = await q.enqueue({"id": "order-1", "qty": 3})
+            await q.enqueue_many([{"id": "order-2", "qty": 1}, ({"id": "o3", "qty": 2}, 60_000, 3)])
+            assert inserted
+            dispatcher = asnackq.Dispatcher(
+                q,
+                send,
+                owner="shop",
+                retry=asnackq.Retry(100, 5000),
+                breaker=asnackq.BreakerPolicy(),
+            )
+            return await dispatcher.run()
+
+
+    def sync_send(url: str) -> asnackq.HttpSender:
+        return asnackq.HttpSender(url)
+
+
+    errors: tuple[type[Exception], ...] = (
+        asnackq.Conflict,
+        asnackq.Retryable,
+        asnackq.Unavailable,
+        asnackq.Permanent,
+        asnackq.BadAck,
+        asnackq.Untrusted,
+        asnackq.QueueBusy,
+        asnackq.StoreUnavailable,
+        asnackq.CommitUnknown,
+    )
+    summary: asnackq.Summary = asyncio.run(main("q.db", "http://127.0.0.1:1/events"))
+"""
+
+WRONG = """
+    import asnackq
+
+
+    async def main() -> None:
+        async with asnackq.AsyncQueue.open("q.db") as q:
+            inserted: str = await q.enqueue({"id": "order-1", "qty": 3})
+"""
+
+
+def mypy(tmp_path, source):
+    """mypy --strict on ``source`` as a user's program; the package is found on MYPYPATH
+    (an editable install's import hook is invisible to mypy)."""
+    program = tmp_path / "user_program.py"
+    program.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(program)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_mypy_strict_accepts_a_program_using_the_front_door(tmp_path):
+    done = mypy(tmp_path, PROGRAM)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found in 1 source file" in done.stdout
+
+
+def test_mypy_strict_rejects_a_wrong_program(tmp_path):
+    done = mypy(tmp_path, WRONG)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'Incompatible types in assignment (expression has type "bool"' in done.stdout
+
+
+def test_the_names_are_the_product_objects_and_load_on_first_use():
+    assert asnackq.AsyncQueue is AsyncQueue and asnackq.Dispatcher is Dispatcher
+    assert set(asnackq.__all__) <= set(dir(asnackq))
+    for name in asnackq.__all__:
+        assert getattr(asnackq, name) is not None
+    heavy = ("aiohttp", "aiosqlite", "asnackq.dispatch.dispatcher", "asnackq.store.aio")
+    code = f"import sys, asnackq; print(sorted(m for m in sys.modules if m in {heavy}))"
+    done = subprocess.run(
+        [sys.executable, "-c", code + "; asnackq.Dispatcher"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
+    missing = subprocess.run(
+        [sys.executable, "-c", "import asnackq; asnackq.Nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "AttributeError: module 'asnackq' has no attribute 'Nope'" in missing.stderr
+
+
+def test_the_package_ships_its_type_marker():
+    assert (ROOT / "asnackq" / "py.typed").is_file()
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    assert package_data["asnackq"] == ["py.typed"]
