@@ -121,7 +121,10 @@ def test_a_sigtermed_lab_removes_its_namespaces_and_links(tmp_path):
 
 
 def lab_with(tmp_path, *faults, jobs=400):
-    """A short lab on a throwaway server and 2 hosts with ``faults``; its result."""
+    """A short lab on a throwaway server and 2 hosts with ``faults``; its result.
+
+    The sinks answer after 50 ms and 8 sends are in flight: at most 160 jobs a second,
+    however fast the machine, so the run outlasts the first scheduled fault."""
     out = tmp_path / "lab.json"
     run = asnackq(
         "lab",
@@ -133,7 +136,9 @@ def lab_with(tmp_path, *faults, jobs=400):
         "--processes",
         "2",
         "--concurrency",
-        "16",
+        "4",
+        "--delay-ms",
+        "50",
         "--lease-ms",
         "1500",
         "--send-timeout-s",
@@ -164,7 +169,7 @@ def of_kind(result, kind):
 @pytest.mark.timeout(300)
 def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
     result = lab_with(
-        tmp_path, "--hosts", "2", "--partition-every", "2", "--partition-for", "1", jobs=800
+        tmp_path, "--hosts", "2", "--partition-every", "0.5", "--partition-for", "1", jobs=800
     )
     partitions = of_kind(result, "partition")
     assert all(f["until"] - f["at"] >= 1000 for f in partitions[:-1])  # the last: at the end

@@ -387,9 +387,9 @@ def watch(
                 if config.kill_every and now >= next_kill:
                     if config.kill_sinks and (workers.kills + sinks.kills) % 2:
                         sinks.kill_one(rng)
-                    else:
-                        workers.kill_one(rng)
-                    next_kill = now + config.kill_every
+                        next_kill = now + config.kill_every
+                    elif workers.kill_one(rng):  # else: at the next look, once one works
+                        next_kill = now + config.kill_every
                 if now - began > config.timeout_s:
                     return True
         finally:

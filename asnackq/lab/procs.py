@@ -289,14 +289,32 @@ class Workers:
         self.events.append({"at": epoch_ms(), "e": "kill", "owner": owner})
         self.kills += 1
 
-    def kill_one(self, rng: random.Random) -> None:
-        """SIGKILL a random live worker and start a new one (it reclaims the leases later)."""
-        live = sorted(owner for owner, proc in self.procs.items() if proc.poll() is None)
-        if live:
-            victim = rng.choice(live)
-            kill(self.procs[victim])
-            self.killed(victim)
-            self.start()
+    def kill_one(self, rng: random.Random) -> bool:
+        """SIGKILL a random live worker that has begun work, and start a new one (it
+        reclaims the leases later); False if none has begun yet.
+
+        A worker still starting is never the victim: on a slow machine a start can take
+        longer than the kill period, and killing starters would stop all progress.
+        """
+        live = sorted(
+            owner
+            for owner, proc in self.procs.items()
+            if proc.poll() is None and self.working(owner)
+        )
+        if not live:
+            return False
+        victim = rng.choice(live)
+        kill(self.procs[victim])
+        self.killed(victim)
+        self.start()
+        return True
+
+    def working(self, owner: str) -> bool:
+        """Whether ``owner`` has claimed a job (its trace has a line)."""
+        try:
+            return (self.root / f"{owner}.trace").stat().st_size > 0
+        except FileNotFoundError:
+            return False
 
     def exited(self) -> list[tuple[str, int]]:
         """The workers that exited since the last call (reaped), with their exit codes; an
