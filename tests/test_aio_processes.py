@@ -55,9 +55,9 @@ def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp
     # One judge of the evidence: the lab's (the audit's violations, nothing lost, each
     # effect once); the traces are the lab's, so here only the sink's counters join in.
     found = verify(db, sink_db, qty, [], stats)
-    assert found["violations"] == [] and found["liveness"]["dead_unanswered"] == 0
+    assert found.violations == [] and found.liveness.dead_unanswered == 0
     # 503s and lost ACKs say "the sink is not there": re-sent, never charged: every job done.
-    assert found["statuses"] == {"done": 2000}
+    assert found.statuses == {"done": 2000}
     # Every claim took a fresh token: the claims both processes made add up to the tokens.
     with readers.read_only(db, "jobs") as reader:
         tokens = sum(row[4] for row in reader.execute(ops.SQL_JOB_STATES))

@@ -120,9 +120,9 @@ def run_through(
     assert work.returncode == 0, err
     summary: dict[str, int] = json.loads(out)
     result = evidence.verify(url, url, qty, read_traces(tmp), stats)
-    assert result["violations"] == []
-    assert result["statuses"] == {"done": JOBS}
-    assert result["inbox_rows"] == JOBS and result["stock"] == sum(qty.values())
+    assert result.violations == []
+    assert result.statuses == {"done": JOBS}
+    assert result.inbox_rows == JOBS and result.stock == sum(qty.values())
     return summary, stats
 
 
@@ -196,7 +196,7 @@ def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(ser
         assert reap(again, 50) == 0  # what it left leased is reclaimed and done
         stats = sink_stats(sink)
     result = evidence.verify(url, url, qty, read_traces(tmp_path), stats)
-    assert result["violations"] == [] and result["statuses"] == {"done": JOBS}
+    assert result.violations == [] and result.statuses == {"done": JOBS}
 
 
 async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):

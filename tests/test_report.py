@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from asnackq.lab import report_rows
+from asnackq.lab import LabResult, report_rows
 
 from .browser import screenshot, wait_for
 from .page import Page
@@ -129,7 +129,9 @@ def test_every_plot_draws_the_numbers_of_the_json(lab_run):
 def test_the_tables_show_the_numbers_of_the_json(lab_run):
     result, path = lab_run
     tables = Page(path.read_text(encoding="utf-8")).tables
-    assert tables["summary"] == [[key, str(value)] for key, value in report_rows(result)]
+    assert tables["summary"] == [
+        [key, str(value)] for key, value in report_rows(LabResult.from_dict(result))
+    ]
     assert tables["invariants"][1:] == [
         [row["name"], row["description"], row["verdict"], str(row["violations"])]
         for row in result["invariants"]

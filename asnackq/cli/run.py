@@ -227,17 +227,17 @@ def run_lab(args: argparse.Namespace) -> int:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
     written = None if args.report is None else report.write(result, args.report)
     out = Console(highlight=False)
     out.print(key_values("asnackq lab", report_rows(result)))
-    for violation in result["violations"]:
+    for violation in result.violations:
         out.print(f"[bold red]VIOLATION[/] {violation}")
-    for failure in result["liveness_failures"]:
+    for failure in result.liveness_failures:
         out.print(f"[bold red]LIVENESS[/] {failure}")
     if written is not None:
         out.print(f"report: {written}")
-    return 1 if result["violations"] or result["liveness_failures"] else 0
+    return 1 if result.failed else 0
 
 
 def add_demo(commands: Commands) -> None:

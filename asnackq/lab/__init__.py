@@ -10,6 +10,7 @@ Rules of this wing:
 * Imports: everything but ``asnackq.cli``.
 """
 
-from asnackq.lab.experiment import LabConfig, report_rows, run_lab
+from asnackq.lab.experiment import LabConfig, run_lab
+from asnackq.lab.result import LabResult, report_rows
 
-__all__ = ["LabConfig", "report_rows", "run_lab"]
+__all__ = ["LabConfig", "LabResult", "report_rows", "run_lab"]

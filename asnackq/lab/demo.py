@@ -12,12 +12,11 @@ reaches: every invariant, judged from the files alone (``asnackq.lab.evidence``)
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from asnackq.lab import LabConfig, run_lab
+from asnackq.lab import LabConfig, LabResult, run_lab
 
 __all__ = ["main", "preset"]
 
@@ -32,7 +31,7 @@ def preset() -> LabConfig:
     )
 
 
-def story(result: dict[str, Any]) -> Table:
+def story(result: LabResult) -> Table:
     """What happened: the kill, the requests, the duplicates, the recovered jobs."""
     table = Table(title=f"asnackq demo: {JOBS} jobs, a worker SIGKILLed right after a send")
     table.add_column("what happened")
@@ -40,42 +39,37 @@ def story(result: dict[str, Any]) -> Table:
     for label, value in [
         (
             f"lab-w1 SIGKILLed right after a send (its {KILL_AFTER_ACKS}th verified ACK)",
-            "yes" if result["kills"] == 1 else "NO",
+            "yes" if result.kills == 1 else "NO",
         ),
-        ("workers started (lab-w1 alone, then lab-w2 and lab-w3)", result["workers_started"]),
-        ("HTTP requests at the sink", result["requests"]),
-        ("effects applied (inbox rows)", result["inbox_rows"]),
-        ("duplicates absorbed by the inbox", result["duplicates"]),
-        ("ids delivered more than once", result["redelivered"]),
-        ("jobs lab-w1 held, done by another worker (token > 1)", result["done_reclaimed"]),
-        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
-        ("stock at the sink / sum of job qty", f"{result['stock']} / {result['qty_total']}"),
+        ("workers started (lab-w1 alone, then lab-w2 and lab-w3)", result.workers_started),
+        ("HTTP requests at the sink", result.requests),
+        ("effects applied (inbox rows)", result.inbox_rows),
+        ("duplicates absorbed by the inbox", result.duplicates),
+        ("ids delivered more than once", result.redelivered),
+        ("jobs lab-w1 held, done by another worker (token > 1)", result.done_reclaimed),
+        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))),
+        ("stock at the sink / sum of job qty", f"{result.stock} / {result.qty_total}"),
         ("every id's effect applied exactly once", "yes" if once(result) else "NO"),
-        ("seconds", f"{result['seconds']:.1f}"),
+        ("seconds", f"{result.seconds:.1f}"),
     ]:
         table.add_row(label, str(value))
     return table
 
 
-def verdicts(result: dict[str, Any]) -> Table:
+def verdicts(result: LabResult) -> Table:
     """How far the evidence reaches: each invariant with its verdict."""
     table = Table(title="how far the evidence reaches: queue, inbox, sink counters, traces")
     table.add_column("checked")
     table.add_column("found", justify="right")
     table.add_column("verdict", justify="right")
-    for row in result["invariants"]:
+    for row in result.invariants:
         table.add_row(row["description"], str(row["violations"]), row["verdict"])
     return table
 
 
-def once(result: dict[str, Any]) -> bool:
+def once(result: LabResult) -> bool:
     """Every job done, every id's effect applied once, nothing broken."""
-    return (
-        not result["violations"]
-        and not result["liveness_failures"]
-        and result["statuses"] == {"done": JOBS}
-        and result["inbox_rows"] == JOBS
-    )
+    return not result.failed and result.statuses == {"done": JOBS} and result.inbox_rows == JOBS
 
 
 def main() -> int:
@@ -85,7 +79,7 @@ def main() -> int:
     out = Console()
     out.print(story(result))
     out.print(verdicts(result))
-    return 0 if once(result) and result["kills"] == 1 else 1
+    return 0 if once(result) and result.kills == 1 else 1
 
 
 if __name__ == "__main__":

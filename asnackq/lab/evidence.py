@@ -12,7 +12,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from asnackq import ops
@@ -21,7 +21,7 @@ from asnackq.lab import timeline
 from asnackq.store import readers
 from asnackq.store.targets import Target
 
-__all__ = ["INVARIANTS", "LIVENESS", "breach", "invariants", "verify"]
+__all__ = ["INVARIANTS", "LIVENESS", "Evidence", "Liveness", "invariants", "verify"]
 
 # What the lab checks, by name: the audit's violations and the lab's own evidence.
 INVARIANTS = {
@@ -56,9 +56,64 @@ class Findings:
         self.broken[invariant] += count
 
 
+@dataclass(frozen=True, kw_only=True)
+class Liveness:
+    """The jobs that ended dead although the sink never rejected them (``dead_unanswered``),
+    of them ``never_sent`` (up to five ``examples``), the dead with their effect applied, and
+    whether the faults made it expected (for the caller to say: ``with_expected``)."""
+
+    dead_unanswered: int
+    never_sent: int
+    dead_after_applied: int
+    examples: list[str]
+    expected: bool = False
+
+    def with_expected(self, expected: bool) -> Liveness:
+        return replace(self, expected=expected)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """The verdict on a run's evidence: the violations (as messages, and counted by the
+    invariant they ``broke``), liveness, and the figures the evidence gives."""
+
+    violations: list[str]
+    broken: dict[str, int]
+    dead_after_applied: int
+    statuses: dict[str, int]
+    liveness: Liveness
+    dead_reasons: dict[str, int]
+    done_reclaimed: int
+    inbox_rows: int
+    redelivered: int
+    inbox_duplicates: int
+    stock: int
+    qty_total: int
+    latency_ms: dict[str, Any]
+    claims_traced: int
+
+    def breach(self, invariant: str, message: str) -> Evidence:
+        """With a violation found outside ``verify`` (a worker's exit, the run's time)."""
+        broken = {**self.broken, invariant: self.broken[invariant] + 1}
+        return replace(self, violations=[*self.violations, message], broken=broken)
+
+    def liveness_failures(self) -> list[str]:
+        """Dead jobs the sink never rejected are a failure, unless the faults leave no way."""
+        live = self.liveness
+        if live.expected or not live.dead_unanswered:
+            return []
+        return [
+            f"{live.dead_unanswered} jobs ended dead that the sink never rejected "
+            f"({live.never_sent} never sent, {live.dead_after_applied} with their effect applied)"
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def verify(
     queue: Target, sink_db: Target, qty: dict[str, int], traces: list[Record], stats: dict[str, int]
-) -> dict[str, Any]:
+) -> Evidence:
     """Check every invariant from the evidence; return violations, evidence and figures.
 
     ``qty``: every enqueued id with its qty; ``stats``: the sink's counters, summed over its
@@ -98,26 +153,26 @@ def verify(
     statuses: dict[str, int] = {}
     for _, status, _, _ in jobs.values():
         statuses[status] = statuses.get(status, 0) + 1
-    return {
-        "violations": found.messages,
-        "broken": found.broken,
-        "dead_after_applied": audited.flags["dead-after-applied"],
-        "statuses": statuses,
-        "liveness": liveness(jobs, audited),
-        "dead_reasons": {
+    return Evidence(
+        violations=found.messages,
+        broken=found.broken,
+        dead_after_applied=audited.flags["dead-after-applied"],
+        statuses=statuses,
+        liveness=liveness(jobs, audited),
+        dead_reasons={
             reason: sum(1 for r in jobs.values() if r[2] == reason) for reason in ops.REASONS
         },
-        "done_reclaimed": sum(
+        done_reclaimed=sum(
             1 for _, status, _, token in jobs.values() if status == "done" and token > 1
         ),
-        "inbox_rows": inbox_rows,
-        "redelivered": redelivered,
-        "inbox_duplicates": int(duplicates),
-        "stock": audited.stock,
-        "qty_total": sum(qty.values()),
-        "latency_ms": timeline.latency(latencies),
-        "claims_traced": len(claims),
-    }
+        inbox_rows=inbox_rows,
+        redelivered=redelivered,
+        inbox_duplicates=int(duplicates),
+        stock=audited.stock,
+        qty_total=sum(qty.values()),
+        latency_ms=timeline.latency(latencies),
+        claims_traced=len(claims),
+    )
 
 
 def check_jobs(found: Findings, jobs: dict[str, Job], qty: dict[str, int]) -> None:
@@ -178,7 +233,7 @@ def check_finishes(
     return latencies
 
 
-def liveness(jobs: dict[str, Job], audited: ops.Audit) -> dict[str, Any]:
+def liveness(jobs: dict[str, Job], audited: ops.Audit) -> Liveness:
     """The jobs that ended dead although the sink never rejected them, by what is known."""
     unsent = sorted(
         i
@@ -188,39 +243,33 @@ def liveness(jobs: dict[str, Job], audited: ops.Audit) -> dict[str, Any]:
     unanswered = sum(
         1 for _, status, reason, _ in jobs.values() if status == "dead" and reason != "permanent"
     )
-    return {
-        "dead_unanswered": unanswered,
-        "never_sent": len(unsent),
-        "dead_after_applied": audited.flags["dead-after-applied"],
-        "examples": unsent[:5],
-    }
+    return Liveness(
+        dead_unanswered=unanswered,
+        never_sent=len(unsent),
+        dead_after_applied=audited.flags["dead-after-applied"],
+        examples=unsent[:5],
+    )
 
 
-def breach(result: dict[str, Any], invariant: str, message: str) -> None:
-    """Add a violation found outside ``verify`` (a worker's exit, the run's time)."""
-    result["violations"].append(message)
-    result["broken"][invariant] += 1
-
-
-def invariants(result: dict[str, Any]) -> list[dict[str, Any]]:
+def invariants(evidence: Evidence) -> list[dict[str, Any]]:
     """Each invariant with its verdict: holds, broken, or (liveness only) expected."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": name,
             "description": text,
-            "violations": result["broken"][name],
-            "verdict": "broken" if result["broken"][name] else "holds",
+            "violations": evidence.broken[name],
+            "verdict": "broken" if evidence.broken[name] else "holds",
         }
         for name, text in INVARIANTS.items()
     ]
-    live = result["liveness"]
-    unanswered = live["dead_unanswered"]
+    live = evidence.liveness
+    unanswered = live.dead_unanswered
     rows.append(
         {
             "name": "liveness",
             "description": LIVENESS,
             "violations": unanswered,
-            "verdict": "holds" if not unanswered else "expected" if live["expected"] else "broken",
+            "verdict": "holds" if not unanswered else "expected" if live.expected else "broken",
         }
     )
     return rows

@@ -44,8 +44,9 @@ from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.dispatch.traces import read_traces
 from asnackq.lab import schedule, timeline
-from asnackq.lab.evidence import breach, invariants, verify
+from asnackq.lab.evidence import invariants, verify
 from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
+from asnackq.lab.result import LabResult
 from asnackq.sink import faults
 from asnackq.store import readers
 from asnackq.store.sessions import database_error
@@ -53,14 +54,10 @@ from asnackq.store.targets import Target, is_url, shown
 from asnackq.wire.send import check_number
 from asnackq.wire.tls import server_context, tls_context
 
-__all__ = ["LabConfig", "report_rows", "run_lab"]
+__all__ = ["LabConfig", "LabResult", "run_lab"]
 
 SAMPLE_EVERY_S = 0.1  # the queue's statuses and the sink's counters, for the plots
 SQL_COUNT = "SELECT count(*) FROM {table}"  # a fresh --db: no jobs, no inbox rows
-
-
-# A killed sink's counters are known up to its last reading, just before the SIGKILL.
-AT_LEAST = {True: "", False: " (at least: each killed sink read just before its kill)"}
 
 
 @dataclass
@@ -238,7 +235,7 @@ def require_empty(db: str) -> None:
 
 def experiment(
     config: LabConfig, root: Path, console: Console, site: schedule.Site | None = None
-) -> dict[str, Any]:
+) -> LabResult:
     """One run with its files in ``root``: fill, sinks, workers, watch, then the verdicts."""
     rng = random.Random(config.seed)
     queue: Target = config.db or root / "queue.db"
@@ -286,51 +283,37 @@ def experiment(
         sampler.last()  # the final state, while the sinks still answer
         stats: dict[str, Any] = {**sampler.sink[-1], "exact": not sinks.kills}
     traces = read_traces(root)
-    result = verify(queue, sink_db, qty, traces, stats)
+    found = verify(queue, sink_db, qty, traces, stats)
     for failure in workers.failures.values():
-        breach(result, "workers-exit", failure)
+        found = found.breach("workers-exit", failure)
     if timed_out:
-        breach(result, "in-time", f"the run did not end within {config.timeout_s}s")
-    judge_liveness(config, result)
-    result.update(
-        {
-            "config": {
-                k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
-                for k, v in config.__dict__.items()
-            },
-            "seconds": round(seconds, 3),
-            "done_per_s": round(result["statuses"].get("done", 0) / seconds, 1),
-            "requests": stats["requests"],  # with sink kills, lower bounds: see Replicas
-            "duplicates": result["inbox_duplicates"],  # exact: the inbox's own count
-            "sink_failed": stats["failed"],
-            "sink_dropped": stats["dropped"],
-            "sink_counts_exact": stats["exact"],
-            "kills": workers.kills,
-            "workers_started": workers.started,
-            "sinks": config.sinks,
-            "sink_kills": sinks.kills,
-            "invariants": invariants(result),
-            "series": timeline.series(
-                t0_ms, traces, workers.events, sampler.statuses, sampler.sink, faulty.events
-            ),
-            **timeline.measured(faulty.events, sampler.statuses, sampler.sink),
-        }
-    )
-    return result
-
-
-def judge_liveness(config: LabConfig, result: dict[str, Any]) -> None:
-    """Dead jobs the sink never rejected are a failure, unless the faults leave no way."""
-    liveness = result["liveness"]
-    liveness["expected"] = config.dead_expected
-    result["liveness_failures"] = (
-        []
-        if config.dead_expected or not liveness["dead_unanswered"]
-        else [
-            f"{liveness['dead_unanswered']} jobs ended dead that the sink never rejected "
-            f"({liveness['never_sent']} never sent, {liveness['dead_after_applied']} with their "
-            f"effect applied)"
-        ]
+        found = found.breach("in-time", f"the run did not end within {config.timeout_s}s")
+    found = dataclasses.replace(found, liveness=found.liveness.with_expected(config.dead_expected))
+    measured = timeline.measured(faulty.events, sampler.statuses, sampler.sink)
+    return LabResult(
+        **{f.name: getattr(found, f.name) for f in dataclasses.fields(found)},
+        liveness_failures=found.liveness_failures(),
+        config={
+            k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)
+            for k, v in config.__dict__.items()
+        },
+        seconds=round(seconds, 3),
+        done_per_s=round(found.statuses.get("done", 0) / seconds, 1),
+        requests=stats["requests"],  # with sink kills, lower bounds: see Replicas
+        duplicates=found.inbox_duplicates,  # exact: the inbox's own count
+        sink_failed=stats["failed"],
+        sink_dropped=stats["dropped"],
+        sink_counts_exact=stats["exact"],
+        kills=workers.kills,
+        workers_started=workers.started,
+        sinks=config.sinks,
+        sink_kills=sinks.kills,
+        invariants=invariants(found),
+        series=timeline.series(
+            t0_ms, traces, workers.events, sampler.statuses, sampler.sink, faulty.events
+        ),
+        faults=measured["faults"],
+        faults_by_kind=measured["faults_by_kind"],
     )
 
 
@@ -397,7 +380,7 @@ def watch(
             workers.stop()
 
 
-def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
+def run_lab(config: LabConfig, console: Console) -> LabResult:
     """Run one experiment; files go to ``config.directory`` or a temporary directory.
 
     A SIGTERM ends it like Ctrl-C (``SystemExit``): every child process is stopped first.
@@ -412,43 +395,3 @@ def run_lab(config: LabConfig, console: Console) -> dict[str, Any]:
             return experiment(config, config.directory, console, site)
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="asnackq-lab-"))
         return experiment(config, Path(tmp), console, site)
-
-
-def report_rows(result: dict[str, Any]) -> list[tuple[str, object]]:
-    c = result["config"]
-    latency = result["latency_ms"]
-    return [
-        ("jobs / processes / concurrency", f"{c['jobs']} / {c['processes']} / {c['concurrency']}"),
-        (
-            "sink faults (fail / drop / delay ms)",
-            f"{c['fail_rate']} / {c['drop_rate']} / {c['delay_ms']}",
-        ),
-        ("seconds", result["seconds"]),
-        ("throughput (done jobs/s)", f"{result['done_per_s']:,}"),
-        ("claim-to-finish p50 / p99 (ms)", f"{latency['p50']} / {latency['p99']}"),
-        ("HTTP requests" + AT_LEAST[result["sink_counts_exact"]], result["requests"]),
-        ("duplicates absorbed (the inbox's count)", result["duplicates"]),
-        (
-            "sink 503s / dropped ACKs" + AT_LEAST[result["sink_counts_exact"]],
-            f"{result['sink_failed']} / {result['sink_dropped']}",
-        ),
-        ("workers killed (SIGKILL) / started", f"{result['kills']} / {result['workers_started']}"),
-        (
-            "sinks / sinks killed (SIGKILL, restarted)",
-            f"{result['sinks']} / {result['sink_kills']}",
-        ),
-        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result["statuses"].items()))),
-        ("dead by reason", ", ".join(f"{k} {v}" for k, v in result["dead_reasons"].items())),
-        ("dead with effect applied (evidence)", result["dead_after_applied"]),
-        (
-            "liveness failures (dead, never rejected)",
-            f"{result['liveness']['dead_unanswered']}"
-            + (
-                " (expected: the faults allow no delivery)"
-                if result["liveness"]["expected"]
-                else ""
-            ),
-        ),
-        *schedule.rows(result),
-        ("violations", len(result["violations"])),
-    ]

@@ -5,8 +5,8 @@ Rules of this module:
 * The file opens from disk with no server and no network: plotly.js is inlined once, and
   each figure sits in the page as JSON (``<script type="application/json" class="figure">``)
   that a few lines of script hand to ``Plotly.newPlot``.
-* Every number comes from the lab's result, the dict ``--json`` writes: the figures draw
-  ``result["series"]`` and ``result["latency_ms"]`` as they are, the tables show the same
+* Every number comes from the lab's result (``LabResult``, what ``--json`` writes): the figures
+  draw ``result.series`` and ``result.latency_ms`` as they are, the tables show the same
   rows as the terminal.  Nothing is measured or recomputed here.
 * plotly is an optional extra (``asnackq[report]``); without it ``require`` fails with one
   line that says what to install, before the run starts.
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from asnackq.lab import report_rows
+from asnackq.lab.result import LabResult, report_rows
 
 __all__ = ["FIGURES", "check_target", "figures", "render", "require", "write"]
 
@@ -280,12 +280,12 @@ def lines(
     return {"data": data, "layout": layout(title, AXIS_S, yaxis, shapes=kill_marks(series))}
 
 
-def figures(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     """The report's figures, by name (``FIGURES``), as plotly JSON figures."""
-    series = result["series"]
+    series = result.series
     return {
         "throughput": throughput(series),
-        "latency": latency(result["latency_ms"]),
+        "latency": latency(result.latency_ms),
         "sink": lines(
             series,
             "sink",
@@ -321,12 +321,12 @@ def table(rows: list[tuple[str, object]], css: str) -> str:
     return f'<table class="{css}">{cells}</table>'
 
 
-def invariants_table(result: dict[str, Any]) -> str:
+def invariants_table(result: LabResult) -> str:
     cells = "".join(
         f'<tr class="{row["verdict"]}"><th>{html.escape(row["name"])}</th>'
         f'<td>{html.escape(row["description"])}</td><td class="verdict">{row["verdict"]}</td>'
         f"<td>{row['violations']}</td></tr>"
-        for row in result["invariants"]
+        for row in result.invariants
     )
     return (
         '<table class="invariants"><tr><th>invariant</th><th>what it says</th>'
@@ -334,14 +334,14 @@ def invariants_table(result: dict[str, Any]) -> str:
     )
 
 
-def verdict(result: dict[str, Any]) -> tuple[str, str]:
-    broken = len(result["violations"]) + len(result["liveness_failures"])
+def verdict(result: LabResult) -> tuple[str, str]:
+    broken = len(result.violations) + len(result.liveness_failures)
     if broken:
         return "bad", f"{broken} violations or liveness failures"
     return "ok", "every invariant holds"
 
 
-def plots(result: dict[str, Any], plotly: Any) -> str:
+def plots(result: LabResult, plotly: Any) -> str:
     parts = []
     for name, figure in figures(result).items():
         plotly.graph_objects.Figure(figure)  # checks every property's name and type
@@ -354,16 +354,16 @@ def plots(result: dict[str, Any], plotly: Any) -> str:
     return "\n".join(parts)
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: LabResult) -> str:
     """The whole page (plotly.js inlined)."""
     plotly = require()
-    started = datetime.datetime.fromtimestamp(result["series"]["t0_ms"] / 1000, datetime.UTC)
+    started = datetime.datetime.fromtimestamp(result.series["t0_ms"] / 1000, datetime.UTC)
     css, text = verdict(result)
     problems = "".join(
         f"<li>{html.escape(line)}</li>"
-        for line in [*result["violations"][:100], *result["liveness_failures"]]
+        for line in [*result.violations[:100], *result.liveness_failures]
     )
-    config = [(key, "-" if value is None else value) for key, value in result["config"].items()]
+    config = [(key, "-" if value is None else value) for key, value in result.config.items()]
     return PAGE.format(
         started=started.isoformat(timespec="seconds"),
         css=css,
@@ -378,7 +378,7 @@ def render(result: dict[str, Any]) -> str:
     )
 
 
-def write(result: dict[str, Any], directory: Path) -> Path:
+def write(result: LabResult, directory: Path) -> Path:
     """Write ``DIRECTORY/report.html``; return its path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "report.html"

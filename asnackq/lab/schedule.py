@@ -241,14 +241,13 @@ class Schedule:
             self.heal(host, event)
 
 
-def rows(result: dict[str, Any]) -> list[tuple[str, object]]:
-    """The report's rows for the faults: hosts and clock skew, then each kind's count,
-    recovery p50 / max and duplicates (none without faults)."""
-    c = result["config"]
+def rows(c: dict[str, Any], faults_by_kind: dict[str, Any]) -> list[tuple[str, object]]:
+    """The report's rows for the faults: hosts and clock skew (from the run's settings
+    ``c``), then each kind's count, recovery p50 / max and duplicates (none without faults)."""
     out: list[tuple[str, object]] = []
     if c.get("hosts") or c.get("clock_skew_ms"):
         out.append(("hosts / clock skew up to (ms)", f"{c['hosts']} / {c['clock_skew_ms']}"))
-    for kind, row in result.get("faults_by_kind", {}).items():
+    for kind, row in faults_by_kind.items():
         p50, top = (seconds(row[k]) for k in ("recovery_p50_ms", "recovery_max_ms"))
         unrecovered = f", {row['unrecovered']} not before the end" if row["unrecovered"] else ""
         out.append(
