@@ -169,7 +169,7 @@ def of_kind(result, kind):
 @pytest.mark.timeout(300)
 def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
     result = lab_with(
-        tmp_path, "--hosts", "2", "--partition-every", "0.5", "--partition-for", "1", jobs=800
+        tmp_path, "--hosts", "2", "--partition-every", "2", "--partition-for", "1", jobs=600
     )
     partitions = of_kind(result, "partition")
     assert all(f["until"] - f["at"] >= 1000 for f in partitions[:-1])  # the last: at the end
