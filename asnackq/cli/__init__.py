@@ -14,8 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from asnackq.cli.common import Command, Failure, Parser, Usage
+from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
-from asnackq.cli.run import add_dashboard, add_demo, add_lab, add_outbox, add_sink
+from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
 from asnackq.cli.work import add_work
 from asnackq.core import worker as w
 from asnackq.store import sessions

@@ -30,6 +30,7 @@ __all__ = [
     "add_files",
     "add_metrics_options",
     "add_sink_tls",
+    "add_tls_files",
     "check_sink",
     "exact_int",
     "existing_queue",
@@ -205,4 +206,15 @@ def add_metrics_options(work: argparse.ArgumentParser) -> None:
         "--metrics-host",
         default="127.0.0.1",
         help="address for --metrics-port (default 127.0.0.1; another needs --allow-remote)",
+    )
+
+
+def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tls-cert`` and ``--tls-key``: a sink's certificate and key."""
+    add_files(
+        parser,
+        {
+            "--tls-cert": f"{what}: this certificate (PEM, its chain after it)",
+            "--tls-key": "its key (PEM)",
+        },
     )

@@ -1,0 +1,239 @@
+"""The experiment commands: lab and demo (their bodies import the lab, the asyncio layer and
+aiohttp only when they run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from asnackq.cli.common import (
+    DELAY_MS,
+    RATE,
+    TIMEOUT,
+    Commands,
+    Usage,
+    add_files,
+    add_tls_files,
+    exact_int,
+    target,
+    within,
+)
+from asnackq.cli.render import key_values
+
+__all__ = ["add_demo", "add_lab"]
+
+if TYPE_CHECKING:
+    from asnackq.lab import LabConfig
+
+
+def add_lab(commands: Commands) -> None:
+    lab = commands.add_parser(
+        "lab",
+        help="a fault and load experiment with real processes; verifies the invariants",
+        description="Start a sink with faults and P worker processes of C coroutines each, "
+        "SIGKILL a random worker every --kill-every seconds (replacing it), then check every "
+        "invariant from the evidence. Exit code 1 on any violation, and on any job that ended "
+        "dead although the sink never rejected it (unless --fail-rate or --drop-rate 1 make "
+        "that expected). Jobs get a ttl of --timeout-s plus a minute.",
+    )
+    lab.add_argument("--jobs", type=exact_int, default=2000)
+    lab.add_argument("--processes", type=exact_int, default=2)
+    lab.add_argument("--concurrency", type=exact_int, default=64)
+    lab.add_argument("--fail-rate", type=RATE, default=0.0)
+    lab.add_argument("--drop-rate", type=RATE, default=0.0)
+    lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
+    lab.add_argument(
+        "--kill-every",
+        type=within(float, 0, 3600),
+        default=0.0,
+        metavar="SECONDS",
+        help="SIGKILL a random worker this often (0: never)",
+    )
+    lab.add_argument("--seed", type=exact_int, default=1)
+    lab.add_argument("--lease-ms", type=exact_int, default=2000)
+    lab.add_argument("--send-timeout-s", type=TIMEOUT, default=1.0)
+    lab.add_argument("--max-attempts", type=exact_int, default=5)
+    lab.add_argument(
+        "--timeout-s",
+        type=within(float, 0.01, 86_400),
+        default=300.0,
+        help="bound on the whole run",
+    )
+    lab.add_argument(
+        "--db",
+        type=target,
+        default=None,
+        metavar="URL",
+        help="a postgresql:// URL holding no jobs yet: the queue and the inbox "
+        "there (default: files in --dir)",
+    )
+    lab.add_argument(
+        "--pg-local",
+        action="store_true",
+        help="--db on a throwaway local PostgreSQL server (initdb, stopped after)",
+    )
+    lab.add_argument(
+        "--sinks",
+        type=within(int, 1, 16),
+        default=1,
+        help="sink replicas sharing the inbox (PostgreSQL only; default 1)",
+    )
+    lab.add_argument(
+        "--kill-sinks",
+        action="store_true",
+        help="every other SIGKILL hits a sink, restarted on its port",
+    )
+    lab.add_argument(
+        "--kill-after-acks",
+        type=within(int, 1, 10_000_000),
+        default=None,
+        metavar="N",
+        help="instead of --kill-every: the first worker runs alone "
+        "and is SIGKILLed right after its Nth verified ACK, then the P workers "
+        "start (the demo's fixed kill)",
+    )
+    add_lab_faults(lab)
+    lab.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="keep the files here (default: a temporary directory)",
+    )
+    lab.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write the results to FILE"
+    )
+    lab.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
+    )
+    add_tls_files(lab, "the sinks serve https")
+    add_files(lab, {"--sink-ca": "the workers trust this CA"})
+    lab.set_defaults(run=run_lab)
+
+
+def add_lab_faults(lab: argparse.ArgumentParser) -> None:
+    """The lab's hosts and its faults on a schedule (``lab.hosts``, ``lab.schedule``)."""
+    every = within(float, 0, 3600)
+    lab.add_argument(
+        "--hosts",
+        type=within(int, 0, 16),
+        default=0,
+        metavar="N",
+        help="run the workers on N network namespaces, each reaching the database and "
+        "the sinks over its own link (Linux, root, --pg-local; default 0: none)",
+    )
+    lab.add_argument(
+        "--pg-restart-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="restart the server (pg_ctl restart, -m fast and immediate in turn; --pg-local)",
+    )
+    lab.add_argument(
+        "--pg-kill-backends-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="pg_terminate_backend every worker's and sink's connection",
+    )
+    lab.add_argument(
+        "--partition-every",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="cut a random host off from the database, the sinks or both (--hosts)",
+    )
+    lab.add_argument(
+        "--partition-for",
+        type=every,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long a partition lasts before it heals",
+    )
+    lab.add_argument(
+        "--clock-skew-ms",
+        type=within(int, 0, 86_400_000),
+        default=0,
+        metavar="K",
+        help="each host's (else each worker's) clock reads a different offset in [-K, K]",
+    )
+
+
+def lab_config(args: argparse.Namespace) -> LabConfig:
+    """The lab's configuration from its options, checked (``ValueError`` for one out of range)."""
+    from asnackq.lab import LabConfig
+
+    config = LabConfig(
+        jobs=args.jobs,
+        processes=args.processes,
+        concurrency=args.concurrency,
+        fail_rate=args.fail_rate,
+        drop_rate=args.drop_rate,
+        delay_ms=args.delay_ms,
+        kill_every=args.kill_every,
+        seed=args.seed,
+        lease_ms=args.lease_ms,
+        send_timeout_s=args.send_timeout_s,
+        max_attempts=args.max_attempts,
+        timeout_s=args.timeout_s,
+        directory=args.dir,
+        db=args.db,
+        sinks=args.sinks,
+        kill_sinks=args.kill_sinks,
+        pg_local=args.pg_local,
+        kill_after_acks=args.kill_after_acks or 0,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        sink_ca=args.sink_ca,
+        hosts=args.hosts,
+        pg_restart_every=args.pg_restart_every,
+        pg_kill_backends_every=args.pg_kill_backends_every,
+        partition_every=args.partition_every,
+        partition_for=args.partition_for,
+        clock_skew_ms=args.clock_skew_ms,
+    )
+    config.check()
+    return config
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    from asnackq.lab import report, report_rows
+    from asnackq.lab import run_lab as experiment
+
+    try:  # the lab's own ranges: an option out of range is a usage error
+        config = lab_config(args)
+    except ValueError as error:
+        raise Usage(str(error)) from None
+    if args.report is not None:
+        report.check_target(args.report)
+    result = experiment(config, Console(stderr=True))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
+    written = None if args.report is None else report.write(result, args.report)
+    out = Console(highlight=False)
+    out.print(key_values("asnackq lab", report_rows(result)))
+    for violation in result.violations:
+        out.print(f"[bold red]VIOLATION[/] {violation}")
+    for failure in result.liveness_failures:
+        out.print(f"[bold red]LIVENESS[/] {failure}")
+    if written is not None:
+        out.print(f"report: {written}")
+    return 1 if result.failed else 0
+
+
+def add_demo(commands: Commands) -> None:
+    demo = commands.add_parser("demo", help="two workers, one killed after a send: recovery")
+    demo.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from asnackq.lab.demo import main as demo
+
+    return demo()
