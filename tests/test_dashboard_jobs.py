@@ -153,13 +153,13 @@ def test_only_get_on_the_job_routes(dbs, tmp_path):
 
 
 def busy_queue(queue, now):
-    """Jobs finished in four minutes of the last hour, one before it, and live leases."""
+    """Jobs finished in four of the last 60 minutes and one before, and live leases."""
     con = w.open_queue(queue)
-    finished = {-50: 3, -20: 1, -1: 2, 0: 4, -61: 5}  # minutes ago -> done jobs
+    finished = {50: 3, 20: 1, 1: 2, 0: 4, 60: 5}  # in the minute that ended this long ago
     for ago, count in finished.items():
         for i in range(count):
-            at = now + ago * 60_000
-            w.enqueue(con, {"id": f"done{-ago}-{i}", "qty": 1}, at, 1000)
+            at = now - ago * 60_000 - 30_000
+            w.enqueue(con, {"id": f"done{ago}-{i}", "qty": 1}, at, 1000)
             w.finish(con, w.claim(con, "w-0", at), "ok", at + 1)
     for i in range(14):
         w.enqueue(con, {"id": f"live-{i:02}", "qty": 1}, now, 60_000)
@@ -170,11 +170,11 @@ def busy_queue(queue, now):
 
 
 def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
-    queue, now = tmp_path / "queue.db", epoch_ms() // 60_000 * 60_000 + 30_000  # mid-minute
+    queue, now = tmp_path / "queue.db", epoch_ms()
     finished = busy_queue(queue, now)
     with readers.read_only(queue, "jobs") as con:
         owners = inspect.leases(con, now)
-        hour = inspect.done_per_minute(con, now + 1)
+        hour = inspect.done_per_minute(con, now)
     assert [(o["owner"], o["count"], len(o["jobs"])) for o in owners] == [
         ("w-1", 12, inspect.LEASES_LISTED),
         ("w-2", 2, 2),
@@ -184,11 +184,12 @@ def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
     assert [j["token"] for j in owners[0]["jobs"]] == [1] * inspect.LEASES_LISTED
     minutes = hour["minutes"]
     assert len(minutes) == inspect.HOUR_MINUTES and hour["done"] == 10  # not the one before
-    assert [m["at_ms"] for m in minutes] == sorted(m["at_ms"] for m in minutes)
-    assert minutes[-1]["at_ms"] <= now < minutes[-1]["at_ms"] + 60_000
-    counts = {len(minutes) - 1 - i: m["done"] for i, m in enumerate(minutes) if m["done"]}
-    assert counts == {ago: finished[-ago] for ago in (50, 20, 1, 0)}
+    assert [m["at_ms"] for m in minutes] == [now - (60 - i) * 60_000 for i in range(60)]
+    counts = {59 - i: m["done"] for i, m in enumerate(minutes) if m["done"]}
+    assert counts == {ago: finished[ago] for ago in (50, 20, 1, 0)}
     assert minutes[-2]["per_s"] == round(2 / 60, 2)
+    with readers.read_only(queue, "jobs") as con:  # a job finished on a clock ahead: the last
+        assert inspect.done_per_minute(con, now - 40_000)["minutes"][-1]["done"] == 4 + 2
     with dashboard(queue, log=tmp_path / "log") as url:
         shown = until(lambda: (seen := state(url))["hour"] and seen)
     with readers.read_only(queue, "jobs") as con:

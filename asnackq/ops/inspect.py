@@ -147,20 +147,15 @@ def leases(con: Reader, now_ms: int) -> list[dict[str, Any]]:
 
 
 def done_per_minute(con: Reader, now_ms: int) -> dict[str, Any]:
-    """Done jobs per minute over the last hour: ``HOUR_MINUTES`` clock minutes, the current
-    one last (jobs finished on a clock ahead of this one count in it); each with its
-    start, its count, and done/s (the current minute's over its seconds so far)."""
-    start = (now_ms // MINUTE_MS - HOUR_MINUTES + 1) * MINUTE_MS
+    """Done jobs in each of the ``HOUR_MINUTES`` minutes up to ``now_ms``, the oldest first
+    (jobs finished at ``now_ms`` or later, on a clock ahead of this one, count in the
+    last): each minute's start, its count and its done/s."""
+    start = now_ms - HOUR_MINUTES * MINUTE_MS
     counts = [0] * HOUR_MINUTES
     for minute, count in con.execute(SQL_DONE_PER_MINUTE, {"start": start}):
         counts[min(int(minute), HOUR_MINUTES - 1)] += count
-    current_s = max(1.0, (now_ms - (start + (HOUR_MINUTES - 1) * MINUTE_MS)) / 1000)
     minutes = [
-        {
-            "at_ms": start + i * MINUTE_MS,
-            "done": count,
-            "per_s": round(count / (current_s if i == HOUR_MINUTES - 1 else 60), 2),
-        }
+        {"at_ms": start + i * MINUTE_MS, "done": count, "per_s": round(count / 60, 2)}
         for i, count in enumerate(counts)
     ]
     return {"at_ms": now_ms, "minutes": minutes, "done": sum(counts)}
