@@ -140,16 +140,19 @@ def test_hostile_ids_are_a_400_or_404_and_nothing_is_written(dbs, tmp_path):
     assert set(os.listdir(queue.parent)) == files | {"log"}  # no journal, no WAL
 
 
-def test_only_get_on_the_job_routes(dbs, tmp_path):
+def test_only_get_on_the_job_routes_behind_the_host_check_and_token(dbs, tmp_path):
     queue, _ = dbs
-    with dashboard(queue, log=tmp_path / "log") as url:
+    auth = {"Authorization": "Bearer s3cret"}
+    with dashboard(queue, "--auth-token", "s3cret", log=tmp_path / "log") as url:
+        for path in ("/jobs/d", "/api/jobs/d", "/api/jobs/zz", "/api/jobs/%00"):
+            assert request(url, path)[0] == 401, path
+            assert request(url, path, headers={**auth, "Host": "evil.example"})[0] == 421
         for path in ("/jobs/d", "/api/jobs/d"):
-            assert request(url, path, "HEAD")[0] == 200
+            assert request(url, path, "HEAD", headers=auth)[0] == 200
             for method in ("POST", "PUT", "DELETE"):
-                assert request(url, path, method)[0] == 405
+                assert request(url, path, method, headers=auth)[0] == 405
         for path in ("/jobs", "/jobs/", "/api/jobs", "/api/jobs/", "/api/jobs/d/x", "/jobs/d/"):
-            assert request(url, path)[0] == 404, path
-        assert request(url, "/api/jobs/d", headers={"Host": "evil.example"})[0] == 421
+            assert request(url, path, headers=auth)[0] == 404, path
 
 
 def busy_queue(queue, now):
