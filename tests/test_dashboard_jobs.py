@@ -22,7 +22,7 @@ from asnackq.wire.send import HttpSender
 
 from . import test_dashboard
 from .test_dashboard import request, state, until
-from .test_dashboard_hostile import dashboard, get, raw
+from .test_dashboard_hostile import dashboard, get, locked, raw
 
 dbs = test_dashboard.dbs  # a queue with a job in every state, and a sink DB
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -136,6 +136,12 @@ def test_hostile_ids_are_a_400_or_404_and_nothing_is_written(dbs, tmp_path):
         body = request(url, "/jobs/%3Cscript%3Ealert(1)%3C%2Fscript%3E")[2]
         assert b"<script>alert" not in body
         assert job(url, "d")[0] == 200 and state(url)["error"] is None  # still serving
+        with locked(sink):  # a writer's lock outlasting the wait: a 503 that says so
+            status, answer = job(url, "d")
+            page = request(url, "/jobs/d")
+        assert status == 503 and "is locked by another process" in answer["error"]
+        assert page[0] == 503 and b"is locked by another process" in page[2]
+        assert job(url, "d")[0] == 200
     assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in dbs} == before
     assert set(os.listdir(queue.parent)) == files | {"log"}  # no journal, no WAL
 

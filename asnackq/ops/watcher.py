@@ -158,12 +158,6 @@ class Watcher:
             "audit": self.state.get("audit"),
             "hour": self.state.get("hour"),
         }
-        if time.monotonic() >= self.hour_due:
-            read = reading(
-                self.queue, "jobs", "queue", partial(inspect.done_per_minute, now_ms=now)
-            )
-            state["hour"], hour_s = attempt("queue", self.queue, read)
-            self.hour_due = time.monotonic() + min(max(SAMPLE_S, 10 * hour_s), MAX_AUDIT_GAP_S)
         if self.sink_db is not None:
             read = reading(self.sink_db, "inbox", "sink DB", read_inbox)
             state["inbox"], inbox_s = attempt("sink DB", self.sink_db, read)
@@ -172,6 +166,12 @@ class Watcher:
                 audited, audit_s = attempt("queue and sink DB", self.queue, self.audit(now))
                 state["audit"] = audit_state(audited, now)
                 self.audit_due = time.monotonic() + min(10 * audit_s, MAX_AUDIT_GAP_S)
+        if time.monotonic() >= self.hour_due:
+            read = reading(
+                self.queue, "jobs", "queue", partial(inspect.done_per_minute, now_ms=now)
+            )
+            state["hour"], hour_s = attempt("queue", self.queue, read)
+            self.hour_due = time.monotonic() + min(max(SAMPLE_S, 10 * hour_s), MAX_AUDIT_GAP_S)
         state["throughput"] = self.throughput(now, state["stats"]["by_status"]["done"])
         self.state, self.took = state, took
 
