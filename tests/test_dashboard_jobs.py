@@ -21,6 +21,7 @@ from asnackq.store import readers, sessions
 from asnackq.wire.send import HttpSender
 
 from . import test_dashboard
+from .page import Page
 from .test_dashboard import request, state, until
 from .test_dashboard_hostile import dashboard, get, locked, raw
 
@@ -46,8 +47,12 @@ def add_traces(queue, rows):
 def test_a_job_is_its_row_redrives_inbox_verdict_and_trace(dbs, tmp_path):
     queue, sink = dbs
     add_traces(queue, [("d", f"00-{TRACE_ID}-00f067aa0ba902b7-01"), ("b", "not-a-traceparent")])
+    con = sqlite3.connect(sink)
+    with con:  # o: applied by the sink, unknown to the queue
+        con.execute("INSERT INTO inbox VALUES ('o', 4, 2, 2, 1, 0, 0)")
+    con.close()
     with dashboard(queue, "--sink-db", sink, log=tmp_path / "log") as url:
-        stories = {name: job(url, name) for name in "abcde"}
+        stories = {name: job(url, name) for name in "abcdeo"}
         missing = job(url, "zz")
         page = request(url, "/jobs/d")
         missing_page = request(url, "/jobs/zz")
@@ -73,8 +78,22 @@ def test_a_job_is_its_row_redrives_inbox_verdict_and_trace(dbs, tmp_path):
     assert stories["e"][1]["audit"]["flags"] == [
         {"flag": "applied-not-done", "kind": "attention", "why": ops.ATTENTION["applied-not-done"]}
     ]
+    o = stories["o"][1]
+    assert o["job"] is None and o["redrives"] == [] and o["inbox"]["qty"] == 4
+    assert o["audit"] == {
+        "stage": "orphan",
+        "flags": [
+            {
+                "flag": "orphan-inbox-row",
+                "kind": "violation",
+                "why": ops.VIOLATIONS["orphan-inbox-row"],
+            }
+        ],
+    }
     assert missing == (404, {"error": "no job 'zz' in the queue or the sink DB"})
     assert page[0] == 200 and page[1]["Content-Type"].startswith("text/html")
+    assert Page(page[2].decode()).references == ["data:,"]  # parses; nothing from elsewhere
+    assert Page(missing_page[2].decode()).ids >= {"said", "job-id", "story"}
     assert b'id="job-id"' in page[2] and "script-src 'sha256-" in page[1]["Content-Security-Policy"]
     assert missing_page[0] == 404 and missing_page[1]["Content-Type"].startswith("text/html")
     assert b"no job &#x27;zz&#x27; in the queue or the sink DB</p>" in missing_page[2]
