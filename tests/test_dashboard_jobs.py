@@ -11,6 +11,7 @@ import urllib.parse
 from functools import partial
 
 import psycopg
+import pytest
 
 from asnackq import ops
 from asnackq.core import worker as w
@@ -97,6 +98,29 @@ def test_a_job_is_its_row_redrives_inbox_verdict_and_trace(dbs, tmp_path):
     assert b'id="job-id"' in page[2] and "script-src 'sha256-" in page[1]["Content-Security-Policy"]
     assert missing_page[0] == 404 and missing_page[1]["Content-Type"].startswith("text/html")
     assert b"no job &#x27;zz&#x27; in the queue or the sink DB</p>" in missing_page[2]
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "expected"),
+    [
+        (f"00-{TRACE_ID}-00f067aa0ba902b7-01", TRACE_ID),
+        (f"01-{TRACE_ID}-00f067aa0ba902b7-00", TRACE_ID),  # a later version, not sampled
+        (f"ff-{TRACE_ID}-00f067aa0ba902b7-01", None),  # version ff is invalid
+        (f"00-{'0' * 32}-00f067aa0ba902b7-01", None),  # so are all-zero ids
+        (f"00-{TRACE_ID}-{'0' * 16}-01", None),
+        (f"00-{TRACE_ID.upper()}-00f067aa0ba902b7-01", None),  # lower-case hex only
+        (f"00-{TRACE_ID}-00f067aa0ba902b7-01\n", None),
+        (f"00-{TRACE_ID[:-1]}-00f067aa0ba902b7-01", None),
+        (b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),  # a blob
+        (17, None),
+    ],
+)
+def test_a_trace_id_only_from_a_valid_traceparent(dbs, traceparent, expected):
+    queue, _ = dbs
+    add_traces(queue, [("d", traceparent)])
+    with readers.read_only(queue, "jobs") as con:
+        assert inspect.trace_id(con, "d") == expected
+        assert inspect.trace_id(con, "a") is None  # no row
 
 
 def test_without_a_sink_or_a_trace_table_there_is_neither(dbs, tmp_path):

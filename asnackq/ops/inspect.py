@@ -55,7 +55,10 @@ SQL_HAS_TRACES_PG = (
     f"SELECT count(*) FROM (SELECT to_regclass('{TRACES}') AS t) AS r WHERE t IS NOT NULL"
 )
 SQL_TRACE = f"SELECT traceparent FROM {TRACES} WHERE job_id = ?"
-TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+# W3C trace context: version (never ff), trace id and parent id (never all zeros), flags.
+TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
 
 # Each owner's leases, the ones ending first first: at most LEASES_LISTED of each, and at
 # most LEASE_ROWS rows in all (the counts stay whole).
@@ -107,9 +110,7 @@ def trace_id(con: Reader, job_id: str) -> str | None:
         return None
     row = con.execute(SQL_TRACE, (job_id,)).fetchone()
     found = row and isinstance(row[0], str) and TRACEPARENT.fullmatch(row[0])
-    if not found or found.group(1) == "0" * 32:  # an all-zero trace id is invalid
-        return None
-    return found.group(1)
+    return found.group(1) if found else None
 
 
 def inbox_record(con: Reader, job_id: str) -> dict[str, Any] | None:
