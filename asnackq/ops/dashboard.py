@@ -38,7 +38,7 @@ from asnackq.store.targets import Target
 from asnackq.wire import logs, metrics
 from asnackq.wire.send import is_loopback
 
-__all__ = ["Watcher", "dashboard_app", "serve"]
+__all__ = ["dashboard_app", "serve"]
 
 TOKEN = re.compile(r"[\x21-\x7e]{1,256}")  # visible ASCII: it travels in a header
 LOG = logging.getLogger("asnackq.ops.dashboard")
