@@ -90,6 +90,7 @@ class Committer:
         self.cycling = False  # a transaction is in flight
         self.gathering = False  # results are let gather (no kick per result)
         self.closing_at = math.inf  # the event loop's time when the run began to close
+        self.rate_short = False  # the shared rate's permits cut the last claim short
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -214,7 +215,7 @@ class Committer:
         """Whether the run has nothing more to claim (nothing is held right now)."""
         if self.budget == 0:
             return True
-        if not self.pacer.dry or follow:
+        if not self.pacer.dry or follow or self.rate_short:
             return False
         return not until_empty or not (await self.queue.read(w.SQL_ACTIVE))[0][0]
 
@@ -251,8 +252,8 @@ class Committer:
         started = self.pacer.begin()
         self.cycling = True
         try:
-            statuses, extended, tickets, ended = await self.queue.cycle(
-                finishes, due, self.settings.owner, now, self.settings.lease_ms, *want
+            (statuses, extended, tickets, ended), slots = await self._transact(
+                finishes, due, now, want
             )
         except CommitUnknown:  # committed or not: the tickets it touched are let go
             self._unconfirmed([finish.ticket for finish in finishes] + due)
@@ -270,9 +271,22 @@ class Committer:
         lost = self.ledger.kept(now, due, extended)
         self.summary.lost += lost
         self.summary.extended += len(due) - lost
-        self._claimed(now, tickets)
+        self._claimed(now, tickets, slots)
         if self.phase is not Phase.CLAIMING:
             self._release_waiters()  # nothing more will be claimed for them
+
+    async def _transact(
+        self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want
+    ) -> tuple[w.Cycle, list[float]]:
+        """The cycle's transaction; under a shared rate its claims take permits, and each
+        ticket gets its send slot on the event loop's clock (``asnackq.core.rate``)."""
+        claim = (self.settings.owner, now, self.settings.lease_ms, *want)
+        rate = self.settings.rate
+        if rate is None:
+            return await self.queue.cycle(finishes, due, *claim), []
+        paced = await self.queue.paced_cycle(rate, finishes, due, *claim)
+        self.rate_short, at = paced.short, self.clock()  # (a slot is never early)
+        return paced.cycle, [at + wait / 1e6 for wait in paced.waits_us]
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""
@@ -296,15 +310,15 @@ class Committer:
                 self.settings.trace("finish", finish.ticket, finish.now_ms, status)
             self.summary.count(status)
 
-    def _claimed(self, now: int, tickets: list[w.Ticket]) -> None:
+    def _claimed(self, now: int, tickets: list[w.Ticket], slots: list[float]) -> None:
         if self.budget is not None:
             self.budget -= len(tickets)
         self.summary.claimed += len(tickets)
-        for ticket in tickets:
+        for ticket, slot in zip(tickets, slots or [0.0] * len(tickets), strict=True):
             self.ledger.hold(ticket)
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
-            self._hand_out(Claimed(ticket, now))
+            self._hand_out(Claimed(ticket, now, slot))
 
     def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
         """Let go of the tickets a cycle of unknown outcome finished or extended (each job

@@ -11,6 +11,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -26,10 +27,12 @@ __all__ = ["Claimed", "Port", "Sent"]
 
 
 class Claimed(NamedTuple):
-    """A ticket as claimed, and the clock reading of its claim (the delivery's first)."""
+    """A ticket as claimed, the clock reading of its claim (the delivery's first), and its
+    send slot under a shared rate (the event loop's clock; 0: none)."""
 
     ticket: w.Ticket
     first: int
+    not_before: float = 0.0
 
 
 class Sent(NamedTuple):
@@ -58,6 +61,14 @@ class Port:
     def keeps(self, ticket: w.Ticket) -> bool:
         """Whether the run still holds this lease now (a send may go under it)."""
         return self.ledger.keeps(ticket, self.now())
+
+    async def slot(self, claimed: Claimed) -> bool:
+        """Wait for the ticket's send slot; whether the run still holds its lease then."""
+        wait = claimed.not_before - asyncio.get_running_loop().time()
+        if wait <= 0:
+            return True
+        await asyncio.sleep(wait)
+        return self.keeps(claimed.ticket)
 
     def lease_left_s(self, ticket: w.Ticket) -> float:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""

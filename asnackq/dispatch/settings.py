@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asnackq.core import worker as w
+from asnackq.core.rate import Rate
 
 __all__ = ["Settings", "Trace"]
 
@@ -29,6 +30,7 @@ class Settings:
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
+    rate: Rate | None = None  # a rate shared by every worker of the queue
 
     @property
     def gather_s(self) -> float:

@@ -1,0 +1,161 @@
+"""A shared send rate (``core.rate``): the rule, its plan on both drivers, its table."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import sqlite3
+import time
+
+import pytest
+
+from asnackq.core import rate as r
+from asnackq.core import worker as w
+from asnackq.lab.pace import pace
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.sqlite_aio import HOPS
+
+from .conftest import T0
+from .test_aio_hops import awaits, counting_queue, results
+
+EVERY_US = 5_000  # 200 a second
+
+
+def take(row: list[int], now: int, wanted: int) -> list[int]:
+    """Slots a claim of ``wanted`` takes at ``now`` on ``row`` (interval, burst, tat),
+    all of them used: the row moves on."""
+    got = r.grant((*row, now), wanted)
+    slots = [got.start_us + i * got.interval_us for i in range(got.permits)]
+    if slots:
+        row[2] = slots[-1] + got.interval_us
+    return slots
+
+
+@pytest.mark.parametrize("burst", [1, 5, 20])
+def test_workers_claiming_at_random_never_beat_the_rate_nor_a_burst(burst):
+    rng = random.Random(burst)
+    row, now, slots, sends = [EVERY_US, burst, 0], 10**12, [], []
+    for _ in range(4_000):
+        now += rng.choice([0, 100, 2_000, 30_000, 400_000])  # idle spells too
+        taken = take(row, now, rng.randint(0, 40))
+        slots += taken
+        sends += [max(slot, now) for slot in taken]  # each sent at its slot, never before
+    assert slots == sorted(set(slots))  # one send a slot, every slot once
+    for i, at in enumerate(sends):  # at most B at once, at most R a second after that
+        assert bisect.bisect_left(sends, at + 1_000_000) - i <= 200 + burst
+        assert bisect.bisect_right(sends, at) - i <= burst
+
+
+def test_a_busy_limiter_grants_the_rate_and_slots_ahead_only_to_its_horizon():
+    row, now, sends = [EVERY_US, 1, 0], 10**12, []
+    for step in range(1_000):  # a claim every 10 ms, always wanting more
+        slots = take(row, now + step * 10_000, 1_000)
+        assert all(slot <= now + step * 10_000 + r.HORIZON_US for slot in slots)
+        sends += slots
+    judged = pace([t / 1e6 for t in sends], 200.0)
+    assert judged.capped and judged.kept and judged.max_window == 200
+
+
+def test_a_clock_stepped_back_neither_stops_the_limiter_nor_grants_a_burst():
+    row, now = [EVERY_US, 10, 0], 10**12
+    assert len(take(row, now, 1_000)) == 10 + r.HORIZON_US // EVERY_US  # burst + horizon
+    stepped = now - 3_600_000_000  # an hour back: one slot, a horizon ahead, no burst
+    assert take(row, stepped, 1_000) == [stepped + r.HORIZON_US]
+    later = stepped + 50_000
+    slots = take(row, later, 1_000)  # the limiter goes on at its rate, from its clock
+    assert slots == [stepped + r.HORIZON_US + EVERY_US * i for i in range(1, 11)]
+    forward = later + 3_600_000_000  # a step forward: a burst of B, no more
+    assert sum(1 for slot in take(row, forward, 1_000) if slot <= forward) == 10
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0, float("nan"), float("inf"), 1e9, "5", None, True])
+def test_a_rate_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="rate must be"):
+        r.check_rate(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, 10**9, "2"])
+def test_a_burst_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="burst"):
+        r.check_rate(10, bad)
+
+
+def fill(con: sqlite3.Connection, n: int, now: int = T0) -> None:
+    w.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(n)], now)
+
+
+def test_open_queue_makes_no_rate_table_and_the_setup_makes_one(con):
+    tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'asnackq_rate'"
+    assert con.execute(tables).fetchall() == []
+    w.drive(con, r.plan_rate_setup(r.check_rate(200.0, 3)))
+    w.drive(con, r.plan_rate_setup(r.check_rate(50, 2)))  # a new rate replaces the old
+    assert con.execute("SELECT key, interval_us, burst FROM asnackq_rate").fetchall() == [
+        ("sends", 20_000, 2)
+    ]
+
+
+def test_a_paced_cycle_claims_only_its_permits_and_returns_the_unused(con):
+    rate = r.check_rate(200.0)
+    w.drive(con, r.plan_rate_setup(rate))
+    fill(con, 30)
+    plan = r.plan_paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 100, limits=w.CONTRACT)
+    first = w.drive(con, plan)
+    allowed = r.HORIZON_US // EVERY_US + 1  # from now to the horizon, one slot each
+    assert len(first.cycle[2]) == len(first.waits_us) == allowed and first.short
+    assert first.waits_us == sorted(first.waits_us) and first.waits_us[0] == 0
+    assert all(b - a == EVERY_US for a, b in itertools.pairwise(first.waits_us))
+    # 9 jobs left, time enough for 21 slots (the row idle since): 9 are taken, 12 go back
+    con.execute("UPDATE asnackq_rate SET tat_us = 0")
+    plan = r.plan_paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 50, 0, limits=w.CONTRACT)
+    before = time.time_ns() // 1000
+    rest = w.drive(con, plan)
+    after = time.time_ns() // 1000
+    assert len(rest.cycle[2]) == 30 - allowed and not rest.short
+    (tat,) = con.execute("SELECT tat_us FROM asnackq_rate").fetchone()
+    assert before - 2_000 <= tat - 9 * EVERY_US <= after + 2_000  # the database's clock
+
+
+def test_a_cycle_without_claims_reads_no_permit(con, statements):
+    rate = r.check_rate(10.0)
+    w.drive(con, r.plan_rate_setup(rate))
+    statements.clear()
+    w.drive(con, r.plan_paced_cycle(rate, [], [], "w1", T0, 5_000, 0, 0, limits=w.CONTRACT))
+    assert statements == ["BEGIN IMMEDIATE", "COMMIT"]
+
+
+async def test_permits_ride_in_the_claims_transaction_two_hops_more_whatever_the_batch(db):
+    queue, counting = await counting_queue(db)
+    rate = r.check_rate(100_000.0, 10_000)
+    try:
+        await queue.limit_rate(rate)
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(600)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 6)
+        one, hops_one = await awaits(
+            counting,
+            queue.paced_cycle(rate, results(held[:1], T0 + 2), held[1:2], "w1", T0 + 2, 5_000, 1),
+        )
+        many, hops_many = await awaits(
+            counting,
+            queue.paced_cycle(rate, results(held[2:4], T0 + 3), held[4:], "w1", T0 + 3, 5_000, 500),
+        )
+    finally:
+        await queue.close()
+    assert len(one.cycle[2]) == 1 and len(many.cycle[2]) == 500
+    assert hops_one == hops_many == HOPS["paced cycle"] == HOPS["cycle"] + 2
+
+
+async def test_a_paced_cycle_runs_the_same_on_postgresql(pg_db):
+    url = pg_db()
+    rate = r.check_rate(200.0)
+    async with AsyncQueue.open(url, limits=w.CONTRACT) as queue:
+        await queue.limit_rate(rate)
+        await queue.limit_rate(rate)  # again: the table is there, the row replaced
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(30)], T0)
+        first = await queue.paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 100)
+        second = await queue.paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 100)
+    allowed = r.HORIZON_US // EVERY_US + 1
+    assert len(first.cycle[2]) == allowed and first.short
+    # the second claim finds the slots to the horizon taken: few or none, never early
+    assert len(second.cycle[2]) < allowed
+    assert all(wait >= 0 for wait in second.waits_us)
