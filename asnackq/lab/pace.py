@@ -12,16 +12,20 @@ Rules of this module:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from asnackq.lab.procs import command
 from asnackq.sink.app import SERVER_OPTIONS, SinkConfig, make_app
+from asnackq.store.aio import AsyncQueue
 
-__all__ = ["CAP_SHARE", "KEEP_SHARE", "Pace", "pace", "recording_sink"]
+__all__ = ["CAP_SHARE", "KEEP_SHARE", "Pace", "Run", "fill", "pace", "paced_run", "recording_sink"]
 
 CAP_SHARE = 1.1  # no one-second window above rate x 1.1
 KEEP_SHARE = 0.9  # a mean of at least rate x 0.9
@@ -86,7 +90,7 @@ async def recording_sink(db: Path | str) -> AsyncIterator[tuple[str, list[float]
     @web.middleware
     async def note(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.method == "POST" and request.path == "/events":
-            arrivals.append(request.loop.time())
+            arrivals.append(asyncio.get_running_loop().time())
         response: web.StreamResponse = await handler(request)
         return response
 
@@ -100,3 +104,51 @@ async def recording_sink(db: Path | str) -> AsyncIterator[tuple[str, list[float]
         yield f"http://{host}:{port}/events", arrivals
     finally:
         await runner.cleanup()
+
+
+async def fill(queue: Path | str, jobs: int) -> None:
+    """Enqueue ``jobs`` jobs ``j0``, ``j1``, ... (qty 1) on a queue file or URL."""
+    async with AsyncQueue.open(queue) as opened:
+        for first in range(0, jobs, 500):
+            events = [{"id": f"j{i}", "qty": 1} for i in range(first, min(first + 500, jobs))]
+            await opened.enqueue_many(events)
+
+
+class Run(NamedTuple):
+    """A paced run: the sink's arrivals judged, each worker's exit code and summary."""
+
+    pace: Pace
+    codes: list[int | None]
+    summaries: list[dict[str, Any]]
+
+
+async def paced_run(
+    queue: Path | str,
+    sink_db: Path | str,
+    rate: float,
+    workers: Sequence[Sequence[object]],
+    burst: int = 1,
+    timeout_s: float = 120.0,
+) -> Run:
+    """Run one ``asnackq work QUEUE --rate RATE --burst BURST --until-empty`` process per
+    item of ``workers`` (its extra options) against a recording sink, until each ends."""
+    async with recording_sink(sink_db) as (url, arrivals):
+        procs = [
+            await asyncio.create_subprocess_exec(
+                *command("work", queue, "--sink", url, "--rate", rate, "--burst", burst),
+                *map(str, ("--until-empty", "--json", *options)),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for options in workers
+        ]
+        try:
+            outs = await asyncio.wait_for(
+                asyncio.gather(*(proc.communicate() for proc in procs)), timeout_s
+            )
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    summaries = [json.loads(out) if out else {} for out, _ in outs]
+    return Run(pace(arrivals, rate), [proc.returncode for proc in procs], summaries)
