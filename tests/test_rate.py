@@ -10,8 +10,10 @@ import time
 
 import pytest
 
+from asnackq import cli
 from asnackq.core import rate as r
 from asnackq.core import worker as w
+from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab.pace import pace
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
@@ -159,3 +161,57 @@ async def test_a_paced_cycle_runs_the_same_on_postgresql(pg_db):
     # the second claim finds the slots to the horizon taken: few or none, never early
     assert len(second.cycle[2]) < allowed
     assert all(wait >= 0 for wait in second.waits_us)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--rate", "0"),
+        ("--rate", "-5"),
+        ("--rate", "nan"),
+        ("--rate", "inf"),
+        ("--rate", "1e9"),
+        ("--rate", "fast"),
+        ("--burst", "0"),
+        ("--burst", "2.5"),
+    ],
+)
+def test_work_refuses_a_rate_or_burst_out_of_range_in_one_line_changing_nothing(
+    tmp_path, capsys, option, value
+):
+    queue = tmp_path / "queue.db"
+    argv = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", option, value]
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*argv, *(["--rate", "10"] if option == "--burst" else [])])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
+    assert not queue.exists()
+
+
+def test_work_refuses_a_burst_without_a_rate(tmp_path, capsys):
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    before = queue.read_bytes()
+    argv = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", "--burst", "5"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == "asnackq work: --burst goes with --rate"
+    assert queue.read_bytes() == before
+
+
+def test_slots_are_placed_with_the_smallest_delay_seen_never_early():
+    slots, offset = Slots(), 100.0  # the event loop's clock reads the database's + 100 s
+
+    def paced(now_s: float, *waits_us: int) -> r.Paced:
+        return r.Paced(([], [], [], {}), list(waits_us), round(now_s * 1e6), False)
+
+    assert slots.place(paced(1000.0, 0, 5_000), 1000.0 + offset + 0.005) == pytest.approx(
+        [1100.005, 1100.010]
+    )
+    # a slow commit (80 ms): its slots are not pushed 80 ms late onto the next cycle's
+    late = slots.place(paced(1000.1, 0), 1000.1 + offset + 0.080)
+    assert late == pytest.approx([1100.105])
+    # a database clock stepped back an hour: the old offset leaves with the window
+    for i in range(SAMPLES):
+        placed = slots.place(paced(i - 3600.0, 0), i - 3600.0 + offset + 3600.0 + 0.001)
+    assert placed == pytest.approx([SAMPLES - 1 + offset + 0.001])

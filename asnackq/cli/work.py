@@ -196,6 +196,8 @@ def run_work(args: argparse.Namespace) -> int:
         ).check()
     except ValueError as error:
         raise Usage(str(error)) from None
+    if args.burst != 1 and args.rate is None:
+        raise Usage("--burst goes with --rate")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(

@@ -109,11 +109,12 @@ class Grant(NamedTuple):
 
 class Paced(NamedTuple):
     """A paced cycle's result: the core's cycle, each ticket's wait before its send (in
-    microseconds after the database's clock reading, in ticket order), and whether the
-    permits, not the jobs, cut the claims short (more may be claimable at the next slot)."""
+    microseconds after the database's clock reading ``now_us``, in ticket order), and
+    whether the permits, not the jobs, cut the claims short (more may be claimable soon)."""
 
     cycle: w.Cycle
     waits_us: list[int]
+    now_us: int
     short: bool
 
 
@@ -197,4 +198,4 @@ def _paced(
             raise RuntimeError(f"the rate row {rate.key!r} was not written once: {spent}")
     waits = [max(0, slot - permits.now_us) for slot in slots]
     short = used == permits.permits < wanted
-    return Paced(cycle, waits, short), changed
+    return Paced(cycle, waits, permits.now_us, short), changed

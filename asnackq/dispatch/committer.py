@@ -41,6 +41,7 @@ from asnackq.dispatch.pacer import Pacer, Want
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
+from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
@@ -91,6 +92,7 @@ class Committer:
         self.gathering = False  # results are let gather (no kick per result)
         self.closing_at = math.inf  # the event loop's time when the run began to close
         self.rate_short = False  # the shared rate's permits cut the last claim short
+        self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -285,8 +287,8 @@ class Committer:
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim), []
         paced = await self.queue.paced_cycle(rate, finishes, due, *claim)
-        self.rate_short, at = paced.short, self.clock()  # (a slot is never early)
-        return paced.cycle, [at + wait / 1e6 for wait in paced.waits_us]
+        self.rate_short = paced.short
+        return paced.cycle, self.slots.place(paced, self.clock())
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""

@@ -115,11 +115,13 @@ async def fill(queue: Path | str, jobs: int) -> None:
 
 
 class Run(NamedTuple):
-    """A paced run: the sink's arrivals judged, each worker's exit code and summary."""
+    """A paced run: the sink's arrivals judged, each worker's exit code and summary, and
+    the arrivals (the event loop's clock)."""
 
     pace: Pace
     codes: list[int | None]
     summaries: list[dict[str, Any]]
+    arrivals: list[float]
 
 
 async def paced_run(
@@ -151,4 +153,5 @@ async def paced_run(
                     proc.kill()
                     await proc.wait()
     summaries = [json.loads(out) if out else {} for out, _ in outs]
-    return Run(pace(arrivals, rate), [proc.returncode for proc in procs], summaries)
+    codes = [proc.returncode for proc in procs]
+    return Run(pace(arrivals, rate), codes, summaries, arrivals)
