@@ -165,19 +165,15 @@ def plan_paced_cycle(
     many = w.check_int(count, "count", 0, 1024)
     ahead = w.check_int(fresh, "fresh", 0, 1024)
     w.plan_cycle(settled, kept, owner, now_ms, lease_ms, many, ahead, limits=limits).close()
-    return _paced(rate, settled, kept, owner, now_ms, lease_ms, many, ahead, limits)
+    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), many, ahead, limits)
+
+
+# A cycle's results, held tickets, owner, now and lease, as ``worker.plan_cycle`` takes them.
+CycleArgs = tuple[list[tuple[w.Ticket, str, int, int]], list[w.Ticket], object, object, object]
 
 
 def _paced(
-    rate: Rate,
-    results: list[tuple[w.Ticket, str, int, int]],
-    held: list[w.Ticket],
-    owner: object,
-    now_ms: object,
-    lease_ms: object,
-    count: int,
-    fresh: int,
-    limits: w.Limits,
+    rate: Rate, cycle_args: CycleArgs, count: int, fresh: int, limits: w.Limits
 ) -> w.Plan[Paced]:
     permits, wanted = Grant(0, 0, 0, 1), count + fresh
     if wanted:
@@ -187,9 +183,7 @@ def _paced(
         permits = grant(rows[0], wanted)
     count = min(count, permits.permits)
     fresh = min(fresh, permits.permits - count)
-    cycle, changed = yield from w.plan_cycle(
-        results, held, owner, now_ms, lease_ms, count, fresh, limits=limits
-    )
+    cycle, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits)
     used = len(cycle[2])
     slots = [permits.start_us + i * permits.interval_us for i in range(used)]
     if used:  # only the slots used are spent; the rest are never written
