@@ -1,10 +1,11 @@
 """A send rate shared by three worker processes, as the sink sees it, in one run.
 
     python benchmarks/rate_limit.py [--rate 200] [--seconds 20] [--workers 3] [--burst 1]
-                                    [--queue postgresql://...] [--dir DIR]
+                                    [--queue postgresql://... | --pg-local] [--dir DIR]
 
-Fills a queue (a file in a temporary directory under --dir, or --queue's database, which
-must be empty) with rate x seconds jobs, runs ``asnackq work --rate R --until-empty`` in
+Fills a queue (a file in a temporary directory under --dir, --queue's database, which
+must be empty, or with --pg-local a throwaway local PostgreSQL server's, durable settings)
+with rate x seconds jobs, runs ``asnackq work --rate R --until-empty`` in
 --workers processes against the project's sink (noting each request's arrival), and prints
 the most requests in any one-second window after the first second and the mean rate, each
 divided by R, with the issue's verdicts:
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from asnackq.lab.pace import CAP_SHARE, KEEP_SHARE, fill, paced_run
+from asnackq.lab.pg_server import local_server
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -55,5 +57,11 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--burst", type=int, default=1)
     parser.add_argument("--queue", default=None, help="an empty postgresql:// database")
+    parser.add_argument("--pg-local", action="store_true", help="a throwaway local server")
     parser.add_argument("--dir", default=".", help="where the temporary directory goes")
-    raise SystemExit(asyncio.run(main(parser.parse_args())))
+    options = parser.parse_args()
+    if options.pg_local:
+        with local_server() as server:
+            options.queue = server.url()
+            raise SystemExit(asyncio.run(main(options)))
+    raise SystemExit(asyncio.run(main(options)))

@@ -205,13 +205,30 @@ def test_slots_are_placed_with_the_smallest_delay_seen_never_early():
     def paced(now_s: float, *waits_us: int) -> r.Paced:
         return r.Paced(([], [], [], {}), list(waits_us), round(now_s * 1e6), False)
 
-    assert slots.place(paced(1000.0, 0, 5_000), 1000.0 + offset + 0.005) == pytest.approx(
+    assert slots.lead_us() == 0
+    at = 1000.0 + offset + 0.005
+    assert slots.place(paced(1000.0, 0, 5_000), at - 0.01, at) == pytest.approx(
         [1100.005, 1100.010]
     )
-    # a slow commit (80 ms): its slots are not pushed 80 ms late onto the next cycle's
-    late = slots.place(paced(1000.1, 0), 1000.1 + offset + 0.080)
-    assert late == pytest.approx([1100.105])
+    # a slow commit (80 ms): its slots are not pushed 80 ms late onto the next cycle's,
+    at = 1000.1 + offset + 0.080
+    assert slots.place(paced(1000.1, 0), at - 0.09, at) == pytest.approx([1100.105])
+    assert slots.lead_us() == 50_000  # the next claims' slots: the median cycle's time later
     # a database clock stepped back an hour: the old offset leaves with the window
     for i in range(SAMPLES):
-        placed = slots.place(paced(i - 3600.0, 0), i - 3600.0 + offset + 3600.0 + 0.001)
+        at = i + offset + 0.001
+        placed = slots.place(paced(i - 3600.0, 0), at - 0.002, at)
     assert placed == pytest.approx([SAMPLES - 1 + offset + 0.001])
+    assert slots.lead_us() == 2_000  # the slow commit left the window too
+
+
+def test_a_claims_lead_moves_its_slots_later_and_never_reads_as_a_clock_step():
+    row, now = [EVERY_US, 1, 0], 10**12
+    got = r.grant((*row, now), 1_000, r.MAX_LEAD_US)
+    assert got.start_us == now + r.MAX_LEAD_US and got.now_us == now
+    assert got.permits == r.HORIZON_US // EVERY_US + 1
+    row[2] = got.start_us + got.permits * EVERY_US
+    # a claimer without a lead, right after: nothing yet, and no step back read into it
+    assert r.grant((*row, now), 1_000).permits == 0
+    later = r.grant((*row, now + r.MAX_LEAD_US + EVERY_US), 1_000)
+    assert later.start_us == row[2] and later.permits == 1

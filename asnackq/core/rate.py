@@ -10,8 +10,10 @@ Rules of this module (the style of ``worker.py``; standard library only):
   (locked) and the database's clock in one statement, decide how many slots the claim
   may take, ``yield from`` the core's cycle plan for exactly that many claims, and write
   back only the slots the claims used: unused permits are returned before COMMIT.
-* Slots are granted up to ``HORIZON_US`` ahead of the database's clock, ``T`` apart, and
-  never before ``now - (B - 1) * T``: at most ``B`` sends at once after an idle spell,
+* Slots are granted ``T`` apart, from ``lead`` after the database's clock (the claimer's
+  own estimate of its transaction's time, at most ``MAX_LEAD_US``: its tickets reach it
+  before their slots, not overdue in a bunch) up to ``HORIZON_US`` after that, and never
+  before ``now + lead - (B - 1) * T``: at most ``B`` sends at once after an idle spell,
   at most ``rate`` a second after that, however many workers claim.
 * The clock is the database's (SQLite: the machine's, read by SQLite; PostgreSQL: the
   server's ``clock_timestamp()``), read after the row is locked: a worker's own clock,
@@ -35,6 +37,7 @@ from asnackq.core import worker as w
 __all__ = [
     "HORIZON_US",
     "MAX_BURST",
+    "MAX_LEAD_US",
     "MAX_RATE",
     "SQL_RATE_READ",
     "SQL_RATE_SET",
@@ -51,7 +54,8 @@ __all__ = [
 
 MAX_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
 MAX_BURST = 100_000
-HORIZON_US = 100_000  # how far ahead of the clock a claim may take slots (0.1 s)
+HORIZON_US = 100_000  # how far past its lead a claim may take slots (0.1 s)
+MAX_LEAD_US = 250_000  # the longest lead a claim may ask for
 DEFAULT_KEY = "sends"
 
 SQL_RATE_TABLE = """CREATE TABLE IF NOT EXISTS asnackq_rate (key TEXT PRIMARY KEY,
@@ -118,16 +122,17 @@ class Paced(NamedTuple):
     short: bool
 
 
-def grant(row: tuple[Any, ...], wanted: int) -> Grant:
-    """The slots a claim of ``wanted`` may take on the rate row ``(interval_us, burst,
-    tat_us, now_us)`` (the rule in one place; pure)."""
+def grant(row: tuple[Any, ...], wanted: int, lead_us: int = 0) -> Grant:
+    """The slots a claim of ``wanted`` with ``lead_us`` may take on the rate row
+    ``(interval_us, burst, tat_us, now_us)`` (the rule in one place; pure)."""
     interval, burst, tat, now = (int(value) for value in row)
     tolerance = (burst - 1) * interval  # how far behind the clock a slot may be
-    ahead = now + HORIZON_US + interval  # the furthest next slot any grant leaves
+    ahead = now + MAX_LEAD_US + HORIZON_US + interval  # the furthest any grant leaves it
+    first = now + lead_us  # the claimer's tickets reach it by then
     if tat > ahead:  # the clock stepped back: go on from one horizon ahead
-        tat = now + HORIZON_US
-    start = max(tat, now - tolerance)
-    room = now + HORIZON_US - start
+        tat = first + HORIZON_US
+    start = max(tat, first - tolerance)
+    room = first + HORIZON_US - start
     permits = 0 if room < 0 else min(wanted, room // interval + 1)
     return Grant(permits, start, now, interval)
 
@@ -154,18 +159,22 @@ def plan_paced_cycle(
     count: object,
     fresh: object = 0,
     *,
+    lead_us: object = 0,
     limits: w.Limits = w.CONTRACT,
 ) -> w.Plan[Paced]:
     """``worker.plan_cycle`` whose claims take the rate's permits in the same transaction.
 
     The claims (``count``, then ``fresh``) are cut to the permits granted; the slots the
     tickets did not use go back before COMMIT.  A cycle without claims reads no permit.
+    ``lead_us`` (0..MAX_LEAD_US): how long after the database's reading the first slot may
+    be, at the earliest (see ``grant``).
     """
     settled, kept = list(results), list(held)
     many = w.check_int(count, "count", 0, 1024)
     ahead = w.check_int(fresh, "fresh", 0, 1024)
+    lead = w.check_int(lead_us, "lead_us", 0, MAX_LEAD_US)
     w.plan_cycle(settled, kept, owner, now_ms, lease_ms, many, ahead, limits=limits).close()
-    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), many, ahead, limits)
+    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), many, ahead, lead, limits)
 
 
 # A cycle's results, held tickets, owner, now and lease, as ``worker.plan_cycle`` takes them.
@@ -173,14 +182,14 @@ CycleArgs = tuple[list[tuple[w.Ticket, str, int, int]], list[w.Ticket], object, 
 
 
 def _paced(
-    rate: Rate, cycle_args: CycleArgs, count: int, fresh: int, limits: w.Limits
+    rate: Rate, cycle_args: CycleArgs, count: int, fresh: int, lead_us: int, limits: w.Limits
 ) -> w.Plan[Paced]:
     permits, wanted = Grant(0, 0, 0, 1), count + fresh
     if wanted:
         rows = yield w.Sql(SQL_RATE_READ, (rate.key,))
         if not rows:
             raise RuntimeError(f"no rate row {rate.key!r}: run plan_rate_setup first")
-        permits = grant(rows[0], wanted)
+        permits = grant(rows[0], wanted, lead_us)
     count = min(count, permits.permits)
     fresh = min(fresh, permits.permits - count)
     cycle, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits)

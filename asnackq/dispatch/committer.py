@@ -286,9 +286,11 @@ class Committer:
         rate = self.settings.rate
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim), []
-        paced = await self.queue.paced_cycle(rate, finishes, due, *claim)
+        began = self.clock()
+        lead = self.slots.lead_us()
+        paced = await self.queue.paced_cycle(rate, finishes, due, *claim, lead_us=lead)
         self.rate_short = paced.short
-        return paced.cycle, self.slots.place(paced, self.clock())
+        return paced.cycle, self.slots.place(paced, began, self.clock())
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""

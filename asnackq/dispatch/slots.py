@@ -11,14 +11,20 @@ Rules of this module:
   whose commit was slow does not push its sends late onto the next cycle's (which would
   bunch sends at the sink).  A window of samples, not all of them: a database clock
   stepped back leaves the window within ``SAMPLES`` cycles.
+* The lead a claim asks for (``lead_us``) is the median time a cycle took, from its start
+  to its result, over the last ``SAMPLES`` cycles (at most ``MAX_LEAD_US``): slots that
+  begin that late are not overdue, in a bunch, when a commit hands them over.  The
+  median, not the longest: a lead that grows skips the slots before it (nobody takes
+  them), so it must move little from one cycle to the next.
 * No I/O; the event loop's clock is passed in.
 """
 
 from __future__ import annotations
 
 import collections
+import statistics
 
-from asnackq.core.rate import Paced
+from asnackq.core.rate import MAX_LEAD_US, Paced
 
 __all__ = ["SAMPLES", "Slots"]
 
@@ -30,10 +36,19 @@ class Slots:
 
     def __init__(self) -> None:
         self.samples: collections.deque[float] = collections.deque(maxlen=SAMPLES)
+        self.took: collections.deque[float] = collections.deque(maxlen=SAMPLES)
 
-    def place(self, paced: Paced, at: float) -> list[float]:
-        """Each ticket's slot on the event loop's clock; ``at``: when ``paced`` arrived."""
+    def lead_us(self) -> int:
+        """How long after the database's reading the next claim's first slot may be."""
+        if not self.took:
+            return 0
+        return min(MAX_LEAD_US, round(statistics.median(self.took) * 1e6))
+
+    def place(self, paced: Paced, began: float, at: float) -> list[float]:
+        """Each ticket's slot on the event loop's clock, for the cycle that began at
+        ``began`` and whose result ``paced`` arrived at ``at``."""
         now_s = paced.now_us / 1e6
+        self.took.append(at - began)
         self.samples.append(at - now_s)
         offset = min(self.samples)
         return [now_s + offset + wait / 1e6 for wait in paced.waits_us]
