@@ -39,6 +39,7 @@ __all__ = [
     "MAX_BURST",
     "MAX_LEAD_US",
     "MAX_RATE",
+    "SQL_RATE_CLOCK",
     "SQL_RATE_READ",
     "SQL_RATE_SET",
     "SQL_RATE_SPEND",
@@ -68,6 +69,8 @@ SQL_RATE_READ = """SELECT interval_us, burst, tat_us,
   CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)
 FROM asnackq_rate WHERE key = ?"""
 SQL_RATE_SPEND = "UPDATE asnackq_rate SET tat_us = ? WHERE key = ? RETURNING key"
+# The database's clock alone (read-only, outside any transaction).
+SQL_RATE_CLOCK = "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 
 
 class Rate(NamedTuple):

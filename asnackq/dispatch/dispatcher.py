@@ -223,6 +223,8 @@ class Dispatcher:
         if self.settings.rate is not None:  # the queue's row: this rate for every worker
             await self.queue.limit_rate(self.settings.rate)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
+        if self.settings.rate is not None:
+            await committer.slots.probe(self.queue, asyncio.get_running_loop().time)
         self.summary, self._breaker, self._clock = (
             committer.summary,
             committer.breaker,

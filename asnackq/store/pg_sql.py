@@ -132,6 +132,7 @@ STATEMENTS.update(
     {
         rate.SQL_RATE_TABLE: PG_RATE_TABLE,
         rate.SQL_RATE_READ: PG_RATE_READ,
+        rate.SQL_RATE_CLOCK: "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
         rate.SQL_RATE_SET: placeholders(rate.SQL_RATE_SET),
         rate.SQL_RATE_SPEND: placeholders(rate.SQL_RATE_SPEND),
     }
