@@ -15,10 +15,12 @@ from asnackq.core import rate as r
 from asnackq.core import worker as w
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab.pace import pace
+from asnackq.store import aio, pg
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
 
 from .conftest import T0
+from .pgdb import tracing
 from .test_aio_hops import awaits, counting_queue, results
 
 EVERY_US = 5_000  # 200 a second
@@ -232,3 +234,29 @@ def test_a_claims_lead_moves_its_slots_later_and_never_reads_as_a_clock_step():
     assert r.grant((*row, now), 1_000).permits == 0
     later = r.grant((*row, now + r.MAX_LEAD_US + EVERY_US), 1_000)
     assert later.start_us == row[2] and later.permits == 1
+
+
+async def test_on_postgresql_permits_ride_in_the_claims_transaction_two_round_trips_more(pg_db):
+    url = pg_db()
+    store = await aio.open_store(url, w.SCHEMA)
+    seen: list[str] = []
+    queue = AsyncQueue(store, limits=w.CONTRACT)
+    rate = r.check_rate(100_000.0, 10_000)
+    try:
+        await queue.limit_rate(rate)
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(40)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 4)
+        assert isinstance(store, pg.AsyncStore) and store.con is not None
+        store.con.cursor_factory = tracing(lambda sql: seen.append(" ".join(sql.split())))[1]
+        await queue.cycle(results(held[:1], T0 + 2), held[1:2], "w1", T0 + 2, 5_000, 8)
+        plain, seen[:] = list(seen), []
+        paced = await queue.paced_cycle(
+            rate, results(held[2:3], T0 + 3), held[3:], "w1", T0 + 3, 5_000, 8
+        )
+    finally:
+        await queue.close()
+    assert len(paced.cycle[2]) == 8
+    assert plain[0] == seen[0] == "BEGIN" and plain[-1] == seen[-1] == "COMMIT"
+    assert [s for s in seen if "asnackq_rate" not in s] == plain  # the same cycle, and
+    rate_steps = [i for i, s in enumerate(seen) if "asnackq_rate" in s]
+    assert len(seen) == len(plain) + 2 and rate_steps == [1, len(seen) - 3]  # read, spend
