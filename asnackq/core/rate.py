@@ -55,7 +55,7 @@ __all__ = [
 
 MAX_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
 MAX_BURST = 100_000
-HORIZON_US = 100_000  # how far past its lead a claim may take slots (0.1 s)
+HORIZON_US = 250_000  # how far past its lead a claim may take slots (0.25 s)
 MAX_LEAD_US = 250_000  # the longest lead a claim may ask for
 DEFAULT_KEY = "sends"
 

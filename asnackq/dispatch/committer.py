@@ -183,7 +183,8 @@ class Committer:
         want = self._want()
         due, wake_ms, pressing = self._due(now)
         if self.inbox or due or self.pacer.claims(want):
-            urgent = bool(due or pressing or self.waiters) or self.phase is not Phase.CLAIMING
+            waiting = bool(self.waiters) and self.settings.rate is None  # (paced: see Settings)
+            urgent = bool(due or pressing or waiting) or self.phase is not Phase.CLAIMING
             pause = self.pacer.pause(urgent, wake_ms)
             if pause > 0:
                 await self._gather(pause)
