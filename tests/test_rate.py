@@ -13,11 +13,14 @@ import pytest
 from asnackq import cli
 from asnackq.core import rate as r
 from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.slots import SAMPLES, Slots
-from asnackq.lab.pace import pace
+from asnackq.lab.pace import fill as pace_fill
+from asnackq.lab.pace import pace, recording_sink
 from asnackq.store import aio, pg
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import T0
 from .pgdb import tracing
@@ -260,3 +263,28 @@ async def test_on_postgresql_permits_ride_in_the_claims_transaction_two_round_tr
     assert [s for s in seen if "asnackq_rate" not in s] == plain  # the same cycle, and
     rate_steps = [i for i, s in enumerate(seen) if "asnackq_rate" in s]
     assert len(seen) == len(plain) + 2 and rate_steps == [1, len(seen) - 3]  # read, spend
+
+
+async def test_a_stalled_worker_takes_new_slots_instead_of_sending_late_in_a_bunch(db, tmp_path):
+    await pace_fill(db, 300)
+    async with (
+        recording_sink(tmp_path / "sink.db") as (url, arrivals),
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(url, timeout_s=1.0) as http,
+    ):
+        sent = 0
+
+        async def send(event: dict[str, object], token: int | None) -> object:
+            nonlocal sent
+            sent += 1
+            if sent == 100:  # the whole process stalls: every waiting slot passes
+                time.sleep(0.5)  # noqa: ASYNC251  # (a stall is the point)
+            return await http(event, token)
+
+        dispatcher = Dispatcher(queue, send, owner="w1", lease_ms=5000, rate=100.0)
+        summary = await dispatcher.run(until_empty=True)
+    assert summary.done == 300
+    times = sorted(arrivals)
+    most = max(bisect.bisect_left(times, t + 0.1) - i for i, t in enumerate(times))
+    assert most <= 10 + 2 + 3  # a tenth of a second's slots, the late ones, some jitter
+    assert pace(times, 100.0).capped

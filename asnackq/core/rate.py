@@ -21,7 +21,8 @@ Rules of this module (the style of ``worker.py``; standard library only):
   means the database's clock stepped back (or the interval shrank): the row goes on from
   one horizon ahead of the clock (no stall beyond it, no burst).
 * A slot is spent when it is taken: a send that fails spent it (it was a request); a
-  ticket dropped unsent lets its slot pass with time, holding nothing afterwards.
+  ticket dropped unsent lets its slot pass with time, holding nothing afterwards; a
+  ticket whose slot passed unsent takes a new one (``again``) before any claim does.
 * The table is created by the product's surfaces (``plan_rate_setup``), never by
   ``open_queue``: the contract's schema stays exact.
 """
@@ -115,14 +116,16 @@ class Grant(NamedTuple):
 
 
 class Paced(NamedTuple):
-    """A paced cycle's result: the core's cycle, each ticket's wait before its send (in
-    microseconds after the database's clock reading ``now_us``, in ticket order), and
-    whether the permits, not the jobs, cut the claims short (more may be claimable soon)."""
+    """A paced cycle's result: the core's cycle, the wait before each send (in microseconds
+    after the database's clock reading ``now_us``): first the ``again`` held tickets that
+    got a new slot, then the claimed tickets in order; and whether the permits, not the
+    jobs, cut the claims short (more may be claimable soon)."""
 
     cycle: w.Cycle
     waits_us: list[int]
     now_us: int
     short: bool
+    again: int = 0
 
 
 def grant(row: tuple[Any, ...], wanted: int, lead_us: int = 0) -> Grant:
@@ -162,22 +165,26 @@ def plan_paced_cycle(
     count: object,
     fresh: object = 0,
     *,
+    again: object = 0,
     lead_us: object = 0,
     limits: w.Limits = w.CONTRACT,
 ) -> w.Plan[Paced]:
     """``worker.plan_cycle`` whose claims take the rate's permits in the same transaction.
 
-    The claims (``count``, then ``fresh``) are cut to the permits granted; the slots the
-    tickets did not use go back before COMMIT.  A cycle without claims reads no permit.
+    ``again`` permits come first: new slots for tickets already held whose slots passed
+    unsent.  The claims (``count``, then ``fresh``) are cut to the permits left; the slots
+    nobody used go back before COMMIT.  A cycle that wants no permit reads none.
     ``lead_us`` (0..MAX_LEAD_US): how long after the database's reading the first slot may
     be, at the earliest (see ``grant``).
     """
     settled, kept = list(results), list(held)
-    many = w.check_int(count, "count", 0, 1024)
-    ahead = w.check_int(fresh, "fresh", 0, 1024)
+    wants = tuple(
+        w.check_int(value, name, 0, 1024)
+        for value, name in ((again, "again"), (count, "count"), (fresh, "fresh"))
+    )
     lead = w.check_int(lead_us, "lead_us", 0, MAX_LEAD_US)
-    w.plan_cycle(settled, kept, owner, now_ms, lease_ms, many, ahead, limits=limits).close()
-    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), many, ahead, lead, limits)
+    w.plan_cycle(settled, kept, owner, now_ms, lease_ms, *wants[1:], limits=limits).close()
+    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), wants, lead, limits)
 
 
 # A cycle's results, held tickets, owner, now and lease, as ``worker.plan_cycle`` takes them.
@@ -185,18 +192,20 @@ CycleArgs = tuple[list[tuple[w.Ticket, str, int, int]], list[w.Ticket], object, 
 
 
 def _paced(
-    rate: Rate, cycle_args: CycleArgs, count: int, fresh: int, lead_us: int, limits: w.Limits
+    rate: Rate, cycle_args: CycleArgs, wants: tuple[int, ...], lead_us: int, limits: w.Limits
 ) -> w.Plan[Paced]:
-    permits, wanted = Grant(0, 0, 0, 1), count + fresh
+    """``wants``: permits for held tickets again, claims, claims ahead."""
+    permits, wanted = Grant(0, 0, 0, 1), sum(wants)
     if wanted:
         rows = yield w.Sql(SQL_RATE_READ, (rate.key,))
         if not rows:
             raise RuntimeError(f"no rate row {rate.key!r}: run plan_rate_setup first")
         permits = grant(rows[0], wanted, lead_us)
-    count = min(count, permits.permits)
-    fresh = min(fresh, permits.permits - count)
+    again = min(wants[0], permits.permits)
+    count = min(wants[1], permits.permits - again)
+    fresh = min(wants[2], permits.permits - again - count)
     cycle, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits)
-    used = len(cycle[2])
+    used = again + len(cycle[2])
     slots = [permits.start_us + i * permits.interval_us for i in range(used)]
     if used:  # only the slots used are spent; the rest are never written
         spent = yield w.Sql(SQL_RATE_SPEND, (slots[-1] + permits.interval_us, rate.key))
@@ -204,4 +213,4 @@ def _paced(
             raise RuntimeError(f"the rate row {rate.key!r} was not written once: {spent}")
     waits = [max(0, slot - permits.now_us) for slot in slots]
     short = used == permits.permits < wanted
-    return Paced(cycle, waits, permits.now_us, short), changed
+    return Paced(cycle, waits, permits.now_us, short, again), changed or bool(again)

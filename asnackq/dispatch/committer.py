@@ -93,6 +93,7 @@ class Committer:
         self.closing_at = math.inf  # the event loop's time when the run began to close
         self.rate_short = False  # the shared rate's permits cut the last claim short
         self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
+        self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -101,6 +102,7 @@ class Committer:
         """What a delivery coroutine may use of this run."""
         return Port(
             take=self.take,
+            again=self.again,
             hand_back=self.hand_back,
             drain=self.drain,
             ledger=self.ledger,
@@ -121,6 +123,16 @@ class Committer:
             return None  # (a cycle in flight may still hand out)
         waiter: asyncio.Future[Claimed | None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
+        self.kick.set()
+        return await waiter
+
+    async def again(self) -> float | None:
+        """A new send slot (the event loop's clock) for a held ticket whose slot passed
+        unsent; None when the run has closed."""
+        if self.phase is Phase.CLOSED or self.failure is not None:
+            return None
+        waiter: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self.slot_waiters.append(waiter)
         self.kick.set()
         return await waiter
 
@@ -176,13 +188,17 @@ class Committer:
             self.failure = error
             self.ready.clear()
             self.drain()
+        finally:  # no more slots: a coroutine waiting for one does not send
+            while self.slot_waiters:
+                if not (waiter := self.slot_waiters.popleft()).done():
+                    waiter.set_result(None)
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         self.kick.clear()
         now = self.now()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
-        if self.inbox or due or self.pacer.claims(want):
+        if self.inbox or due or self.pacer.claims(want) or self.slot_waiters:
             waiting = bool(self.waiters) and self.settings.rate is None  # (paced: see Settings)
             urgent = bool(due or pressing or waiting) or self.phase is not Phase.CLAIMING
             pause = self.pacer.pause(urgent, wake_ms)
@@ -287,11 +303,18 @@ class Committer:
         rate = self.settings.rate
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim), []
-        began = self.clock()
-        lead = self.slots.lead_us()
-        paced = await self.queue.paced_cycle(rate, finishes, due, *claim, lead_us=lead)
+        began, lead = self.clock(), self.slots.lead_us()
+        waiting = [waiter for waiter in self.slot_waiters if not waiter.done()]
+        paced = await self.queue.paced_cycle(
+            rate, finishes, due, *claim, again=len(waiting), lead_us=lead
+        )
         self.rate_short = paced.short
-        return paced.cycle, self.slots.place(paced, began, self.clock())
+        placed = self.slots.place(paced, began, self.clock())
+        for waiter, slot in zip(waiting, placed[: paced.again], strict=False):
+            self.slot_waiters.remove(waiter)
+            if not waiter.done():  # (cancelled meanwhile: its slot passes unused)
+                waiter.set_result(slot)
+        return paced.cycle, placed[paced.again :]
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""

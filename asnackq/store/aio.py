@@ -345,13 +345,13 @@ class AsyncQueue:
         results: Sequence[tuple[w.Ticket, str, int, int]],
         held: Sequence[w.Ticket],
         *claim: Any,
+        again: int = 0,
         lead_us: int = 0,
     ) -> r.Paced:
         """``cycle`` whose claims (``owner, now_ms, lease_ms, count, fresh``) take permits of
         the shared ``rate`` in its transaction (``core.rate.plan_paced_cycle``)."""
-        make = partial(
-            r.plan_paced_cycle, rate, results, held, *claim, lead_us=lead_us, limits=self.limits
-        )
+        make = partial(r.plan_paced_cycle, rate, results, held, *claim, again=again)
+        make = partial(make, lead_us=lead_us, limits=self.limits)
         outcome: r.Paced = await self._run(make)
         return outcome
 
