@@ -24,6 +24,7 @@ async def test_three_workers_one_sigkilled_holding_permits_keep_the_rate_on_sqli
     killed = (*WORKER, "--kill-after-acks", "40")  # dies holding tickets and their slots
     run = await paced_run(queue, tmp_path / "sink.db", RATE, [WORKER, WORKER, killed])
     assert run.codes == [0, 0, -9]
+    assert run.summaries[0]["rate"] == {"per_s": RATE, "burst": 1}
     assert_paced(run)  # the others go on at the rate: no stall, no burst
     statuses = {row[3] for row in rows(queue) if len(row) > 3}
     assert statuses == {"done"}

@@ -278,6 +278,7 @@ def run_work(args: argparse.Namespace) -> int:
         "stopped_by_signal": stopped,
         "retry": retry._asdict(),
         "breaker": dataclasses.asdict(breaker),
+        "rate": None if args.rate is None else {"per_s": args.rate, "burst": args.burst},
         "error": None if failure is None else one_line(failure),
     }
     emit(
@@ -295,6 +296,11 @@ def run_work(args: argparse.Namespace) -> int:
                         "breaker",
                         f"after {breaker.after} failures in a row, probes "
                         f"{breaker.base_ms}..{breaker.max_ms} ms apart",
+                    ),
+                    *(
+                        [("shared rate", f"{args.rate:g}/s, bursts of {args.burst}")]
+                        if args.rate is not None
+                        else []
                     ),
                 ],
             )
