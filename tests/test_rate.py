@@ -288,3 +288,18 @@ async def test_a_stalled_worker_takes_new_slots_instead_of_sending_late_in_a_bun
     most = max(bisect.bisect_left(times, t + 0.1) - i for i, t in enumerate(times))
     assert most <= 10 + 2 + 3  # a tenth of a second's slots, the late ones, some jitter
     assert pace(times, 100.0).capped
+
+
+async def test_a_new_rate_between_runs_replaces_the_old_for_the_queue(db):
+    async def send(event: dict[str, object], token: int | None) -> bool:
+        return True
+
+    rows = "SELECT key, interval_us, burst FROM asnackq_rate"
+    async with AsyncQueue.open(db) as queue:
+        for per_s, burst, jobs in ((50.0, 1, 5), (400.0, 3, 40)):
+            await queue.enqueue_many([{"id": f"r{burst}-{i}", "qty": 1} for i in range(jobs)])
+            dispatcher = Dispatcher(queue, send, owner="w1", rate=per_s, burst=burst)
+            began = time.monotonic()
+            assert (await dispatcher.run(until_empty=True)).done == jobs
+            assert time.monotonic() - began >= (jobs - burst) / per_s  # paced by it
+            assert await queue.read(rows) == [("sends", round(1e6 / per_s), burst)]
