@@ -23,6 +23,8 @@ from asnackq.cli.common import (
     within,
 )
 from asnackq.cli.render import key_values
+from asnackq.cli.work import send_rate
+from asnackq.core.rate import MAX_BURST
 
 __all__ = ["add_demo", "add_lab"]
 
@@ -158,6 +160,16 @@ def add_lab_faults(lab: argparse.ArgumentParser) -> None:
         help="how long a partition lasts before it heals",
     )
     lab.add_argument(
+        "--rate",
+        type=send_rate,
+        default=None,
+        metavar="R",
+        help="every worker: work --rate R (at most R sends a second, all workers together)",
+    )
+    lab.add_argument(
+        "--burst", type=within(int, 1, MAX_BURST), default=1, metavar="B", help="with --rate"
+    )
+    lab.add_argument(
         "--clock-skew-ms",
         type=within(int, 0, 86_400_000),
         default=0,
@@ -198,6 +210,8 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
         partition_every=args.partition_every,
         partition_for=args.partition_for,
         clock_skew_ms=args.clock_skew_ms,
+        rate=args.rate,
+        burst=args.burst,
     )
     config.check()
     return config

@@ -36,6 +36,7 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
+from asnackq.core.rate import MAX_BURST, MAX_RATE
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import one_line
 
@@ -45,6 +46,14 @@ if TYPE_CHECKING:
     from asnackq.store.aio import AsyncSend
 
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
+
+
+def send_rate(text: str) -> float:
+    """An argparse type: sends per second, a number above 0 and at most ``MAX_RATE``."""
+    value: float = within(float, 0, MAX_RATE)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+    return value
 
 
 def default_owner() -> str:
@@ -145,6 +154,21 @@ def add_work(commands: Commands) -> None:
         help="for experiments: add N ms to every reading of the run's wall clock "
         "(a host whose clock is off; default 0)",
     )
+    work.add_argument(
+        "--rate",
+        type=send_rate,
+        default=None,
+        metavar="R",
+        help="at most R sends a second, shared by every worker of this queue (its "
+        "permits live in the queue's database; the last --rate given sets it for all)",
+    )
+    work.add_argument(
+        "--burst",
+        type=within(int, 1, MAX_BURST),
+        default=1,
+        metavar="B",
+        help="with --rate: at most B sends at once after an idle spell (default 1)",
+    )
     add_metrics_options(work)
     work.set_defaults(run=run_work)
 
@@ -172,6 +196,8 @@ def run_work(args: argparse.Namespace) -> int:
         ).check()
     except ValueError as error:
         raise Usage(str(error)) from None
+    if args.burst != 1 and args.rate is None:
+        raise Usage("--burst goes with --rate")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(
@@ -200,6 +226,8 @@ def run_work(args: argparse.Namespace) -> int:
                     breaker=breaker,
                     gather_ms=args.gather_ms,
                     clock=offset_clock(args.clock_offset_ms),
+                    rate=args.rate,
+                    burst=args.burst,
                 )
             except ValueError as error:
                 raise Usage(str(error)) from None
@@ -250,6 +278,7 @@ def run_work(args: argparse.Namespace) -> int:
         "stopped_by_signal": stopped,
         "retry": retry._asdict(),
         "breaker": dataclasses.asdict(breaker),
+        "rate": None if args.rate is None else {"per_s": args.rate, "burst": args.burst},
         "error": None if failure is None else one_line(failure),
     }
     emit(
@@ -267,6 +296,11 @@ def run_work(args: argparse.Namespace) -> int:
                         "breaker",
                         f"after {breaker.after} failures in a row, probes "
                         f"{breaker.base_ms}..{breaker.max_ms} ms apart",
+                    ),
+                    *(
+                        [("shared rate", f"{args.rate:g}/s, bursts of {args.burst}")]
+                        if args.rate is not None
+                        else []
                     ),
                 ],
             )

@@ -41,6 +41,7 @@ from asnackq.dispatch.pacer import Pacer, Want
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
+from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
@@ -90,6 +91,9 @@ class Committer:
         self.cycling = False  # a transaction is in flight
         self.gathering = False  # results are let gather (no kick per result)
         self.closing_at = math.inf  # the event loop's time when the run began to close
+        self.rate_short = False  # the shared rate's permits cut the last claim short
+        self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
+        self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -98,6 +102,7 @@ class Committer:
         """What a delivery coroutine may use of this run."""
         return Port(
             take=self.take,
+            again=self.again,
             hand_back=self.hand_back,
             drain=self.drain,
             ledger=self.ledger,
@@ -118,6 +123,16 @@ class Committer:
             return None  # (a cycle in flight may still hand out)
         waiter: asyncio.Future[Claimed | None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
+        self.kick.set()
+        return await waiter
+
+    async def again(self) -> float | None:
+        """A new send slot (the event loop's clock) for a held ticket whose slot passed
+        unsent; None when the run has closed."""
+        if self.phase is Phase.CLOSED or self.failure is not None:
+            return None
+        waiter: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self.slot_waiters.append(waiter)
         self.kick.set()
         return await waiter
 
@@ -173,14 +188,19 @@ class Committer:
             self.failure = error
             self.ready.clear()
             self.drain()
+        finally:  # no more slots: a coroutine waiting for one does not send
+            while self.slot_waiters:
+                if not (waiter := self.slot_waiters.popleft()).done():
+                    waiter.set_result(None)
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         self.kick.clear()
         now = self.now()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
-        if self.inbox or due or self.pacer.claims(want):
-            urgent = bool(due or pressing or self.waiters) or self.phase is not Phase.CLAIMING
+        if self.inbox or due or self.pacer.claims(want) or self.slot_waiters:
+            waiting = bool(self.waiters) and self.settings.rate is None  # (paced: see Settings)
+            urgent = bool(due or pressing or waiting) or self.phase is not Phase.CLAIMING
             pause = self.pacer.pause(urgent, wake_ms)
             if pause > 0:
                 await self._gather(pause)
@@ -214,7 +234,7 @@ class Committer:
         """Whether the run has nothing more to claim (nothing is held right now)."""
         if self.budget == 0:
             return True
-        if not self.pacer.dry or follow:
+        if not self.pacer.dry or follow or self.rate_short:
             return False
         return not until_empty or not (await self.queue.read(w.SQL_ACTIVE))[0][0]
 
@@ -251,8 +271,8 @@ class Committer:
         started = self.pacer.begin()
         self.cycling = True
         try:
-            statuses, extended, tickets, ended = await self.queue.cycle(
-                finishes, due, self.settings.owner, now, self.settings.lease_ms, *want
+            (statuses, extended, tickets, ended), slots = await self._transact(
+                finishes, due, now, want
             )
         except CommitUnknown:  # committed or not: the tickets it touched are let go
             self._unconfirmed([finish.ticket for finish in finishes] + due)
@@ -270,9 +290,31 @@ class Committer:
         lost = self.ledger.kept(now, due, extended)
         self.summary.lost += lost
         self.summary.extended += len(due) - lost
-        self._claimed(now, tickets)
+        self._claimed(now, tickets, slots)
         if self.phase is not Phase.CLAIMING:
             self._release_waiters()  # nothing more will be claimed for them
+
+    async def _transact(
+        self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want
+    ) -> tuple[w.Cycle, list[float]]:
+        """The cycle's transaction; under a shared rate its claims take permits, and each
+        ticket gets its send slot on the event loop's clock (``asnackq.core.rate``)."""
+        claim = (self.settings.owner, now, self.settings.lease_ms, *want)
+        rate = self.settings.rate
+        if rate is None:
+            return await self.queue.cycle(finishes, due, *claim), []
+        began, lead = self.clock(), self.slots.lead_us()
+        waiting = [waiter for waiter in self.slot_waiters if not waiter.done()]
+        paced = await self.queue.paced_cycle(
+            rate, finishes, due, *claim, again=len(waiting), lead_us=lead
+        )
+        self.rate_short = paced.short
+        placed = self.slots.place(paced, began, self.clock())
+        for waiter, slot in zip(waiting, placed[: paced.again], strict=False):
+            self.slot_waiters.remove(waiter)
+            if not waiter.done():  # (cancelled meanwhile: its slot passes unused)
+                waiter.set_result(slot)
+        return paced.cycle, placed[paced.again :]
 
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""
@@ -296,15 +338,15 @@ class Committer:
                 self.settings.trace("finish", finish.ticket, finish.now_ms, status)
             self.summary.count(status)
 
-    def _claimed(self, now: int, tickets: list[w.Ticket]) -> None:
+    def _claimed(self, now: int, tickets: list[w.Ticket], slots: list[float]) -> None:
         if self.budget is not None:
             self.budget -= len(tickets)
         self.summary.claimed += len(tickets)
-        for ticket in tickets:
+        for ticket, slot in zip(tickets, slots or [0.0] * len(tickets), strict=True):
             self.ledger.hold(ticket)
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
-            self._hand_out(Claimed(ticket, now))
+            self._hand_out(Claimed(ticket, now, slot))
 
     def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
         """Let go of the tickets a cycle of unknown outcome finished or extended (each job

@@ -27,6 +27,7 @@ import random
 from collections.abc import Callable
 
 from asnackq.core import worker as w
+from asnackq.core.rate import check_rate
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
 from asnackq.dispatch.port import Claimed, Port, Sent
@@ -43,6 +44,9 @@ __all__ = ["Dispatcher"]
 async def deliver(port: Port, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
     while (claimed := await port.take()) is not None:
+        if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
+            port.hand_back(Sent(claimed, None))
+            continue
         try:
             sent = await send_until_answered(port, send, claimed)
         except Exception:  # a bad clock or jitter: the run fails, the job
@@ -109,7 +113,10 @@ class Dispatcher:
     how long results may wait for more while every coroutine is busy; 0 settles each
     batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
     attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
-    outage.  ``clock`` is the queue's unless given.
+    outage.  ``clock`` is the queue's unless given.  ``rate`` (sends a second, with bursts
+    of at most ``burst``) caps the sends of every worker of the queue together: its
+    permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
+    than its slot.
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -130,6 +137,8 @@ class Dispatcher:
         prefetch: int | None = None,
         retry: w.Retry = w.RUN_ONCE_RETRY,
         breaker: BreakerPolicy = DEFAULT_BREAKER,
+        rate: float | None = None,
+        burst: int = 1,
     ) -> None:
         limits = queue.limits
         if queue.intakes_only:
@@ -145,6 +154,7 @@ class Dispatcher:
             raise ValueError(f"grace_s must be a number of seconds in 0..3600: {grace_s!r}")
         retry.check(limits)
         breaker.check()
+        shared = None if rate is None else check_rate(rate, burst)
         if prefetch is not None:
             w.check_int(prefetch, "prefetch", 0, 1024)
         timeout_s = getattr(send, "timeout_s", None)
@@ -166,6 +176,7 @@ class Dispatcher:
             trace=trace,
             retry=retry,
             limits=limits,
+            rate=shared,
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None
@@ -209,7 +220,11 @@ class Dispatcher:
         """
         if max_jobs is not None:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
+        if self.settings.rate is not None:  # the queue's row: this rate for every worker
+            await self.queue.limit_rate(self.settings.rate)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
+        if self.settings.rate is not None:
+            await committer.slots.probe(self.queue, asyncio.get_running_loop().time)
         self.summary, self._breaker, self._clock = (
             committer.summary,
             committer.breaker,

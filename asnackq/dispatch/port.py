@@ -11,6 +11,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,14 +23,21 @@ from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
 from asnackq.dispatch.summary import Summary
 
-__all__ = ["Claimed", "Port", "Sent"]
+__all__ = ["LATE_S", "LATE_SLOTS", "Claimed", "Port", "Sent"]
+
+# A send more than this late for its slot takes a new one: at most LATE_S, or LATE_SLOTS
+# slots' worth if longer, of sends ever go out late at once.
+LATE_S = 0.02
+LATE_SLOTS = 2
 
 
 class Claimed(NamedTuple):
-    """A ticket as claimed, and the clock reading of its claim (the delivery's first)."""
+    """A ticket as claimed, the clock reading of its claim (the delivery's first), and its
+    send slot under a shared rate (the event loop's clock; 0: none)."""
 
     ticket: w.Ticket
     first: int
+    not_before: float = 0.0
 
 
 class Sent(NamedTuple):
@@ -47,6 +55,7 @@ class Port:
     """A delivery coroutine's narrow view of its run."""
 
     take: Callable[[], Awaitable[Claimed | None]]  # the next ticket; None: no more
+    again: Callable[[], Awaitable[float | None]]  # a new send slot (None: the run ended)
     hand_back: Callable[[Sent], None]
     drain: Callable[[], None]  # claim nothing more (the coroutine fails the run)
     ledger: Ledger  # read only: which leases the run keeps
@@ -58,6 +67,26 @@ class Port:
     def keeps(self, ticket: w.Ticket) -> bool:
         """Whether the run still holds this lease now (a send may go under it)."""
         return self.ledger.keeps(ticket, self.now())
+
+    async def slot(self, claimed: Claimed) -> bool:
+        """Wait for the ticket's send slot under a shared rate; a slot missed by more than
+        ``late_s`` (a stalled process, a ticket that waited for a coroutine) is exchanged
+        for a new one, never sent late in a bunch.  Whether the run still holds the lease
+        when the slot comes (False: do not send)."""
+        rate, slot = self.settings.rate, claimed.not_before
+        if rate is None or not slot:
+            return True
+        clock = asyncio.get_running_loop().time
+        late_s = max(LATE_S, LATE_SLOTS / rate.per_s)
+        while clock() - slot > late_s or clock() < slot:
+            if clock() < slot:
+                await asyncio.sleep(slot - clock())
+                continue
+            again = await self.again()
+            if again is None:
+                return False
+            slot = again
+        return self.keeps(claimed.ticket)
 
     def lease_left_s(self, ticket: w.Ticket) -> float:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""

@@ -6,8 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asnackq.core import worker as w
+from asnackq.core.rate import Rate
 
-__all__ = ["Settings", "Trace"]
+__all__ = ["RATE_GATHER_MS", "Settings", "Trace"]
+
+# Under a shared rate, results and claims gather this long at least (a waiting coroutine
+# is not urgent: its ticket waits for a permit anyway): a paced run's sends trickle in,
+# and a cycle per result would fill the queue's database with transactions.
+RATE_GATHER_MS = 100
 
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
@@ -29,8 +35,10 @@ class Settings:
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
+    rate: Rate | None = None  # a rate shared by every worker of the queue
 
     @property
     def gather_s(self) -> float:
         """How long results may gather: ``gather_ms``, at most a tenth of the lease."""
-        return min(self.gather_ms, self.lease_ms // 10) / 1000
+        gather = self.gather_ms if self.rate is None else max(self.gather_ms, RATE_GATHER_MS)
+        return min(gather, self.lease_ms // 10) / 1000

@@ -42,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from asnackq import ops
 from asnackq.core import worker as w
+from asnackq.core.rate import check_rate
 from asnackq.dispatch.traces import read_traces
 from asnackq.lab import schedule, timeline
 from asnackq.lab.evidence import invariants, verify
@@ -91,6 +92,8 @@ class LabConfig:
     partition_every: float = 0.0
     partition_for: float = 0.0
     clock_skew_ms: int = 0
+    rate: float | None = None  # every worker: work --rate (shared) and --burst
+    burst: int = 1
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -107,6 +110,8 @@ class LabConfig:
         check_number(self.timeout_s, "timeout_s", 0, 86_400, open_low=True)
         if self.send_timeout_s * 1000 >= self.lease_ms:
             raise ValueError("the send timeout must be below the lease")
+        if self.rate is not None:
+            check_rate(self.rate, self.burst)
         w.check_int(self.sinks, "sinks", 1, 16)
         if self.db is not None and not is_url(self.db):
             raise ValueError("--db must be a postgresql:// URL (files live in --dir)")
@@ -270,6 +275,7 @@ def experiment(
                 "--timeout-s",
                 config.send_timeout_s,
                 "--accept-dead",
+                *(() if config.rate is None else ("--rate", config.rate, "--burst", config.burst)),
                 *config.https[1],
                 *site.worker_options,
             ),

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from asnackq.core import rate as r
 from asnackq.core import worker as w
 from asnackq.store import files
 from asnackq.store.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
@@ -335,6 +336,26 @@ class AsyncQueue:
             limits=self.limits,
         )
         outcome: w.Cycle = await self._run(make)
+        return outcome
+
+    async def limit_rate(self, rate: r.Rate) -> None:
+        """Make ``rate`` the queue's shared send rate (its table, when absent, too)."""
+        await self._run(partial(r.plan_rate_setup, rate))
+
+    async def paced_cycle(
+        self,
+        rate: r.Rate,
+        results: Sequence[tuple[w.Ticket, str, int, int]],
+        held: Sequence[w.Ticket],
+        *claim: Any,
+        again: int = 0,
+        lead_us: int = 0,
+    ) -> r.Paced:
+        """``cycle`` whose claims (``owner, now_ms, lease_ms, count, fresh``) take permits of
+        the shared ``rate`` in its transaction (``core.rate.plan_paced_cycle``)."""
+        make = partial(r.plan_paced_cycle, rate, results, held, *claim, again=again)
+        make = partial(make, lead_us=lead_us, limits=self.limits)
+        outcome: r.Paced = await self._run(make)
         return outcome
 
     async def redrive(

@@ -23,7 +23,7 @@ import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from asnackq.core import inbox
+from asnackq.core import inbox, rate
 from asnackq.core import worker as w
 
 __all__ = [
@@ -115,6 +115,28 @@ STATEMENTS: dict[str, str] = {
         )
     },
 }
+
+
+# The shared send rate (``core.rate``).  Its table is made under the schemas' lock: many
+# workers start at once, and concurrent CREATE TABLE IF NOT EXISTS may collide.  The row is
+# read by an UPDATE that locks it first, so the server's clock is read after the lock.
+PG_RATE_TABLE = """DO $$ BEGIN
+  PERFORM pg_advisory_xact_lock(1634626401, 1);
+  CREATE TABLE IF NOT EXISTS asnackq_rate (key TEXT PRIMARY KEY,
+    interval_us BIGINT NOT NULL, burst INTEGER NOT NULL, tat_us BIGINT NOT NULL);
+END $$"""
+PG_RATE_READ = """UPDATE asnackq_rate SET tat_us = tat_us WHERE key = %s
+RETURNING interval_us, burst, tat_us,
+  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"""
+STATEMENTS.update(
+    {
+        rate.SQL_RATE_TABLE: PG_RATE_TABLE,
+        rate.SQL_RATE_READ: PG_RATE_READ,
+        rate.SQL_RATE_CLOCK: "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+        rate.SQL_RATE_SET: placeholders(rate.SQL_RATE_SET),
+        rate.SQL_RATE_SPEND: placeholders(rate.SQL_RATE_SPEND),
+    }
+)
 
 
 def text(sql: str) -> str:

@@ -39,7 +39,8 @@ Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries i
 # statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
 # the finished and extended jobs, write them, the quarantine, the claimable read, the
 # lease, COMMIT.
-HOPS = {"cycle": 7, "enqueue": 4, "inbox": 6}
+# A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
+HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
 
 
 class QueueBusy(sqlite3.OperationalError):

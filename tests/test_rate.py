@@ -1,0 +1,305 @@
+"""A shared send rate (``core.rate``): the rule, its plan on both drivers, its table."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import sqlite3
+import time
+
+import pytest
+
+from asnackq import cli
+from asnackq.core import rate as r
+from asnackq.core import worker as w
+from asnackq.dispatch import Dispatcher
+from asnackq.dispatch.slots import SAMPLES, Slots
+from asnackq.lab.pace import fill as pace_fill
+from asnackq.lab.pace import pace, recording_sink
+from asnackq.store import aio, pg
+from asnackq.store.aio import AsyncQueue
+from asnackq.store.sqlite_aio import HOPS
+from asnackq.wire.send import AsyncHttpSender
+
+from .conftest import T0
+from .pgdb import tracing
+from .test_aio_hops import awaits, counting_queue, results
+
+EVERY_US = 5_000  # 200 a second
+
+
+def take(row: list[int], now: int, wanted: int) -> list[int]:
+    """Slots a claim of ``wanted`` takes at ``now`` on ``row`` (interval, burst, tat),
+    all of them used: the row moves on."""
+    got = r.grant((*row, now), wanted)
+    slots = [got.start_us + i * got.interval_us for i in range(got.permits)]
+    if slots:
+        row[2] = slots[-1] + got.interval_us
+    return slots
+
+
+@pytest.mark.parametrize("burst", [1, 5, 20])
+def test_workers_claiming_at_random_never_beat_the_rate_nor_a_burst(burst):
+    rng = random.Random(burst)
+    row, now, slots, sends = [EVERY_US, burst, 0], 10**12, [], []
+    for _ in range(4_000):
+        now += rng.choice([0, 100, 2_000, 30_000, 400_000])  # idle spells too
+        taken = take(row, now, rng.randint(0, 40))
+        slots += taken
+        sends += [max(slot, now) for slot in taken]  # each sent at its slot, never before
+    assert slots == sorted(set(slots))  # one send a slot, every slot once
+    for i, at in enumerate(sends):  # at most B at once, at most R a second after that
+        assert bisect.bisect_left(sends, at + 1_000_000) - i <= 200 + burst
+        assert bisect.bisect_right(sends, at) - i <= burst
+
+
+def test_a_busy_limiter_grants_the_rate_and_slots_ahead_only_to_its_horizon():
+    row, now, sends = [EVERY_US, 1, 0], 10**12, []
+    for step in range(1_000):  # a claim every 10 ms, always wanting more
+        slots = take(row, now + step * 10_000, 1_000)
+        assert all(slot <= now + step * 10_000 + r.HORIZON_US for slot in slots)
+        sends += slots
+    judged = pace([t / 1e6 for t in sends], 200.0)
+    assert judged.capped and judged.kept and judged.max_window == 200
+
+
+def test_a_clock_stepped_back_neither_stops_the_limiter_nor_grants_a_burst():
+    row, now = [EVERY_US, 10, 0], 10**12
+    assert len(take(row, now, 1_000)) == 10 + r.HORIZON_US // EVERY_US  # burst + horizon
+    stepped = now - 3_600_000_000  # an hour back: one slot, a horizon ahead, no burst
+    assert take(row, stepped, 1_000) == [stepped + r.HORIZON_US]
+    later = stepped + 50_000
+    slots = take(row, later, 1_000)  # the limiter goes on at its rate, from its clock
+    assert slots == [stepped + r.HORIZON_US + EVERY_US * i for i in range(1, 11)]
+    forward = later + 3_600_000_000  # a step forward: a burst of B, no more
+    assert sum(1 for slot in take(row, forward, 1_000) if slot <= forward) == 10
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0, float("nan"), float("inf"), 1e9, "5", None, True])
+def test_a_rate_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="rate must be"):
+        r.check_rate(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, 10**9, "2"])
+def test_a_burst_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match="burst"):
+        r.check_rate(10, bad)
+
+
+def fill(con: sqlite3.Connection, n: int, now: int = T0) -> None:
+    w.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(n)], now)
+
+
+def test_open_queue_makes_no_rate_table_and_the_setup_makes_one(con):
+    tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'asnackq_rate'"
+    assert con.execute(tables).fetchall() == []
+    w.drive(con, r.plan_rate_setup(r.check_rate(200.0, 3)))
+    w.drive(con, r.plan_rate_setup(r.check_rate(50, 2)))  # a new rate replaces the old
+    assert con.execute("SELECT key, interval_us, burst FROM asnackq_rate").fetchall() == [
+        ("sends", 20_000, 2)
+    ]
+
+
+def test_a_paced_cycle_claims_only_its_permits_and_returns_the_unused(con):
+    rate = r.check_rate(200.0)
+    w.drive(con, r.plan_rate_setup(rate))
+    allowed = r.HORIZON_US // EVERY_US + 1  # from now to the horizon, one slot each
+    fill(con, allowed + 9)
+    plan = r.plan_paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 200, limits=w.CONTRACT)
+    first = w.drive(con, plan)
+    assert len(first.cycle[2]) == len(first.waits_us) == allowed and first.short
+    assert first.waits_us == sorted(first.waits_us) and first.waits_us[0] == 0
+    assert all(b - a == EVERY_US for a, b in itertools.pairwise(first.waits_us))
+    # 9 jobs left, time enough for more slots (the row idle since): 9 taken, the rest go back
+    con.execute("UPDATE asnackq_rate SET tat_us = 0")
+    plan = r.plan_paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 50, 0, limits=w.CONTRACT)
+    before = time.time_ns() // 1000
+    rest = w.drive(con, plan)
+    after = time.time_ns() // 1000
+    assert len(rest.cycle[2]) == 9 and not rest.short
+    (tat,) = con.execute("SELECT tat_us FROM asnackq_rate").fetchone()
+    assert before - 2_000 <= tat - 9 * EVERY_US <= after + 2_000  # the database's clock
+
+
+def test_a_cycle_without_claims_reads_no_permit(con, statements):
+    rate = r.check_rate(10.0)
+    w.drive(con, r.plan_rate_setup(rate))
+    statements.clear()
+    w.drive(con, r.plan_paced_cycle(rate, [], [], "w1", T0, 5_000, 0, 0, limits=w.CONTRACT))
+    assert statements == ["BEGIN IMMEDIATE", "COMMIT"]
+
+
+async def test_permits_ride_in_the_claims_transaction_two_hops_more_whatever_the_batch(db):
+    queue, counting = await counting_queue(db)
+    rate = r.check_rate(100_000.0, 10_000)
+    try:
+        await queue.limit_rate(rate)
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(600)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 6)
+        one, hops_one = await awaits(
+            counting,
+            queue.paced_cycle(rate, results(held[:1], T0 + 2), held[1:2], "w1", T0 + 2, 5_000, 1),
+        )
+        many, hops_many = await awaits(
+            counting,
+            queue.paced_cycle(rate, results(held[2:4], T0 + 3), held[4:], "w1", T0 + 3, 5_000, 500),
+        )
+    finally:
+        await queue.close()
+    assert len(one.cycle[2]) == 1 and len(many.cycle[2]) == 500
+    assert hops_one == hops_many == HOPS["paced cycle"] == HOPS["cycle"] + 2
+
+
+async def test_a_paced_cycle_runs_the_same_on_postgresql(pg_db):
+    url = pg_db()
+    rate = r.check_rate(200.0)
+    async with AsyncQueue.open(url, limits=w.CONTRACT) as queue:
+        await queue.limit_rate(rate)
+        await queue.limit_rate(rate)  # again: the table is there, the row replaced
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(90)], T0)
+        first = await queue.paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 100)
+        second = await queue.paced_cycle(rate, [], [], "w1", T0 + 1, 5_000, 8, 100)
+    allowed = r.HORIZON_US // EVERY_US + 1
+    assert len(first.cycle[2]) == allowed and first.short
+    # the second claim finds the slots to the horizon taken: few or none, never early
+    assert len(second.cycle[2]) < allowed
+    assert all(wait >= 0 for wait in second.waits_us)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--rate", "0"),
+        ("--rate", "-5"),
+        ("--rate", "nan"),
+        ("--rate", "inf"),
+        ("--rate", "1e9"),
+        ("--rate", "fast"),
+        ("--burst", "0"),
+        ("--burst", "2.5"),
+    ],
+)
+def test_work_refuses_a_rate_or_burst_out_of_range_in_one_line_changing_nothing(
+    tmp_path, capsys, option, value
+):
+    queue = tmp_path / "queue.db"
+    argv = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", option, value]
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*argv, *(["--rate", "10"] if option == "--burst" else [])])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
+    assert not queue.exists()
+
+
+def test_work_refuses_a_burst_without_a_rate(tmp_path, capsys):
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    before = queue.read_bytes()
+    argv = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", "--burst", "5"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == "asnackq work: --burst goes with --rate"
+    assert queue.read_bytes() == before
+
+
+def test_slots_are_placed_with_the_smallest_delay_seen_never_early():
+    slots, offset = Slots(), 100.0  # the event loop's clock reads the database's + 100 s
+
+    def paced(now_s: float, *waits_us: int) -> r.Paced:
+        return r.Paced(([], [], [], {}), list(waits_us), round(now_s * 1e6), False)
+
+    assert slots.lead_us() == r.MAX_LEAD_US  # no cycle seen yet: the longest
+    at = 1000.0 + offset + 0.005
+    assert slots.place(paced(1000.0, 0, 5_000), at - 0.01, at) == pytest.approx(
+        [1100.005, 1100.010]
+    )
+    # a slow commit (80 ms): its slots are not pushed 80 ms late onto the next cycle's,
+    at = 1000.1 + offset + 0.080
+    assert slots.place(paced(1000.1, 0), at - 0.09, at) == pytest.approx([1100.105])
+    assert slots.lead_us() == 50_000  # the next claims' slots: the median cycle's time later
+    # a database clock stepped back an hour: the old offset leaves with the window
+    for i in range(SAMPLES):
+        at = i + offset + 0.001
+        placed = slots.place(paced(i - 3600.0, 0), at - 0.002, at)
+    assert placed == pytest.approx([SAMPLES - 1 + offset + 0.001])
+    assert slots.lead_us() == 2_000  # the slow commit left the window too
+
+
+def test_a_claims_lead_moves_its_slots_later_and_never_reads_as_a_clock_step():
+    row, now = [EVERY_US, 1, 0], 10**12
+    got = r.grant((*row, now), 1_000, r.MAX_LEAD_US)
+    assert got.start_us == now + r.MAX_LEAD_US and got.now_us == now
+    assert got.permits == r.HORIZON_US // EVERY_US + 1
+    row[2] = got.start_us + got.permits * EVERY_US
+    # a claimer without a lead, right after: nothing yet, and no step back read into it
+    assert r.grant((*row, now), 1_000).permits == 0
+    later = r.grant((*row, now + r.MAX_LEAD_US + EVERY_US), 1_000)
+    assert later.start_us == row[2] and later.permits == 1
+
+
+async def test_on_postgresql_permits_ride_in_the_claims_transaction_two_round_trips_more(pg_db):
+    url = pg_db()
+    store = await aio.open_store(url, w.SCHEMA)
+    seen: list[str] = []
+    queue = AsyncQueue(store, limits=w.CONTRACT)
+    rate = r.check_rate(100_000.0, 10_000)
+    try:
+        await queue.limit_rate(rate)
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(40)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 4)
+        assert isinstance(store, pg.AsyncStore) and store.con is not None
+        store.con.cursor_factory = tracing(lambda sql: seen.append(" ".join(sql.split())))[1]
+        await queue.cycle(results(held[:1], T0 + 2), held[1:2], "w1", T0 + 2, 5_000, 8)
+        plain, seen[:] = list(seen), []
+        paced = await queue.paced_cycle(
+            rate, results(held[2:3], T0 + 3), held[3:], "w1", T0 + 3, 5_000, 8
+        )
+    finally:
+        await queue.close()
+    assert len(paced.cycle[2]) == 8
+    assert plain[0] == seen[0] == "BEGIN" and plain[-1] == seen[-1] == "COMMIT"
+    assert [s for s in seen if "asnackq_rate" not in s] == plain  # the same cycle, and
+    rate_steps = [i for i, s in enumerate(seen) if "asnackq_rate" in s]
+    assert len(seen) == len(plain) + 2 and rate_steps == [1, len(seen) - 3]  # read, spend
+
+
+async def test_a_stalled_worker_takes_new_slots_instead_of_sending_late_in_a_bunch(db, tmp_path):
+    await pace_fill(db, 300)
+    async with (
+        recording_sink(tmp_path / "sink.db") as (url, arrivals),
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(url, timeout_s=1.0) as http,
+    ):
+        sent = 0
+
+        async def send(event: dict[str, object], token: int | None) -> object:
+            nonlocal sent
+            sent += 1
+            if sent == 100:  # the whole process stalls: every waiting slot passes
+                time.sleep(0.5)  # noqa: ASYNC251  # (a stall is the point)
+            return await http(event, token)
+
+        dispatcher = Dispatcher(queue, send, owner="w1", lease_ms=5000, rate=100.0)
+        summary = await dispatcher.run(until_empty=True)
+    assert summary.done == 300
+    times = sorted(arrivals)
+    most = max(bisect.bisect_left(times, t + 0.1) - i for i, t in enumerate(times))
+    assert most <= 10 + 2 + 3  # a tenth of a second's slots, the late ones, some jitter
+    assert pace(times, 100.0).capped
+
+
+async def test_a_new_rate_between_runs_replaces_the_old_for_the_queue(db):
+    async def send(event: dict[str, object], token: int | None) -> bool:
+        return True
+
+    rows = "SELECT key, interval_us, burst FROM asnackq_rate"
+    async with AsyncQueue.open(db) as queue:
+        for per_s, burst, jobs in ((50.0, 1, 5), (400.0, 3, 40)):
+            await queue.enqueue_many([{"id": f"r{burst}-{i}", "qty": 1} for i in range(jobs)])
+            dispatcher = Dispatcher(queue, send, owner="w1", rate=per_s, burst=burst)
+            began = time.monotonic()
+            assert (await dispatcher.run(until_empty=True)).done == jobs
+            assert time.monotonic() - began >= (jobs - burst) / per_s  # paced by it
+            assert await queue.read(rows) == [("sends", round(1e6 / per_s), burst)]
