@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
+def concurrency(text: str) -> int | str:
+    """An argparse type: ``auto``, or an int (its range is the Dispatcher's)."""
+    return text if text == "auto" else exact_int(text)
+
+
 def default_owner() -> str:
     name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "worker"
     return f"{name}-{os.getpid()}"
@@ -63,7 +68,19 @@ def add_work(commands: Commands) -> None:
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(work)
-    work.add_argument("--concurrency", type=exact_int, default=64)
+    work.add_argument(
+        "--concurrency",
+        type=concurrency,
+        default=64,
+        help="sends in flight (default 64), or 'auto': as many as the sink takes without "
+        "slowing down or answering 429/503 (up to --max-concurrency)",
+    )
+    work.add_argument(
+        "--max-concurrency",
+        type=exact_int,
+        default=256,
+        help="with --concurrency auto: the most sends in flight (default 256)",
+    )
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument(
@@ -193,6 +210,7 @@ def run_work(args: argparse.Namespace) -> int:
                     exporter.timed(send),
                     owner=owner,
                     concurrency=args.concurrency,
+                    max_concurrency=args.max_concurrency,
                     lease_ms=args.lease_ms,
                     trace=tracer,
                     prefetch=args.prefetch,
