@@ -97,6 +97,11 @@ def exact_int(text: str) -> int:
     return int(text)
 
 
+def concurrency_arg(text: str) -> int | str:
+    """An argparse type: ``auto``, or an int (its range is the Dispatcher's)."""
+    return text if text == "auto" else exact_int(text)
+
+
 def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
     """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
     pattern = INT_TEXT if kind is int else FLOAT_TEXT

@@ -27,6 +27,7 @@ from asnackq.cli.common import (
     add_metrics_options,
     add_sink_tls,
     check_sink,
+    concurrency_arg,
     exact_int,
     existing_queue,
     sink_tls,
@@ -47,11 +48,6 @@ if TYPE_CHECKING:
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
-def concurrency(text: str) -> int | str:
-    """An argparse type: ``auto``, or an int (its range is the Dispatcher's)."""
-    return text if text == "auto" else exact_int(text)
-
-
 def default_owner() -> str:
     name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "worker"
     return f"{name}-{os.getpid()}"
@@ -70,7 +66,7 @@ def add_work(commands: Commands) -> None:
     add_sink_tls(work)
     work.add_argument(
         "--concurrency",
-        type=concurrency,
+        type=concurrency_arg,
         default=64,
         help="sends in flight (default 64), or 'auto': as many as the sink takes without "
         "slowing down or answering 429/503 (up to --max-concurrency)",
@@ -239,6 +235,10 @@ def run_work(args: argparse.Namespace) -> int:
             ) as live:
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)
+                    if tracer is not None and dispatcher.adaptive:
+                        tracer.limit(
+                            owner, dispatcher.settings.clock(), dispatcher.snapshot()["concurrency"]
+                        )
                     if console.is_terminal:
                         live.update(
                             progress_line(

@@ -31,7 +31,7 @@ from typing import Literal
 __all__ = ["DECREASE", "GROWTH", "TOLERANCE", "Aimd", "Outcome"]
 
 Outcome = Literal["ok", "overload", "failure"]
-GROWTH = 0.1  # slots per round trip, times sqrt(limit), once past slow start
+GROWTH = 0.03  # slots per round trip, times sqrt(limit), once past slow start
 DECREASE = 0.8  # the limit kept at a cut
 TOLERANCE = 2.0  # smoothed latency over floor that counts as a queue building up
 SLACK_S = 0.002  # latency above the floor never counted as a queue (timer noise)

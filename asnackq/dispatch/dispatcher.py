@@ -277,6 +277,7 @@ class Dispatcher:
         if self.adaptive:
             self._gate = Gate(self.settings.concurrency)
             committer.pacer.concurrency = lambda: self._gate.limit if self._gate else 1
+            committer.pacer.per_send = 1  # a ticket waiting is claim-to-finish time lost
             port = dataclasses.replace(port, gate=self._gate)
         workers = [
             asyncio.ensure_future(deliver(port, self.send))

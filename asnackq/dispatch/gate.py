@@ -86,6 +86,6 @@ class Gate:
             outcome = "failure"
             raise
         finally:
-            self.rule.observe(began, self.clock() - began, outcome, self.taken)
+            self.rule.observe(began, self.clock() - began, outcome, self.sending)
             self.sending -= 1
             self._wake()
