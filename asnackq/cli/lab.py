@@ -56,12 +56,14 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument("--delay-ms", type=DELAY_MS, default=0, help="the sink's delay per event")
     lab.add_argument(
         "--sink-max-inflight",
+        metavar="N",
         type=MAX_INFLIGHT,
         default=None,
         help="the sink handles at most N events at once (429 past it; see sink --max-inflight)",
     )
     lab.add_argument(
         "--sink-max-rate",
+        metavar="R",
         type=MAX_RATE,
         default=None,
         help="the sink handles at most R events a second (429 past it; see sink --max-rate)",

@@ -68,12 +68,14 @@ def add_sink(commands: Commands) -> None:
     sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
     sink.add_argument(
         "--max-inflight",
+        metavar="N",
         type=MAX_INFLIGHT,
         default=None,
         help="handle at most N events at once; answer 429 with Retry-After past it",
     )
     sink.add_argument(
         "--max-rate",
+        metavar="R",
         type=MAX_RATE,
         default=None,
         help="handle at most R events a second (a token bucket, bursts of R/10); "
