@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from asnackq.cli.render import progress_line
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
+from asnackq.dispatch import Dispatcher, Summary
 from asnackq.dispatch.adaptive import DECREASE, Aimd
 from asnackq.sink.app import CAPACITY
 from asnackq.sink.capacity import Capacity
@@ -251,6 +252,13 @@ async def test_auto_concurrency_finds_a_capacity_limited_sink_s_capacity(queue, 
     assert 2 <= summary.concurrency <= 12  # near the sink's 6
     assert peak <= 6
     assert len(sink_state(sink_db)[1]) == 600
+
+
+def test_the_progress_line_shows_429s_and_the_limit():
+    counts = {**Summary().as_dict(), "overloaded": 3, "concurrency": 7}
+    line = progress_line(counts, 1.0, paused=False)
+    assert "429s 3" in line and "in flight <= 7" in line
+    assert "429s" not in progress_line(Summary().as_dict(), 1.0, paused=False)
 
 
 async def test_concurrency_auto_is_checked(queue):
