@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from asnackq.cli.render import progress_line
-from asnackq.core.worker import epoch_ms
+from asnackq.core.worker import Overloaded, epoch_ms
 from asnackq.dispatch import Dispatcher, Summary
 from asnackq.dispatch.adaptive import DECREASE, Aimd
 from asnackq.sink.app import CAPACITY
@@ -238,7 +238,7 @@ def test_the_limit_stays_within_its_bounds():
 
 
 async def test_auto_concurrency_finds_a_capacity_limited_sink_s_capacity(queue, db, tmp_path):
-    await fill(queue, 600)
+    await fill(queue, 400)
     sink_db = tmp_path / "sink.db"
     async with sink(sink_db, max_inflight=6, delay_ms=20) as running:
         async with AsyncHttpSender(running.url) as send:
@@ -247,11 +247,11 @@ async def test_auto_concurrency_finds_a_capacity_limited_sink_s_capacity(queue, 
             )
             summary = await asyncio.wait_for(dispatcher.run(), 60)
         peak = running.app[CAPACITY].peak
-    assert (summary.done, summary.dead, summary.retried) == (600, 0, 0)
+    assert (summary.done, summary.dead, summary.retried) == (400, 0, 0)
     assert summary.overloaded < 0.1 * summary.requests  # a few probes past capacity
     assert 2 <= summary.concurrency <= 12  # near the sink's 6
-    assert peak <= 6
-    assert len(sink_state(sink_db)[1]) == 600
+    assert 4 <= peak <= 6  # the sink was kept near its capacity, never past it
+    assert len(sink_state(sink_db)[1]) == 400
 
 
 def test_the_progress_line_shows_429s_and_the_limit():
@@ -269,3 +269,35 @@ async def test_concurrency_auto_is_checked(queue):
         Dispatcher(queue, send, owner="d1", concurrency="max")
     with pytest.raises(ValueError, match="max_concurrency"):
         Dispatcher(queue, send, owner="d1", concurrency="auto", max_concurrency=0)
+
+
+async def test_a_run_stopped_while_its_jobs_wait_out_an_overload_ends_within_its_grace(queue, db):
+    app, seen = overloaded_first(100, 429, "30")
+    await fill(queue, 4)
+    waiting, overloads = asyncio.Event(), []
+
+    async with serving(app) as running, AsyncHttpSender(running.url, timeout_s=0.5) as http:
+
+        async def send(event, token):
+            try:
+                return await http(event, token)
+            except Overloaded:
+                overloads.append(event["id"])
+                if len(overloads) == 4:  # every job waits out its 30 s
+                    waiting.set()
+                raise
+
+        dispatcher = Dispatcher(
+            queue, send, owner="d1", concurrency="auto", lease_ms=1000, grace_s=0.2
+        )
+        run = asyncio.ensure_future(dispatcher.run(follow=True))
+        async with asyncio.timeout(30):
+            await waiting.wait()
+        run.cancel()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert time.monotonic() - started < 5
+    assert dispatcher.summary.overloaded == 4 and dispatcher.summary.done == 0
+    assert {(r[3], r[4]) for r in rows(db) if len(r) > 3} == {("leased", 1)}  # left to the lease
+    assert all(len(arrivals) == 1 for arrivals in seen.values())
