@@ -48,7 +48,7 @@ from asnackq.lab.evidence import invariants, verify
 from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
 from asnackq.sink import faults
-from asnackq.sink.capacity import Capacity
+from asnackq.sink.capacity import Capacity, options_given
 from asnackq.store import readers
 from asnackq.store.sessions import database_error
 from asnackq.store.targets import Target, is_url, shown
@@ -259,7 +259,8 @@ def experiment(
         config.delay_ms,
         "--seed",
         config.seed,
-        *capacity_options(config),
+        *options_given(("--max-inflight", config.sink_max_inflight)),
+        *options_given(("--max-rate", config.sink_max_rate)),
         *config.https[0],
         *site.sink_options,
     )
@@ -322,12 +323,6 @@ def experiment(
         faults_by_kind=measured["faults_by_kind"],
         sink_overloaded=stats.get("overloaded", 0),
     )
-
-
-def capacity_options(config: LabConfig) -> tuple[object, ...]:
-    """The sink's capacity options, those that are set."""
-    given = (("--max-inflight", config.sink_max_inflight), ("--max-rate", config.sink_max_rate))
-    return tuple(item for option, value in given if value is not None for item in (option, value))
 
 
 def start_workers(config: LabConfig, workers: Workers) -> str | None:

@@ -24,10 +24,15 @@ from dataclasses import dataclass, field
 from asnackq.core.worker import check_int
 from asnackq.wire.send import check_number
 
-__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "burst"]
+__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "burst", "options_given"]
 
 MAX_INFLIGHT = (1, 65_536)
 MAX_RATE = (0, 1_000_000)  # (open low: a rate of 0 would refuse everything)
+
+
+def options_given(*options: tuple[str, object]) -> tuple[object, ...]:
+    """``asnackq sink`` options ``(name, value)`` as arguments, those whose value is set."""
+    return tuple(item for name, value in options if value is not None for item in (name, value))
 
 
 def burst(rate: float) -> float:
