@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from asnackq.store.sqlite_aio import QueueBusy
     from asnackq.wire.send import AsyncHttpSender, HttpSender, Untrusted
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # name -> the module it is loaded from on first use
 LAZY = {

@@ -514,7 +514,7 @@ def test_lab_verification_catches_a_lost_effect(tmp_path):
     config = LabConfig(jobs=50, processes=1, concurrency=4, directory=directory)
     with open(os.devnull, "w") as devnull:
         result = run_lab(config, Console(file=devnull))
-    assert result.violations == []
+    assert result.evidence.violations == []
     sink = sqlite3.connect(directory / "sink.db")
     sink.execute("DELETE FROM inbox WHERE id = 'lab-0000003'")
     sink.commit()

@@ -174,7 +174,7 @@ def test_lab_flags_jobs_that_died_without_being_sent(tmp_path):
             LabConfig(jobs=20, processes=1, concurrency=4, directory=directory),
             Console(file=devnull),
         )
-    assert result.liveness_failures == [] and result.statuses == {"done": 20}
+    assert result.liveness_failures == [] and result.evidence.statuses == {"done": 20}
     con = sqlite3.connect(directory / "queue.db")
     con.execute(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"

@@ -25,7 +25,7 @@ from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.core.worker import epoch_ms
 from asnackq.lab import procs
 from asnackq.lab.procs import PIPE
-from asnackq.ops.dashboard import Watcher
+from asnackq.ops.watcher import Watcher
 from asnackq.store import readers
 
 from .test_cli import fails, ok

@@ -59,7 +59,7 @@ def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
     config = dataclasses.replace(demo.preset(), directory=tmp_path / "demo")
     with open(os.devnull, "w") as devnull:
         result = run_lab(config, Console(file=devnull))
-    assert result.violations == [] and result.statuses == {"done": 300}
+    assert result.evidence.violations == [] and result.evidence.statuses == {"done": 300}
     assert (result.kills, result.workers_started) == (1, 3)
     events = [(e["e"], e["owner"]) for e in result.series["events"]]
     assert events == [
@@ -77,7 +77,7 @@ def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
     # exit on their own, so their traces are whole.
     again = {job_id for _, job_id, token in claims if token > 1}
     assert {owner for owner, _, token in claims if token > 1} <= {"lab-w2", "lab-w3"}
-    assert len(again) == result.done_reclaimed >= 1 and result.redelivered >= 1
+    assert len(again) == result.evidence.done_reclaimed >= 1 and result.evidence.redelivered >= 1
 
 
 def test_usage_errors_exit_2():

@@ -85,12 +85,12 @@ CASES = [
 ]
 
 
-def test_no_command_writes_into_a_file_that_is_not_its_own(files, tmp_path):
+@pytest.mark.parametrize(("kind", "writer"), CASES)
+def test_no_command_writes_into_a_file_that_is_not_its_own(files, tmp_path, kind, writer):
     before = snapshot(tmp_path)
-    for kind, writer in CASES:
-        said = fails(*WRITERS[writer](files[kind]), stdin='{"id": "a", "qty": 1}\n', timeout=30)
-        assert str(files[kind]) in said, (kind, writer, said)
-        assert snapshot(tmp_path) == before, (kind, writer)  # no byte, no journal, no WAL
+    said = fails(*WRITERS[writer](files[kind]), stdin='{"id": "a", "qty": 1}\n', timeout=30)
+    assert str(files[kind]) in said, said
+    assert snapshot(tmp_path) == before  # no byte, no journal, no WAL
 
 
 async def test_the_library_refuses_the_same_files(files, tmp_path):

@@ -121,3 +121,12 @@ def test_the_package_ships_its_type_marker():
     with open(ROOT / "pyproject.toml", "rb") as f:
         package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
     assert package_data["asnackq"] == ["py.typed"]
+
+
+def test_the_version_is_the_project_s_and_the_changelog_s_latest():
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    latest = next(line for line in changelog.splitlines() if line.startswith("## "))
+    assert asnackq.__version__ == version
+    assert latest.split()[1] == version

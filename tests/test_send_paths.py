@@ -193,7 +193,7 @@ def test_the_lab_runs_its_sinks_on_https(pki, tmp_path):
     config = LabConfig(jobs=40, processes=1, concurrency=4, directory=tmp_path / "lab", **tls)
     with open(os.devnull, "w") as devnull:
         result = run_lab(config, Console(file=devnull))
-    assert (result.violations, result.liveness_failures) == ([], [])
+    assert (result.evidence.violations, result.liveness_failures) == ([], [])
     assert {status for _, status in statuses(tmp_path / "lab" / "queue.db")} == {"done"}
 
 

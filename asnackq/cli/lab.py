@@ -243,7 +243,7 @@ def run_lab(args: argparse.Namespace) -> int:
     written = None if args.report is None else report.write(result, args.report)
     out = Console(highlight=False)
     out.print(key_values("asnackq lab", report_rows(result)))
-    for violation in result.violations:
+    for violation in result.evidence.violations:
         out.print(f"[bold red]VIOLATION[/] {violation}")
     for failure in result.liveness_failures:
         out.print(f"[bold red]LIVENESS[/] {failure}")

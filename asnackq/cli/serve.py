@@ -231,10 +231,12 @@ def add_dashboard(commands: Commands) -> None:
         "dashboard",
         help="a live web page of a queue (read-only), with /api/state and /metrics",
         description="Serve a page that shows the queue, refreshed every second: jobs by "
-        "status, dead by reason, throughput over the last minute, the oldest pending wait, "
-        "expired leases, the latest redrives; with --sink-db the inbox counters and the "
-        "audit's attention items. /api/state is the same data as JSON, /metrics in the "
-        "Prometheus format. The DBs are opened read-only.",
+        "status, dead by reason, throughput over the last minute and done/s over the last "
+        "hour, the oldest pending wait, leases by owner, expired leases, the latest redrives; "
+        "with --sink-db the inbox counters and the audit's attention items. /api/state is "
+        "the same data as JSON, /metrics in the Prometheus format. /jobs/ID (JSON: "
+        "/api/jobs/ID) inspects one job: its row, redrives, trace id, and with --sink-db its "
+        "inbox record and the audit's verdict. The DBs are opened read-only.",
     )
     dashboard.add_argument("queue", type=target, help="a queue file, or a postgresql:// URL")
     dashboard.add_argument(

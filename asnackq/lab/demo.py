@@ -43,12 +43,18 @@ def story(result: LabResult) -> Table:
         ),
         ("workers started (lab-w1 alone, then lab-w2 and lab-w3)", result.workers_started),
         ("HTTP requests at the sink", result.requests),
-        ("effects applied (inbox rows)", result.inbox_rows),
+        ("effects applied (inbox rows)", result.evidence.inbox_rows),
         ("duplicates absorbed by the inbox", result.duplicates),
-        ("ids delivered more than once", result.redelivered),
-        ("jobs lab-w1 held, done by another worker (token > 1)", result.done_reclaimed),
-        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))),
-        ("stock at the sink / sum of job qty", f"{result.stock} / {result.qty_total}"),
+        ("ids delivered more than once", result.evidence.redelivered),
+        ("jobs lab-w1 held, done by another worker (token > 1)", result.evidence.done_reclaimed),
+        (
+            "final states",
+            ", ".join(f"{k} {v}" for k, v in sorted(result.evidence.statuses.items())),
+        ),
+        (
+            "stock at the sink / sum of job qty",
+            f"{result.evidence.stock} / {result.evidence.qty_total}",
+        ),
         ("every id's effect applied exactly once", "yes" if once(result) else "NO"),
         ("seconds", f"{result.seconds:.1f}"),
     ]:
@@ -69,7 +75,11 @@ def verdicts(result: LabResult) -> Table:
 
 def once(result: LabResult) -> bool:
     """Every job done, every id's effect applied once, nothing broken."""
-    return not result.failed and result.statuses == {"done": JOBS} and result.inbox_rows == JOBS
+    return (
+        not result.failed
+        and result.evidence.statuses == {"done": JOBS}
+        and result.evidence.inbox_rows == JOBS
+    )
 
 
 def main() -> int:

@@ -298,7 +298,7 @@ def experiment(
     found = dataclasses.replace(found, liveness=found.liveness.with_expected(config.dead_expected))
     measured = timeline.measured(faulty.events, sampler.statuses, sampler.sink)
     return LabResult(
-        **{f.name: getattr(found, f.name) for f in dataclasses.fields(found)},
+        evidence=found,
         liveness_failures=found.liveness_failures(),
         config={
             k: (str(v) if isinstance(v, Path) else shown(v) if k == "db" and v else v)

@@ -248,7 +248,7 @@ def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     series = result.series
     return {
         "throughput": throughput(series),
-        "latency": latency(result.latency_ms),
+        "latency": latency(result.evidence.latency_ms),
         "sink": lines(
             series,
             "sink",

@@ -85,7 +85,7 @@ def invariants_table(result: LabResult) -> str:
 
 
 def verdict(result: LabResult) -> tuple[str, str]:
-    broken = len(result.violations) + len(result.liveness_failures)
+    broken = len(result.evidence.violations) + len(result.liveness_failures)
     if broken:
         return "bad", f"{broken} violations or liveness failures"
     return "ok", "every invariant holds"
@@ -111,7 +111,7 @@ def render(result: LabResult) -> str:
     css, text = verdict(result)
     problems = "".join(
         f"<li>{html.escape(line)}</li>"
-        for line in [*result.violations[:100], *result.liveness_failures]
+        for line in [*result.evidence.violations[:100], *result.liveness_failures]
     )
     config = [(key, "-" if value is None else value) for key, value in result.config.items()]
     return PAGE.format(

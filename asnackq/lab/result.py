@@ -10,11 +10,11 @@ Rules of this module:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from asnackq.lab import schedule
-from asnackq.lab.evidence import Liveness
+from asnackq.lab.evidence import Evidence, Liveness
 
 __all__ = ["AT_LEAST", "LabResult", "report_rows"]
 
@@ -29,20 +29,7 @@ class LabResult:
     ``sink_counts_exact``), the kills, the invariants' verdicts, the time series and the
     faults with their recovery."""
 
-    violations: list[str]
-    broken: dict[str, int]
-    dead_after_applied: int
-    statuses: dict[str, int]
-    liveness: Liveness  # with ``expected`` said
-    dead_reasons: dict[str, int]
-    done_reclaimed: int
-    inbox_rows: int
-    redelivered: int
-    inbox_duplicates: int
-    stock: int
-    qty_total: int
-    latency_ms: dict[str, Any]
-    claims_traced: int
+    evidence: Evidence  # its liveness with ``expected`` said
     liveness_failures: list[str]
     config: dict[str, Any]
     seconds: float
@@ -65,21 +52,27 @@ class LabResult:
     @property
     def failed(self) -> bool:
         """Whether any invariant broke or any job failed liveness."""
-        return bool(self.violations or self.liveness_failures)
+        return bool(self.evidence.violations or self.liveness_failures)
 
     def as_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready data (``asnackq lab --json``)."""
-        return asdict(self)
+        """The result as JSON-ready data (``asnackq lab --json``): the evidence's fields
+        first, then the run's."""
+        data = asdict(self)
+        return {**data.pop("evidence"), **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LabResult:
         """A result from its ``as_dict`` (a ``lab --json`` file)."""
-        return cls(**{**data, "liveness": Liveness(**data["liveness"])})
+        names = {f.name for f in fields(Evidence)}
+        found = {k: v for k, v in data.items() if k in names}
+        found["liveness"] = Liveness(**found["liveness"])
+        rest = {k: v for k, v in data.items() if k not in names}
+        return cls(evidence=Evidence(**found), **rest)
 
 
 def report_rows(result: LabResult) -> list[tuple[str, object]]:
     c = result.config
-    latency = result.latency_ms
+    latency = result.evidence.latency_ms
     exact = AT_LEAST[result.sink_counts_exact]
     return [
         ("jobs / processes / concurrency", f"{c['jobs']} / {c['processes']} / {c['concurrency']}"),
@@ -96,14 +89,21 @@ def report_rows(result: LabResult) -> list[tuple[str, object]]:
         ("sink 429s (past its capacity)" + exact, result.sink_overloaded),
         ("workers killed (SIGKILL) / started", f"{result.kills} / {result.workers_started}"),
         ("sinks / sinks killed (SIGKILL, restarted)", f"{result.sinks} / {result.sink_kills}"),
-        ("final states", ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items()))),
-        ("dead by reason", ", ".join(f"{k} {v}" for k, v in result.dead_reasons.items())),
-        ("dead with effect applied (evidence)", result.dead_after_applied),
+        (
+            "final states",
+            ", ".join(f"{k} {v}" for k, v in sorted(result.evidence.statuses.items())),
+        ),
+        ("dead by reason", ", ".join(f"{k} {v}" for k, v in result.evidence.dead_reasons.items())),
+        ("dead with effect applied (evidence)", result.evidence.dead_after_applied),
         (
             "liveness failures (dead, never rejected)",
-            f"{result.liveness.dead_unanswered}"
-            + (" (expected: the faults allow no delivery)" if result.liveness.expected else ""),
+            f"{result.evidence.liveness.dead_unanswered}"
+            + (
+                " (expected: the faults allow no delivery)"
+                if result.evidence.liveness.expected
+                else ""
+            ),
         ),
         *schedule.rows(c, result.faults_by_kind),
-        ("violations", len(result.violations)),
+        ("violations", len(result.evidence.violations)),
     ]

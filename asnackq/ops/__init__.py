@@ -4,7 +4,8 @@ Rules of this wing:
 
 * Everything only reads, through read-only openers (``asnackq.store.readers``); the one
   write, ``redrive_by_reason``, is the core's audited redrive, one job per transaction.
-* The dashboard (``ops.dashboard``) serves these reads; it never writes.
+* The dashboard (``ops.dashboard``) serves these reads, sampled by ``ops.watcher``, and
+  one job's story on request (``ops.inspect``); it never writes.
 * Imports: ``asnackq.dispatch``, ``asnackq.sink``, ``asnackq.store``, ``asnackq.wire``,
   ``asnackq.core``.
 """

@@ -100,10 +100,13 @@ class AsyncQueue:
         intakes_only: bool = False,
         *,
         clock: Clock = w.epoch_ms,
-        ttl_ms: int | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        budget: Budget | None = None,
     ) -> None:
-        self.budget = check_defaults(clock, ttl_ms, max_attempts, limits)
+        """A queue on an open ``Store``; ``connect``, ``open`` and ``within`` make one.
+        ``budget``: as checked by ``check_defaults`` (None: the default ttl and attempts)."""
+        if budget is None:
+            budget = check_defaults(clock, None, DEFAULT_MAX_ATTEMPTS, limits)
+        self.budget = budget
         self._db = db
         self._lock = asyncio.Lock()
         self.limits = limits
@@ -139,7 +142,7 @@ class AsyncQueue:
         w.check_int(attempts, "attempts", 1, 100)
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
         store = await open_store(target, w.SCHEMA, busy_s, attempts)
-        return cls(store, limits, False, clock=clock, **defaults._asdict())
+        return cls(store, limits, False, clock=clock, budget=defaults)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -194,7 +197,7 @@ class AsyncQueue:
         w.check_int(attempts, "attempts", 1, 100)
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
         store = await borrowed.adopt(con, w.SCHEMA, attempts)
-        return cls(store, limits, True, clock=clock, **defaults._asdict())
+        return cls(store, limits, True, clock=clock, budget=defaults)
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""

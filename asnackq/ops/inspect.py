@@ -1,0 +1,162 @@
+"""The dashboard's reads about one job and about the work going on: a job's whole story, the
+leases each owner holds, and done jobs per minute over the last hour.
+
+Rules of this module:
+
+* Only reads, with bound parameters, through readers the caller opened read-only
+  (``asnackq.store.readers``).  A job id is checked (``check_job_id``) before any read.
+* The trace table ``asnackq_job_traces`` (``job_id``, W3C ``traceparent``) belongs to the
+  tracing support and may be absent: a job then has no trace id.  It is looked up, never
+  assumed, so a missing table is no error on either driver.
+* The audit's verdict on one job is ``queries.describe`` over that job's row and its inbox
+  row: the rule of ``asnackq audit``, without the audit's join over every job.
+* A done job's ``available_at`` is when it finished (the contract's ``finish`` sets it to
+  its ``now_ms``): done per minute counts done jobs by ``available_at``.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import Any
+
+from asnackq.core import worker as w
+from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD
+from asnackq.ops.queries import ATTENTION, VIOLATIONS, describe
+from asnackq.store.sessions import Reader
+
+__all__ = [
+    "BAD_ID",
+    "HOUR_MINUTES",
+    "LEASES_LISTED",
+    "check_job_id",
+    "done_per_minute",
+    "inbox_record",
+    "job_story",
+    "leases",
+    "trace_id",
+    "verdict",
+]
+
+# The first seven columns are the audit's job tuple (``queries.AUDIT_SQL``), in its order.
+SQL_JOB = """SELECT id, qty, status, reason, token, owner, lease_until,
+  attempts, max_attempts, available_at, deadline FROM jobs WHERE id = ?"""
+JOB_FIELDS = (
+    *("id", "qty", "status", "reason", "token", "owner", "lease_until"),
+    *("attempts", "max_attempts", "available_at", "deadline"),
+)
+SQL_JOB_REDRIVES = "SELECT token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq"
+BAD_ID = "a job id is 1-64 ASCII letters, digits, '_' or '-'"
+TRACES = "asnackq_job_traces"
+SQL_HAS_TRACES_SQLITE = (
+    f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '{TRACES}'"
+)
+SQL_HAS_TRACES_PG = (
+    f"SELECT count(*) FROM (SELECT to_regclass('{TRACES}') AS t) AS r WHERE t IS NOT NULL"
+)
+SQL_TRACE = f"SELECT traceparent FROM {TRACES} WHERE job_id = ?"
+# W3C trace context: version (never ff), trace id and parent id (never all zeros), flags.
+TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
+
+# Each owner's leases, the ones ending first first: at most LEASES_LISTED of each, and at
+# most LEASE_ROWS rows in all (the counts stay whole).
+LEASES_LISTED = 10
+LEASE_ROWS = 400
+SQL_LEASES = """SELECT owner, held, id, token, lease_until FROM (
+  SELECT owner, id, token, lease_until, count(*) OVER (PARTITION BY owner) AS held,
+         row_number() OVER (PARTITION BY owner ORDER BY lease_until, id) AS n
+  FROM jobs WHERE status = 'leased') AS leases
+WHERE n <= ? ORDER BY held DESC, owner, n LIMIT ?"""
+
+MINUTE_MS = 60_000
+HOUR_MINUTES = 60
+SQL_DONE_PER_MINUTE = """SELECT (available_at - :start) / 60000 AS minute, count(*) FROM jobs
+WHERE status = 'done' AND available_at >= :start GROUP BY minute"""
+
+
+def check_job_id(text: str) -> str:
+    """``text`` if it is a job id (1-64 ASCII letters, digits, ``_`` or ``-``); else
+    ``ValueError`` (a message that does not repeat the text)."""
+    try:
+        return w.check_identifier(text, "job id")
+    except ValueError:
+        raise ValueError(BAD_ID) from None
+
+
+def job_story(con: Reader, job_id: str, now_ms: int) -> dict[str, Any] | None:
+    """A job's row (with its lease's and its deadline's time left), its redrives and its
+    trace id; ``None`` when the queue does not hold it."""
+    row = con.execute(SQL_JOB, (check_job_id(job_id),)).fetchone()
+    if row is None:
+        return None
+    job = dict(zip(JOB_FIELDS, row, strict=True))
+    leased = job["status"] == "leased"
+    job["lease_left_ms"] = job["lease_until"] - now_ms if leased else None
+    job["deadline_left_ms"] = job["deadline"] - now_ms
+    redrives = [
+        {"token": token, "at_ms": at_ms, "note": note}
+        for token, at_ms, note in con.execute(SQL_JOB_REDRIVES, (job_id,))
+    ]
+    return {"job": job, "redrives": redrives, "trace_id": trace_id(con, job_id)}
+
+
+def trace_id(con: Reader, job_id: str) -> str | None:
+    """The trace id of the job's enqueue context, if the queue keeps one."""
+    on_sqlite = isinstance(con, sqlite3.Connection)
+    (tables,) = con.execute(SQL_HAS_TRACES_SQLITE if on_sqlite else SQL_HAS_TRACES_PG).fetchone()
+    if not tables:
+        return None
+    row = con.execute(SQL_TRACE, (job_id,)).fetchone()
+    found = row and isinstance(row[0], str) and TRACEPARENT.fullmatch(row[0])
+    return found.group(1) if found else None
+
+
+def inbox_record(con: Reader, job_id: str) -> dict[str, Any] | None:
+    """The sink's inbox row for ``job_id`` (``None`` without one)."""
+    row = con.execute(SQL_RECORD, (check_job_id(job_id),)).fetchone()
+    return None if row is None else dict(zip(RECORD_FIELDS, row, strict=True))
+
+
+def verdict(
+    job: dict[str, Any] | None, inbox: dict[str, Any] | None, now_ms: int
+) -> dict[str, Any]:
+    """The audit's stage and flags for one job (each flag with its kind and meaning)."""
+    job_row = tuple(job[k] for k in JOB_FIELDS[:7]) if job else (None,) * 7
+    inbox_row = tuple(inbox[k] for k in RECORD_FIELDS[:5]) if inbox else (None,) * 5
+    described = describe(job_row, inbox_row, now_ms)
+    return {
+        "stage": described["stage"],
+        "flags": [
+            {"flag": flag, "kind": "violation", "why": VIOLATIONS[flag]}
+            if flag in VIOLATIONS
+            else {"flag": flag, "kind": "attention", "why": ATTENTION[flag]}
+            for flag in described["flags"]
+        ],
+    }
+
+
+def leases(con: Reader, now_ms: int) -> list[dict[str, Any]]:
+    """Who holds what: each owner's count of leased jobs and its first ``LEASES_LISTED``
+    (id, token, time left; negative once expired), the owners holding most first."""
+    owners: dict[str, dict[str, Any]] = {}
+    for owner, held, job_id, token, until in con.execute(SQL_LEASES, (LEASES_LISTED, LEASE_ROWS)):
+        entry = owners.setdefault(owner, {"owner": owner, "count": held, "jobs": []})
+        entry["jobs"].append({"id": job_id, "token": token, "left_ms": until - now_ms})
+    return list(owners.values())
+
+
+def done_per_minute(con: Reader, now_ms: int) -> dict[str, Any]:
+    """Done jobs in each of the ``HOUR_MINUTES`` minutes up to ``now_ms``, the oldest first
+    (jobs finished at ``now_ms`` or later, on a clock ahead of this one, count in the
+    last): each minute's start, its count and its done/s."""
+    start = now_ms - HOUR_MINUTES * MINUTE_MS
+    counts = [0] * HOUR_MINUTES
+    for minute, count in con.execute(SQL_DONE_PER_MINUTE, {"start": start}):
+        counts[min(int(minute), HOUR_MINUTES - 1)] += count
+    minutes = [
+        {"at_ms": start + i * MINUTE_MS, "done": count, "per_s": round(count / 60, 2)}
+        for i, count in enumerate(counts)
+    ]
+    return {"at_ms": now_ms, "minutes": minutes, "done": sum(counts)}

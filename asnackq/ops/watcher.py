@@ -1,0 +1,247 @@
+"""The dashboard's watcher: what it reads, when, and how a locked or missing DB shows.
+
+Rules of this module:
+
+* Read-only.  Each sample opens the DBs through ``readers.read_only`` (``mode=ro`` URIs for a
+  file, read-only transactions for a ``postgresql://`` URL) and closes them; nothing here
+  writes, creates or migrates anything.  The numbers are ``ops.stats`` and ``ops.audit``,
+  the same as ``asnackq stats`` and ``asnackq audit``.  A URL is shown with its password
+  as ``***``.
+* One task reads the DBs every ``SAMPLE_S`` (in a thread), or ten times the last sample's
+  reading time when that is longer, never more than ``MAX_GAP_S`` apart; it keeps the last
+  minute of done counts for the throughput.  Requests are answered from the latest sample,
+  so open pages add no load on the queue.  The audit (a join over every job) runs at most
+  every ten times its duration, at least every ``MAX_AUDIT_GAP_S``; so does the count of
+  done jobs per minute over the last hour (``ops.inspect.done_per_minute``).
+* One job's story (``Watcher.look_up``) is read when asked, not sampled.
+* A file locked by a writer is not waited on inside SQLite: the read is retried for
+  ``LOCK_WAIT_S``, then the page says so (the last figures stay, marked) and the next
+  try comes after ``SAMPLE_S``.  A wait for a lock never counts as reading time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from asnackq import ops
+from asnackq.core import worker as w
+from asnackq.ops import inspect
+from asnackq.store import readers, sessions
+from asnackq.store.sessions import Reader
+from asnackq.store.targets import Target, one_line, shown
+
+__all__ = ["AUDIT_LISTED", "Watcher", "attempt", "reading"]
+
+SAMPLE_S = 1.0
+MAX_GAP_S = 5.0  # the longest pause between samples, however long a read takes
+MAX_AUDIT_GAP_S = 60.0  # the longest pause between audits (and hourly counts)
+LOCK_WAIT_S = 1.0  # a writer's lock held longer than this shows as an error
+LOCK_POLL_S = 0.02
+WINDOW_MS = 60_000  # throughput over the last minute
+REDRIVES_SHOWN = 10
+AUDIT_LISTED = 20
+SQL_LATEST_REDRIVES = "SELECT id, token, at_ms, note FROM redrives ORDER BY seq DESC LIMIT ?"
+SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliveries), 0)
+FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
+
+
+Reading = Callable[[], Any]
+
+
+def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
+    """``read()`` and the seconds it took, retried while a writer holds the file.
+
+    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``readers.Locked``), not
+    inside SQLite's busy handler: the time returned is that of the read that succeeded, so a
+    wait for a writer is never taken for the cost of reading.  Anything unreadable is a
+    ``ValueError`` (one line; a URL's password never shown).
+    """
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        started = time.monotonic()
+        try:
+            return read(), time.monotonic() - started
+        except Exception as error:
+            if readers.locked(error):
+                if time.monotonic() < deadline:
+                    time.sleep(LOCK_POLL_S)
+                    continue
+                raise readers.Locked(
+                    f"the {what} {shown(where)} is locked by another process (held over "
+                    f"{LOCK_WAIT_S:g} s): the figures shown are older"
+                ) from None
+            if isinstance(error, ValueError):
+                raise
+            if not sessions.database_error(error):
+                raise
+            raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
+
+
+def read_queue(con: Reader, now_ms: int) -> dict[str, Any]:
+    redrives = [
+        dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
+        for row in con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))
+    ]
+    return {
+        "stats": ops.stats(con, now_ms),
+        "redrives": redrives,
+        "leases": inspect.leases(con, now_ms),
+    }
+
+
+def read_inbox(con: Reader) -> dict[str, int]:
+    rows, deliveries, stock = con.execute(SQL_INBOX).fetchone()
+    return {
+        "effects_applied": rows,
+        "deliveries": deliveries,
+        "duplicates": deliveries - rows,
+        "stock": stock,
+    }
+
+
+def audit_state(audited: ops.Audit, now_ms: int) -> dict[str, Any]:
+    return {
+        "at_ms": now_ms,
+        "flags": audited.flags,
+        "violations": audited.violations,
+        "stages": audited.stages,
+        "attention": audited.listed["attention"],
+        "violating": audited.listed["violations"],
+    }
+
+
+def reading(where: Target, table: str, what: str, reader: Callable[[Reader], Any]) -> Reading:
+    """One read-only session on ``where`` (a file, without waiting on a lock, or a URL)."""
+
+    def read() -> Any:
+        with readers.read_only(where, table, what, busy_s=0) as con:
+            return reader(con)
+
+    return read
+
+
+@dataclass
+class Watcher:
+    """The latest reading of the DBs, and the done counts of the last minute."""
+
+    queue: Target
+    sink_db: Target | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    done: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    audit_due: float = 0.0
+    hour_due: float = 0.0
+    took: float = 0.0  # seconds the last sample spent reading (lock waits excluded)
+
+    def sample(self) -> None:
+        """Read everything once; ``ValueError`` (``readers.Locked`` for a lock) if a DB cannot be
+        read, and then the last state stays."""
+        now = w.epoch_ms()
+        queue, took = attempt(
+            "queue",
+            self.queue,
+            reading(self.queue, "jobs", "queue", partial(read_queue, now_ms=now)),
+        )
+        state = {
+            "queue": shown(self.queue),
+            "sink_db": self.sink_db and shown(self.sink_db),
+            "at_ms": now,
+            "error": None,
+            **queue,
+            "inbox": None,
+            "audit": self.state.get("audit"),
+            "hour": self.state.get("hour"),
+        }
+        if self.sink_db is not None:
+            read = reading(self.sink_db, "inbox", "sink DB", read_inbox)
+            state["inbox"], inbox_s = attempt("sink DB", self.sink_db, read)
+            took += inbox_s
+            if time.monotonic() >= self.audit_due:
+                audited, audit_s = attempt("queue and sink DB", self.queue, self.audit(now))
+                state["audit"] = audit_state(audited, now)
+                self.audit_due = time.monotonic() + min(10 * audit_s, MAX_AUDIT_GAP_S)
+        if time.monotonic() >= self.hour_due:
+            read = reading(
+                self.queue, "jobs", "queue", partial(inspect.done_per_minute, now_ms=now)
+            )
+            state["hour"], hour_s = attempt("queue", self.queue, read)
+            self.hour_due = time.monotonic() + min(max(SAMPLE_S, 10 * hour_s), MAX_AUDIT_GAP_S)
+        state["throughput"] = self.throughput(now, state["stats"]["by_status"]["done"])
+        self.state, self.took = state, took
+
+    def look_up(self, job_id: str) -> dict[str, Any] | None:
+        """One job's story: its row, redrives and trace id from the queue and, with a sink
+        DB, its inbox record and the audit's verdict; ``None`` when neither DB knows it.
+        ``ValueError`` for an id that is not one or a DB that cannot be read."""
+        inspect.check_job_id(job_id)
+        now = w.epoch_ms()
+        read = reading(
+            self.queue, "jobs", "queue", partial(inspect.job_story, job_id=job_id, now_ms=now)
+        )
+        story, _ = attempt("queue", self.queue, read)
+        inbox = None
+        if self.sink_db is not None:
+            read = reading(
+                self.sink_db, "inbox", "sink DB", partial(inspect.inbox_record, job_id=job_id)
+            )
+            inbox, _ = attempt("sink DB", self.sink_db, read)
+        if story is None and inbox is None:
+            return None
+        job = story and story["job"]
+        return {
+            "id": job_id,
+            "at_ms": now,
+            "job": job,
+            "redrives": story["redrives"] if story else [],
+            "trace_id": story and story["trace_id"],
+            "sink_db": self.sink_db is not None,
+            "inbox": inbox,
+            "audit": None if self.sink_db is None else inspect.verdict(job, inbox, now),
+        }
+
+    def audit(self, now_ms: int) -> Reading:
+        assert self.sink_db is not None
+        sink_db = self.sink_db
+        return lambda: ops.audit(self.queue, sink_db, now_ms, limit=AUDIT_LISTED, busy_s=0)
+
+    def throughput(self, now_ms: int, done: int) -> dict[str, Any]:
+        """Done jobs per second over the last minute (``None`` until two samples)."""
+        self.done.append((now_ms, done))
+        while len(self.done) > 2 and self.done[1][0] <= now_ms - WINDOW_MS:
+            self.done.popleft()
+        first_ms, first = self.done[0]
+        span_s = (now_ms - first_ms) / 1000
+        # [seconds ago (negative), done/s] between consecutive samples: the sparkline.
+        rates = [
+            [round((b_ms - now_ms) / 1000, 1), round(max(0, b - a) * 1000 / (b_ms - a_ms), 1)]
+            for (a_ms, a), (b_ms, b) in itertools.pairwise(self.done)
+            if b_ms > a_ms
+        ]
+        return {
+            "window_s": round(span_s, 1),
+            "series": rates,
+            "done_per_s": round(max(0, done - first) / span_s, 1) if span_s > 0 else None,
+        }
+
+    def pause(self) -> float:
+        """Seconds until the next sample: ``SAMPLE_S``, or ten times the last sample's reading
+        time when that is longer (a reader delays the writers' commits on a rollback journal:
+        the dashboard reads at most a tenth of the time), never over ``MAX_GAP_S``."""
+        return min(max(SAMPLE_S, 10 * self.took), MAX_GAP_S)
+
+    async def run(self) -> None:
+        """Sample until cancelled; a failed read shows as ``error`` over the last state, and
+        the next try comes after ``SAMPLE_S`` (a lock or an error is no cost to scale by)."""
+        while True:
+            await asyncio.sleep(self.pause())
+            try:
+                await asyncio.to_thread(self.sample)
+            except ValueError as error:
+                self.state = {**self.state, "error": str(error), "at_ms": w.epoch_ms()}
+                self.took = 0.0
