@@ -64,8 +64,8 @@ def figures(config: LabConfig) -> dict[str, Any]:
         "p50_ms": result.latency_ms["p50"],
         "p99_ms": result.latency_ms["p99"],
         "p99_over_delay": round((result.latency_ms["p99"] or 0) / config.delay_ms, 1),
-        "dead": result.statuses.get("dead", 0),
-        "violations": len(result.violations),
+        "dead": result.evidence.statuses.get("dead", 0),
+        "violations": len(result.evidence.violations),
         "liveness_failures": len(result.liveness_failures),
         "seconds": result.seconds,
     }

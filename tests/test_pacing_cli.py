@@ -10,6 +10,7 @@ from rich.console import Console
 
 from asnackq.dispatch.traces import read_traces
 from asnackq.lab import LabConfig, run_lab
+from asnackq.lab.figures import figures
 from asnackq.lab.procs import sink_process, sink_stats
 
 from .conftest import rows
@@ -84,10 +85,15 @@ def test_the_lab_runs_auto_workers_against_a_capacity_limited_sink(tmp_path):
         directory=tmp_path / "lab",
     )
     result = run_lab(config, Console(stderr=True, quiet=True))
-    assert not result.failed, (result.violations, result.liveness_failures)
-    assert result.statuses == {"done": 400}
+    assert not result.failed, (result.evidence.violations, result.liveness_failures)
+    assert result.evidence.statuses == {"done": 400}
     assert result.sink_overloaded == result.series["sink"]["overloaded"][-1]
     assert max(result.series["sink"]["inflight"]) <= 4
     assert result.series["limits"]["limit"], "the workers traced their limits"
     assert any(r["e"] == "limit" for r in read_traces(tmp_path / "lab"))
     assert config.concurrency == result.config["concurrency"] == "auto"
+    pacing = {trace["name"]: trace for trace in figures(result)["pacing"]["data"]}
+    limits, sink = result.series["limits"], result.series["sink"]
+    assert pacing["workers' concurrency limit (sum)"]["y"] == limits["limit"]
+    assert pacing["sink: requests in flight"]["x"] == sink["t_s"]
+    assert pacing["sink: requests in flight"]["y"] == sink["inflight"]

@@ -1,5 +1,6 @@
 """The lab report's figures: plotly JSON figures drawn from a ``LabResult`` as it is (nothing
-is measured or recomputed here), one per name in ``FIGURES``."""
+is measured or recomputed here), one per name in ``FIGURES`` (``pacing`` only for a run
+that paced: ``--concurrency auto`` or a sink with a capacity)."""
 
 from __future__ import annotations
 
@@ -246,7 +247,11 @@ def lines(
 def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     """The report's figures, by name (``FIGURES``), as plotly JSON figures."""
     series = result.series
-    return {
+    config = result.config
+    paced = config.get("concurrency") == "auto" or any(
+        config.get(key) is not None for key in ("sink_max_inflight", "sink_max_rate")
+    )
+    drawn = {
         "throughput": throughput(series),
         "latency": latency(result.evidence.latency_ms),
         "sink": lines(
@@ -266,6 +271,9 @@ def figures(result: LabResult) -> dict[str, dict[str, Any]]:
         ),
         "pacing": pacing(series),
     }
+    if not paced:
+        del drawn["pacing"]
+    return drawn
 
 
 def pacing(series: dict[str, Any]) -> dict[str, Any]:
