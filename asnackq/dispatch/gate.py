@@ -76,7 +76,7 @@ class Gate:
         """``send(event, token)``, timed, its outcome told to the rule."""
         began = self.clock()
         self.sending += 1
-        outcome: Outcome = "ok"
+        outcome: Outcome | None = "ok"  # (any answer but an overload)
         try:
             return await send(event, token)
         except w.Overloaded:
@@ -85,7 +85,11 @@ class Gate:
         except w.Unavailable:
             outcome = "failure"
             raise
+        except asyncio.CancelledError:
+            outcome = None  # the run is stopping: no sample
+            raise
         finally:
-            self.rule.observe(began, self.clock() - began, outcome, self.sending)
+            if outcome is not None:
+                self.rule.observe(began, self.clock() - began, outcome, self.sending)
             self.sending -= 1
             self._wake()
