@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from asnackq.core.worker import (
     BadAck,
     Conflict,
+    Overloaded,
     Permanent,
     Retry,
     Retryable,
@@ -61,6 +62,7 @@ __all__ = [
     "Conflict",
     "Dispatcher",
     "HttpSender",
+    "Overloaded",
     "Permanent",
     "QueueBusy",
     "Retry",

@@ -206,6 +206,7 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
         "errors",
         "resent",
         "extended",
+        "overloaded",
     ):
         assert (
             value(families, f"asnackq_worker_{key}", f"asnackq_worker_{key}_total") == summary[key]
@@ -215,6 +216,7 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
             value(families, "asnackq_worker_dead", "asnackq_worker_dead_total", reason=reason) == 0
         )
     assert value(families, "asnackq_worker_breaker_open") == 0
+    assert value(families, "asnackq_worker_concurrency") == summary["concurrency"] == 8
     kind = families["asnackq_worker_send_duration_seconds"][0]
     count = value(
         families,

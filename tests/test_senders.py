@@ -12,7 +12,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asnackq.core.worker import BadAck, Permanent, Retryable, Unavailable
+from asnackq.core.worker import BadAck, Overloaded, Permanent, Retryable, Unavailable
 from asnackq.wire.send import AsyncHttpSender, HttpSender, judge, request_parts
 
 from .sinks import dead_port, peer, serving, sink, sink_state
@@ -68,7 +68,10 @@ def answering(status=200, body=None, headers=None):
         (answering(status=422), Permanent),
         (answering(status=408), Retryable),
         (answering(status=425), Retryable),
-        (answering(status=429), Retryable),
+        (answering(status=429), Overloaded),
+        (answering(status=429, headers={"Retry-After": "soon"}), Overloaded),
+        (answering(status=503, headers={"Retry-After": "1"}), Overloaded),
+        (answering(status=503, headers={"Retry-After": "soon"}), Unavailable),
         (answering(status=500), Retryable),
         (answering(status=501), Retryable),
         (answering(status=502), Unavailable),

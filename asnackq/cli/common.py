@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
-from asnackq.sink import faults
+from asnackq.sink import capacity, faults
 from asnackq.store import sessions
 from asnackq.store.targets import Target, parse_target
 from asnackq.wire.send import check_url, is_loopback
@@ -97,6 +97,11 @@ def exact_int(text: str) -> int:
     return int(text)
 
 
+def concurrency_arg(text: str) -> int | str:
+    """An argparse type: ``auto``, or an int (its range is the Dispatcher's)."""
+    return text if text == "auto" else exact_int(text)
+
+
 def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
     """An argparse type: a ``kind`` (int, or a finite float) in ``low..high``."""
     pattern = INT_TEXT if kind is int else FLOAT_TEXT
@@ -115,6 +120,8 @@ def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[
 RATE = within(float, *faults.RATE)  # a sink's fault rate
 DELAY_MS = within(int, *faults.DELAY_MS)  # a sink's delay before each answer
 TIMEOUT = within(float, 0.001, 600)  # a sender's timeout_s
+MAX_INFLIGHT = within(int, *capacity.MAX_INFLIGHT)  # a sink's events in a handler at once
+MAX_RATE = within(float, 0.001, capacity.MAX_RATE[1])  # a sink's events per second
 
 
 def check_sink(url: str, allow_remote: bool) -> None:

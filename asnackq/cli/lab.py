@@ -12,12 +12,15 @@ from rich.console import Console
 
 from asnackq.cli.common import (
     DELAY_MS,
+    MAX_INFLIGHT,
+    MAX_RATE,
     RATE,
     TIMEOUT,
     Commands,
     Usage,
     add_files,
     add_tls_files,
+    concurrency_arg,
     exact_int,
     target,
     within,
@@ -44,10 +47,29 @@ def add_lab(commands: Commands) -> None:
     )
     lab.add_argument("--jobs", type=exact_int, default=2000)
     lab.add_argument("--processes", type=exact_int, default=2)
-    lab.add_argument("--concurrency", type=exact_int, default=64)
+    lab.add_argument(
+        "--concurrency",
+        type=concurrency_arg,
+        default=64,
+        help="each worker's sends in flight (default 64), or 'auto' (see work --concurrency)",
+    )
     lab.add_argument("--fail-rate", type=RATE, default=0.0)
     lab.add_argument("--drop-rate", type=RATE, default=0.0)
-    lab.add_argument("--delay-ms", type=DELAY_MS, default=0)
+    lab.add_argument("--delay-ms", type=DELAY_MS, default=0, help="the sink's delay per event")
+    lab.add_argument(
+        "--sink-max-inflight",
+        metavar="N",
+        type=MAX_INFLIGHT,
+        default=None,
+        help="the sink handles at most N events at once (429 past it; see sink --max-inflight)",
+    )
+    lab.add_argument(
+        "--sink-max-rate",
+        metavar="R",
+        type=MAX_RATE,
+        default=None,
+        help="the sink handles at most R events a second (429 past it; see sink --max-rate)",
+    )
     lab.add_argument(
         "--kill-every",
         type=within(float, 0, 3600),
@@ -189,6 +211,8 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
         fail_rate=args.fail_rate,
         drop_rate=args.drop_rate,
         delay_ms=args.delay_ms,
+        sink_max_inflight=args.sink_max_inflight,
+        sink_max_rate=args.sink_max_rate,
         kill_every=args.kill_every,
         seed=args.seed,
         lease_ms=args.lease_ms,

@@ -47,6 +47,8 @@ def progress_line(
         f"stale {summary['stale']}  bad ACKs {summary['bad_acks']}  "
         f"errors {summary['errors']}  {summary['done'] / max(seconds, 1e-9):,.0f} done/s"
         + (f"  DB outages {summary['db_outages']}" if summary.get("db_outages") else "")
+        + (f"  429s {summary['overloaded']}" if summary.get("overloaded") else "")
+        + (f"  in flight <= {summary['concurrency']}" if summary.get("concurrency") else "")
         + ("  PAUSED: the sink is not there, probing" if paused else "")
         + ("  DB DOWN: reconnecting" if db_down else "")
     )

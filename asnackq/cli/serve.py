@@ -14,6 +14,8 @@ from typing import cast
 
 from asnackq.cli.common import (
     DELAY_MS,
+    MAX_INFLIGHT,
+    MAX_RATE,
     RATE,
     TIMEOUT,
     Commands,
@@ -64,6 +66,21 @@ def add_sink(commands: Commands) -> None:
         help="commit, then close the connection without an answer",
     )
     sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
+    sink.add_argument(
+        "--max-inflight",
+        metavar="N",
+        type=MAX_INFLIGHT,
+        default=None,
+        help="handle at most N events at once; answer 429 with Retry-After past it",
+    )
+    sink.add_argument(
+        "--max-rate",
+        metavar="R",
+        type=MAX_RATE,
+        default=None,
+        help="handle at most R events a second (a token bucket, bursts of R/10); "
+        "answer 429 with Retry-After past it",
+    )
     sink.add_argument("--seed", type=exact_int, default=None)
     sink.add_argument(
         "--batch-max",
@@ -114,6 +131,8 @@ def run_sink(args: argparse.Namespace) -> int:
             idle_timeout_s=args.idle_timeout_s,
             body_timeout_s=args.body_timeout_s,
             max_connections=args.max_connections,
+            max_inflight=args.max_inflight,
+            max_rate=args.max_rate,
         )
     except ValueError as error:
         raise Usage(str(error)) from None

@@ -27,6 +27,7 @@ from asnackq.cli.common import (
     add_metrics_options,
     add_sink_tls,
     check_sink,
+    concurrency_arg,
     exact_int,
     existing_queue,
     sink_tls,
@@ -72,7 +73,19 @@ def add_work(commands: Commands) -> None:
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(work)
-    work.add_argument("--concurrency", type=exact_int, default=64)
+    work.add_argument(
+        "--concurrency",
+        type=concurrency_arg,
+        default=64,
+        help="sends in flight (default 64), or 'auto': as many as the sink takes without "
+        "slowing down or answering 429/503 (up to --max-concurrency)",
+    )
+    work.add_argument(
+        "--max-concurrency",
+        type=exact_int,
+        default=256,
+        help="with --concurrency auto: the most sends in flight (default 256)",
+    )
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
     work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument(
@@ -219,6 +232,7 @@ def run_work(args: argparse.Namespace) -> int:
                     exporter.timed(send),
                     owner=owner,
                     concurrency=args.concurrency,
+                    max_concurrency=args.max_concurrency,
                     lease_ms=args.lease_ms,
                     trace=tracer,
                     prefetch=args.prefetch,
@@ -249,6 +263,10 @@ def run_work(args: argparse.Namespace) -> int:
             ) as live:
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)
+                    if tracer is not None and dispatcher.adaptive:
+                        tracer.limit(
+                            owner, dispatcher.settings.clock(), dispatcher.snapshot()["concurrency"]
+                        )
                     if console.is_terminal:
                         live.update(
                             progress_line(

@@ -76,6 +76,7 @@ __all__ = [
     "Fault",
     "Hook",
     "Limits",
+    "Overloaded",
     "Permanent",
     "Plan",
     "Reply",
@@ -152,6 +153,19 @@ class Unavailable(Retryable):
     An addition: ``run_once`` treats it as any ``Retryable``; the Dispatcher re-sends the
     job under the same lease, without spending an attempt, and pauses while it lasts.
     """
+
+
+class Overloaded(Retryable):
+    """Raised by a sender when the receiver is there but over its capacity (429, or 503 with
+    ``Retry-After``); ``retry_after_s``: how long it asked to be left alone (None: unsaid).
+
+    An addition: ``run_once`` treats it as any ``Retryable``; the Dispatcher keeps the job
+    under its lease, spends no attempt, and sends it again no earlier than asked.
+    """
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Permanent(Exception):

@@ -22,14 +22,17 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import random
 from collections.abc import Callable
+from typing import Literal
 
 from asnackq.core import worker as w
 from asnackq.core.rate import check_rate
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
+from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, Trace
@@ -42,17 +45,27 @@ __all__ = ["Dispatcher"]
 
 
 async def deliver(port: Port, send: AsyncSend) -> None:
-    """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
-    while (claimed := await port.take()) is not None:
-        if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
-            port.hand_back(Sent(claimed, None))
-            continue
+    """One delivery coroutine: take a ticket, wait for its slot of a shared rate, send it,
+    hand the result back; until None.  With a gate (concurrency "auto"), a slot of the gate
+    is held from the take to the hand-back."""
+    while True:
+        if port.gate is not None:
+            await port.gate.acquire()
         try:
-            sent = await send_until_answered(port, send, claimed)
-        except Exception:  # a bad clock or jitter: the run fails, the job
-            port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
-            port.drain()
-            raise
+            if (claimed := await port.take()) is None:
+                return
+            if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
+                port.hand_back(Sent(claimed, None))
+                continue
+            try:
+                sent = await send_until_answered(port, send, claimed)
+            except Exception:  # a bad clock or jitter: the run fails, the job
+                port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
+                port.drain()
+                raise
+        finally:
+            if port.gate is not None:
+                port.gate.release()
         port.hand_back(sent)
 
 
@@ -61,8 +74,11 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
 
     Classified like ``run_once``; an ``Unavailable`` failure is not an outcome: the send
     goes again (paced by the retry policy, gated by the breaker) for as long as the run
-    keeps the lease - up to the job's deadline.
+    keeps the lease - up to the job's deadline.  Nor is an ``Overloaded`` answer: the send
+    goes again under the same lease once the wait the sink asked for is over (the retry
+    policy's if it asked for none).
     """
+    gate = port.gate
     settings, breaker, summary = port.settings, port.breaker, port.summary
     ticket, again = claimed.ticket, 0
     while True:
@@ -78,8 +94,21 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         again += 1
         jitter = w.check_jitter(settings.jitter())
         try:
-            ack = await send(w.fresh_event(ticket), ticket["token"])
-            outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
+            event = w.fresh_event(ticket)
+            sending = (
+                send(event, ticket["token"])
+                if gate is None
+                else gate.send(send, event, ticket["token"])
+            )
+            outcome = w.judge_send(
+                ticket, jitter, await sending, None, settings.retry, settings.limits
+            )
+        except w.Overloaded as error:
+            breaker.record(probe, False)  # the sink is there
+            summary.overloaded += 1
+            if not await wait_overload(port, claimed, error, again, jitter):
+                return Sent(claimed, None)  # the lease ended meanwhile: no answer
+            continue
         except w.Unavailable:
             breaker.record(probe, True)
             if not breaker.is_open:
@@ -98,6 +127,24 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         return Sent(claimed, *outcome_at(port, claimed, outcome))
 
 
+async def wait_overload(
+    port: Port, claimed: Claimed, error: w.Overloaded, again: int, jitter: float
+) -> bool:
+    """Wait out an overload under the ticket's lease, the coroutine's slot given back
+    meanwhile; False if the lease ended first."""
+    settings = port.settings
+    wait_s = error.retry_after_s
+    if wait_s is None:
+        wait_s = settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
+    if port.gate is None:
+        return await port.hold(claimed.ticket, wait_s)
+    port.gate.release()
+    try:
+        return await port.hold(claimed.ticket, wait_s)
+    finally:
+        port.gate.retake()
+
+
 def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
     """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
     now = w.second_reading(port.now, claimed.first, port.settings.limits)
@@ -108,8 +155,10 @@ class Dispatcher:
     """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
 
     One committer task runs every transaction (see ``Committer``); ``concurrency``
-    coroutines only send.  ``prefetch`` fixes how many tickets are kept claimed ahead of
-    demand (default: adaptive).  ``gather_ms`` (at most a tenth of the lease is used) is
+    coroutines only send.  ``concurrency="auto"``: ``max_concurrency`` coroutines, of which
+    as many send at once as an adaptive limit lets (``asnackq.dispatch.adaptive``).
+    ``prefetch`` fixes how many tickets are kept claimed ahead of demand (default:
+    adaptive).  ``gather_ms`` (at most a tenth of the lease is used) is
     how long results may wait for more while every coroutine is busy; 0 settles each
     batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
     attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
@@ -126,7 +175,8 @@ class Dispatcher:
         send: AsyncSend,
         *,
         owner: str,
-        concurrency: int = 64,
+        concurrency: int | Literal["auto"] = 64,
+        max_concurrency: int = 256,
         lease_ms: int = 5000,
         clock: Callable[[], int] | None = None,
         jitter: Callable[[], float] = random.random,
@@ -147,7 +197,10 @@ class Dispatcher:
             clock = queue.clock
         w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
         check_send(send)
-        w.check_int(concurrency, "concurrency", 1, 1024)
+        w.check_int(max_concurrency, "max_concurrency", 1, 1024)
+        self.adaptive = concurrency == "auto"
+        if not self.adaptive:
+            w.check_int(concurrency, "concurrency", 1, 1024)
         w.check_int(idle_ms, "idle_ms", 1, 60_000)
         w.check_int(gather_ms, "gather_ms", 0, 1000)
         if type(grace_s) not in (int, float) or not 0 <= grace_s <= 3600:
@@ -166,7 +219,7 @@ class Dispatcher:
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
         self.settings = Settings(
             owner=owner,
-            concurrency=concurrency,
+            concurrency=max_concurrency if concurrency == "auto" else concurrency,
             lease_ms=lease_ms,
             clock=clock,
             jitter=jitter,
@@ -182,6 +235,7 @@ class Dispatcher:
         self._breaker: Breaker | None = None
         self._committer: Committer | None = None
         self._clock: RunClock | None = None
+        self._gate: Gate | None = None
 
     @property
     def paused(self) -> bool:
@@ -206,6 +260,8 @@ class Dispatcher:
             )
         if self._clock is not None:
             counts.update(clock_steps=self._clock.steps, clock_step_ms=self._clock.largest_ms)
+        if self._gate is not None:
+            counts.update(concurrency=self._gate.limit, concurrency_cuts=self._gate.rule.cuts)
         return counts
 
     async def run(
@@ -233,6 +289,12 @@ class Dispatcher:
         self._committer = committer
         loop = asyncio.ensure_future(committer.run(until_empty, follow))
         port = committer.port()
+        self.summary.concurrency = self.settings.concurrency
+        if self.adaptive:
+            self._gate = Gate(self.settings.concurrency)
+            committer.pacer.concurrency = lambda: self._gate.limit if self._gate else 1
+            committer.pacer.per_send = 1  # a ticket waiting is claim-to-finish time lost
+            port = dataclasses.replace(port, gate=self._gate)
         workers = [
             asyncio.ensure_future(deliver(port, self.send))
             for _ in range(self.settings.concurrency)
@@ -249,6 +311,9 @@ class Dispatcher:
             first_failure([loop, *workers])
             raise
         await committer.close(loop)
+        if self._gate is not None:
+            self.summary.concurrency = self._gate.limit
+            self.summary.concurrency_cuts = self._gate.rule.cuts
         failure = first_failure([loop, *workers]) or committer.failure
         if failure is not None:  # a coroutine's unexpected failure is the run's
             raise failure

@@ -42,7 +42,12 @@ WORKER_COUNTERS = {
     "lost": ("lost", "Held tickets whose lease extension came back stale: never finished."),
     "extended": ("extended", "Lease extensions committed."),
     "requests": ("requests", "HTTP requests sent to the sink."),
-    "resent": ("resent", "Sends repeated under the same lease because the sink was away."),
+    "resent": ("resent", "Sends repeated under the same lease: the sink was away or overloaded."),
+    "overloaded": (
+        "overloaded",
+        "Answers 429, or 503 with Retry-After: the job waited under its lease, no attempt spent.",
+    ),
+    "concurrency_cuts": ("concurrency_cuts", "Times the adaptive concurrency limit was cut."),
     "bad_acks": ("bad_acks", "Answers that proved nothing (redirects, wrong ids, bad bodies)."),
     "errors": ("errors", "Sends that ended in another error."),
     "outages": ("breaker_outages", "Times the circuit breaker opened (the sink was away)."),
@@ -86,6 +91,11 @@ def dispatcher_families(
             counts["paused_ms"] / 1000,
         ),
         gauge("asnackq_worker_breaker_open", "1 while the circuit breaker is open.", int(paused)),
+        gauge(
+            "asnackq_worker_concurrency",
+            "Sends let in flight at once (concurrency auto: the adaptive limit now).",
+            counts["concurrency"],
+        ),
         latency.family(
             "asnackq_worker_send_duration_seconds",
             "Duration of each send to the sink, answered or failed.",

@@ -46,6 +46,9 @@ class Pacer:
         self.started = -math.inf  # the clock at the last cycle's start
         self.dry = False  # the last claim for waiting coroutines came up short
         self.dry_ahead = False  # the last claim ahead of demand did (no job never attempted)
+        # the sends let in flight: the concurrency, or (concurrency "auto") the gate's limit
+        self.concurrency: Callable[[], int] = lambda: settings.concurrency
+        self.per_send = 8  # the most ready tickets per send let in flight
 
     def took(self) -> None:
         """A coroutine took a ticket."""
@@ -57,13 +60,14 @@ class Pacer:
         ``prefetch`` if given; otherwise twice what the coroutines take, at the rate of the
         last cycle, during that cycle or one gathering and one transaction if longer (so
         ready tickets outlast both, however long commits take on this disk), at least a
-        quarter of the concurrency, at most eight per coroutine.
+        quarter of the concurrency, at most ``per_send`` per send let in flight.
         """
         settings = self.settings
         if settings.prefetch is not None:
             return settings.prefetch
         need = math.ceil(2 * self.rate * max(self.period, settings.gather_s + self.txn_s))
-        return max(settings.concurrency // 4, min(need, 8 * settings.concurrency, CLAIM_MAX))
+        concurrency = self.concurrency()
+        return max(concurrency // 4, min(need, self.per_send * concurrency, CLAIM_MAX))
 
     def want(self, waiting: int, ready: int, budget: int | None) -> Want:
         """The claims for ``waiting`` coroutines, with ``ready`` tickets unclaimed by any and

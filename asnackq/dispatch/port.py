@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from asnackq.core import worker as w
 from asnackq.dispatch.breaker import Breaker
+from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.ledger import Ledger
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
@@ -63,6 +64,7 @@ class Port:
     breaker: Breaker
     summary: Summary  # the coroutine counts its requests
     settings: Settings
+    gate: Gate | None = None  # concurrency "auto": the slots a coroutine takes
 
     def keeps(self, ticket: w.Ticket) -> bool:
         """Whether the run still holds this lease now (a send may go under it)."""
@@ -92,3 +94,15 @@ class Port:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""
         until = self.ledger.lease_until(ticket)
         return 0.0 if until is None else max(0.0, (until - self.now()) / 1000)
+
+    async def hold(self, ticket: w.Ticket, seconds: float) -> bool:
+        """Wait ``seconds`` under this ticket's lease (the committer extends it meanwhile, up
+        to the job's deadline); False as soon as the run no longer keeps it."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while (left := until - loop.time()) > 0:
+            lease_s = self.lease_left_s(ticket)
+            if lease_s <= 0:
+                return False
+            await asyncio.sleep(min(left, lease_s))
+        return self.keeps(ticket)

@@ -24,7 +24,10 @@ class Summary:
     bad_acks: int = 0
     errors: int = 0
     requests: int = 0
-    resent: int = 0  # sends repeated under the same lease: the sink was not there
+    resent: int = 0  # sends repeated under the same lease: the sink was away or overloaded
+    overloaded: int = 0  # answers 429, or 503 with Retry-After: the job waited, no attempt spent
+    concurrency: int = 0  # the sends let in flight (concurrency "auto": the limit at the end),
+    concurrency_cuts: int = 0  # and the times the adaptive limit was cut
     extended: int = 0
     outages: int = 0  # the circuit breaker: times it opened,
     probes: int = 0  # sends it let through while open,

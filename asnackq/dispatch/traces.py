@@ -1,4 +1,5 @@
-"""The trace format: one JSON line per claim and per committed finish, for experiments.
+"""The trace format: one JSON line per claim and per committed finish, for experiments
+(and, with ``concurrency="auto"``, a ``limit`` line with the adaptive limit now and then).
 
 ``Tracer`` writes it (``asnackq work --trace FILE``): the lines of a transaction right
 after its COMMIT, each reaching the OS before the worker's next step (a claimed ticket is
@@ -36,6 +37,11 @@ class Tracer:
         if kind == "finish":
             record["status"] = status
         self.file.write(json.dumps(record) + "\n")
+
+    def limit(self, owner: str, at_ms: int, limit: int) -> None:
+        """A ``limit`` line: the run's adaptive concurrency limit at ``at_ms``."""
+        self.file.write(json.dumps({"e": "limit", "owner": owner, "at": at_ms, "limit": limit}))
+        self.file.write("\n")
 
     def close(self) -> None:
         self.file.close()

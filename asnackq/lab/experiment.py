@@ -49,6 +49,7 @@ from asnackq.lab.evidence import invariants, verify
 from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
 from asnackq.sink import faults
+from asnackq.sink.capacity import Capacity, options_given
 from asnackq.store import readers
 from asnackq.store.sessions import database_error
 from asnackq.store.targets import Target, is_url, shown
@@ -67,10 +68,12 @@ class LabConfig:
 
     jobs: int = 2000
     processes: int = 2
-    concurrency: int = 64
+    concurrency: int | str = 64  # or "auto"
     fail_rate: float = 0.0
     drop_rate: float = 0.0
     delay_ms: int = 0
+    sink_max_inflight: int | None = None  # the sink's capacity (asnackq.sink.capacity)
+    sink_max_rate: float | None = None
     kill_every: float = 0.0
     seed: int = 1
     lease_ms: int = 2000
@@ -98,7 +101,9 @@ class LabConfig:
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
         w.check_int(self.processes, "processes", 1, 64)
-        w.check_int(self.concurrency, "concurrency", 1, 1024)
+        if self.concurrency != "auto":
+            w.check_int(self.concurrency, "concurrency", 1, 1024)
+        Capacity(self.sink_max_inflight, self.sink_max_rate)  # (checks both)
         w.check_int(self.lease_ms, "lease_ms", 1, w.PRODUCT.lease_ms)
         w.check_int(self.max_attempts, "max_attempts", 1, 16)
         faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
@@ -259,6 +264,8 @@ def experiment(
         config.delay_ms,
         "--seed",
         config.seed,
+        *options_given(("--max-inflight", config.sink_max_inflight)),
+        *options_given(("--max-rate", config.sink_max_rate)),
         *config.https[0],
         *site.sink_options,
     )
@@ -320,6 +327,7 @@ def experiment(
         ),
         faults=measured["faults"],
         faults_by_kind=measured["faults_by_kind"],
+        sink_overloaded=stats.get("overloaded", 0),
     )
 
 

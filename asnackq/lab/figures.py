@@ -1,5 +1,6 @@
 """The lab report's figures: plotly JSON figures drawn from a ``LabResult`` as it is (nothing
-is measured or recomputed here), one per name in ``FIGURES``."""
+is measured or recomputed here), one per name in ``FIGURES`` (``pacing`` only for a run
+that paced: ``--concurrency auto`` or a sink with a capacity)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from asnackq.lab.result import LabResult
 
 __all__ = ["CAPTIONS", "FIGURES", "figures"]
 
-FIGURES = ("throughput", "latency", "sink", "statuses")
+FIGURES = ("throughput", "latency", "sink", "statuses", "pacing")
 COLORS = {
     "done": "#2a9d8f",
     "dead": "#e63946",
@@ -24,6 +25,8 @@ COLORS = {
     "pg-restart": "#6a4c93",
     "pg-kill-backends": "#ff595e",
     "partition": "#1982c4",
+    "limit": "#6a4c93",
+    "inflight": "#2a9d8f",
 }
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
@@ -35,6 +38,9 @@ CAPTIONS = {
     "sink": "The sink's counters, sampled during the run: HTTP requests, effects applied "
     "(new inbox rows) and duplicates its inbox absorbed.",
     "statuses": "The queue's jobs by status, sampled during the run (stacked).",
+    "pacing": "Sends in flight: the workers' adaptive concurrency limits summed (with "
+    "--concurrency auto; from their traces) and the requests in the sink's handlers "
+    "(sampled).",
 }
 PERCENTILE_DASH = {"p50": "solid", "p90": "dash", "p99": "dot"}
 AXIS_S = {"title": {"text": "seconds since the workers started"}, "rangemode": "tozero"}
@@ -241,7 +247,11 @@ def lines(
 def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     """The report's figures, by name (``FIGURES``), as plotly JSON figures."""
     series = result.series
-    return {
+    config = result.config
+    paced = config.get("concurrency") == "auto" or any(
+        config.get(key) is not None for key in ("sink_max_inflight", "sink_max_rate")
+    )
+    drawn = {
         "throughput": throughput(series),
         "latency": latency(result.evidence.latency_ms),
         "sink": lines(
@@ -259,4 +269,30 @@ def figures(result: LabResult) -> dict[str, dict[str, Any]]:
             "jobs",
             stacked=True,
         ),
+        "pacing": pacing(series),
     }
+    if not paced:
+        del drawn["pacing"]
+    return drawn
+
+
+def pacing(series: dict[str, Any]) -> dict[str, Any]:
+    """The workers' concurrency limit (summed) and the sink's in-flight requests."""
+    limits = series.get("limits", {"t_s": [], "limit": []})
+    sink = series["sink"]
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "line": {"color": COLORS[name], "shape": "hv"},
+            "name": title,
+            "x": table["t_s"],
+            "y": table.get(name, []),
+        }
+        for name, title, table in (
+            ("limit", "workers' concurrency limit (sum)", limits),
+            ("inflight", "sink: requests in flight", sink),
+        )
+    ]
+    title = "Sends in flight: the adaptive limit and the sink's load (SIGKILLs dashed)"
+    return {"data": data, "layout": layout(title, AXIS_S, "requests", shapes=kill_marks(series))}

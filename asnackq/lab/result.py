@@ -47,6 +47,7 @@ class LabResult:
     series: dict[str, Any]
     faults: list[dict[str, Any]]
     faults_by_kind: dict[str, Any]
+    sink_overloaded: int = 0  # answers 429: past the sink's capacity
 
     @property
     def failed(self) -> bool:
@@ -85,6 +86,7 @@ def report_rows(result: LabResult) -> list[tuple[str, object]]:
         ("HTTP requests" + exact, result.requests),
         ("duplicates absorbed (the inbox's count)", result.duplicates),
         ("sink 503s / dropped ACKs" + exact, f"{result.sink_failed} / {result.sink_dropped}"),
+        ("sink 429s (past its capacity)" + exact, result.sink_overloaded),
         ("workers killed (SIGKILL) / started", f"{result.kills} / {result.workers_started}"),
         ("sinks / sinks killed (SIGKILL, restarted)", f"{result.sinks} / {result.sink_kills}"),
         (

@@ -24,7 +24,8 @@ INTERVALS_MS = (100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60
 MAX_BUCKETS = 120
 HISTOGRAM_BINS = 40
 STATUSES = ("pending", "leased", "done", "dead")
-SINK_COUNTERS = ("requests", "applied", "duplicates")
+SINK_COUNTERS = ("requests", "applied", "duplicates", "overloaded", "inflight")
+LIMIT_FRESH_MS = 1000  # a worker's limit line older than this is not counted (killed, ended)
 FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}  # finish status -> series
 # Recovery after a fault: the done rate over RECOVERY_WINDOW_MS, from the heal on, back at
 # RECOVERED_SHARE of the rate over the BEFORE_MS before the fault began.
@@ -97,7 +98,20 @@ def finished(traces: list[dict[str, Any]], t0_ms: int, end_ms: int) -> dict[str,
 def columns(samples: list[dict[str, Any]], keys: tuple[str, ...], t0_ms: int) -> dict[str, Any]:
     """Samples (each with ``at`` in epoch ms) as one list per key, with ``t_s``."""
     table: dict[str, Any] = {"t_s": [seconds(s["at"], t0_ms) for s in samples]}
-    table.update({key: [s[key] for s in samples] for key in keys})
+    table.update({key: [s.get(key, 0) for s in samples] for key in keys})
+    return table
+
+
+def limits(traces: list[dict[str, Any]], t0_ms: int) -> dict[str, Any]:
+    """The workers' adaptive concurrency limits (``limit`` trace lines) summed: at each
+    line, every worker's latest limit not older than ``LIMIT_FRESH_MS``."""
+    latest: dict[str, tuple[int, int]] = {}  # owner -> (at, limit)
+    table: dict[str, Any] = {"t_s": [], "limit": []}
+    for record in sorted((r for r in traces if r["e"] == "limit"), key=lambda r: r["at"]):
+        latest[record["owner"]] = (record["at"], record["limit"])
+        fresh = [n for at, n in latest.values() if record["at"] - at <= LIMIT_FRESH_MS]
+        table["t_s"].append(seconds(record["at"], t0_ms))
+        table["limit"].append(sum(fresh))
     return table
 
 
@@ -123,6 +137,7 @@ def series(
         ],
         "statuses": columns(statuses, STATUSES, t0_ms),
         "sink": columns(sink, SINK_COUNTERS, t0_ms),
+        "limits": limits(traces, t0_ms),
         "faults": [
             {
                 "t_s": seconds(f["at"], t0_ms),

@@ -10,6 +10,9 @@ Rules of this module:
   it; a failed batch answers 503 to each of its requests and changes nothing.
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
+* A capacity (``max_inflight``, ``max_rate``: ``asnackq.sink.capacity``) is off by default;
+  an event past it is answered ``429`` with ``Retry-After`` before its body is read, and
+  changes nothing.
 * A body must arrive within ``body_timeout_s``; the connection limit and the idle
   timeout live with the listening socket (``sink_server``), which reads ``BUSY``: the
   connections whose request is in a handler.
@@ -38,6 +41,7 @@ from asnackq.core.worker import (
     check_int,
 )
 from asnackq.sink import faults
+from asnackq.sink.capacity import Capacity
 from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable
 from asnackq.store.sessions import database_error
@@ -57,6 +61,7 @@ COUNTERS = (
     "dropped",
     "evicted",
     "refused",
+    "overloaded",
 )
 TOKEN_RULE = re.compile(r"[!-~]{1,256}")  # visible ASCII: what fits a Bearer header
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,6 +81,8 @@ class SinkConfig:
     idle_timeout_s: float = 10.0
     body_timeout_s: float = 5.0
     max_connections: int = 1024
+    max_inflight: int | None = None
+    max_rate: float | None = None
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +91,7 @@ class SinkConfig:
         check_number(self.idle_timeout_s, "idle_timeout_s", 0, 3600, open_low=True)
         check_number(self.body_timeout_s, "body_timeout_s", 0, 600, open_low=True)
         check_int(self.max_connections, "max_connections", 1, 65_536)
+        Capacity(self.max_inflight, self.max_rate)  # (checks both)
         if self.auth_token is not None and (
             type(self.auth_token) is not str or not TOKEN_RULE.fullmatch(self.auth_token)
         ):
@@ -94,6 +102,7 @@ class SinkConfig:
 CONFIG = web.AppKey("config", SinkConfig)
 INBOX = web.AppKey("inbox", Inbox)
 STATS = web.AppKey("stats", dict[str, int])
+CAPACITY = web.AppKey("capacity", Capacity)
 # The connections with a request in a handler (and not waiting for its body).
 BUSY = web.AppKey("busy", set[web.RequestHandler])
 
@@ -253,10 +262,29 @@ def db_away(error: BaseException) -> bool:
 
 
 async def post_event(request: web.Request) -> web.StreamResponse:
-    config, stats = request.app[CONFIG], request.app[STATS]
+    stats, capacity = request.app[STATS], request.app[CAPACITY]
     stats["requests"] += 1
     try:
         require_token(request)
+    except web.HTTPException:
+        stats["rejected"] += 1
+        raise
+    wait_s = capacity.admit()
+    if wait_s is not None:
+        stats["overloaded"] += 1
+        return web.json_response(
+            {"status": "overloaded"}, status=429, headers={"Retry-After": str(wait_s)}
+        )
+    try:
+        return await handle_event(request)
+    finally:
+        capacity.done()
+
+
+async def handle_event(request: web.Request) -> web.StreamResponse:
+    """An admitted event: read, checked, applied once, answered."""
+    config, stats = request.app[CONFIG], request.app[STATS]
+    try:
         event_id, qty, token = await parse_event(request)
     except web.HTTPException:
         stats["rejected"] += 1
@@ -302,6 +330,8 @@ async def get_stats(request: web.Request) -> web.Response:
     counters: dict[str, int] = request.app[STATS]
     inbox = request.app[INBOX]
     stats = {**counters, **inbox.health()}
+    capacity = request.app[CAPACITY]
+    stats.update(inflight=capacity.inflight, inflight_peak=capacity.peak)
     stats.update(stock=await stock(request.app), commits=inbox.commits)
     return web.json_response(stats)
 
@@ -320,6 +350,8 @@ async def get_metrics(request: web.Request) -> web.Response:
         f"asnackq_sink_db_down_seconds_total {down_s:g}",
         "# TYPE asnackq_sink_db_up gauge",
         f"asnackq_sink_db_up {int(not inbox.db_down)}",
+        "# TYPE asnackq_sink_inflight gauge",
+        f"asnackq_sink_inflight {request.app[CAPACITY].inflight}",
     ]
     with contextlib.suppress(StoreUnavailable):  # the counters are served while the DB is away
         total = await stock(request.app)
@@ -346,6 +378,7 @@ def make_app(config: SinkConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_ACK_BYTES, middlewares=[guard])
     app[CONFIG] = config
     app[STATS] = dict.fromkeys(COUNTERS, 0)
+    app[CAPACITY] = Capacity(config.max_inflight, config.max_rate)
     app[BUSY] = set()
     app.cleanup_ctx.append(inbox_context)
     app.router.add_post("/events", post_event)

@@ -124,6 +124,7 @@ class Connection(http.client.HTTPConnection):
         short = (response.length or 0) if len(raw) < limit else 0  # fewer bytes than announced
         encoding = (response.getheader("Content-Encoding") or "").strip().lower()
         answer = Answer(response.status, decoded(encoding, raw, limit), short)
+        answer.retry_after = response.getheader("Retry-After")
         if not response.isclosed():  # not read to its end: never used again
             self.close()
         self.idle_since = time.monotonic()
@@ -135,6 +136,7 @@ class Answer:
 
     def __init__(self, status: int, body: bytes, short: int) -> None:
         self.status, self.body, self.short = status, body, short
+        self.retry_after: str | None = None  # the Retry-After header, as sent
 
 
 def readable(sock: socket.socket) -> bool:

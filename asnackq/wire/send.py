@@ -4,9 +4,13 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 
 * Only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
   ``applied`` or ``duplicate`` is evidence of completion: the sender returns ``True``.
-* ``400 409 413 415 422`` raise ``Permanent``; ``408 425 429 5xx`` raise ``Retryable``;
+* ``400 409 413 415 422`` raise ``Permanent``; ``408 425 5xx`` raise ``Retryable``;
   ``502 503 504``, connection errors, resets and timeouts raise its subclass
-  ``Unavailable`` (the sink is not there: nothing about the job); a redirect, a wrong id,
+  ``Unavailable`` (the sink is not there: nothing about the job); ``429``, and ``503`` with
+  a ``Retry-After`` that can be read, raise its subclass ``Overloaded`` (the sink is there
+  but over its capacity: nothing about the job either), carrying the wait asked for
+  (``retry_after``: delta-seconds or an HTTP-date, at most ``RETRY_AFTER_MAX_S``; garbage is
+  no wait asked); a redirect, a wrong id,
   a malformed or oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
@@ -18,6 +22,8 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import ipaddress
 import socket
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from asnackq.core.worker import (
     BadAck,
+    Overloaded,
     Permanent,
     Retryable,
     Unavailable,
@@ -47,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ACK_BYTES",
+    "RETRY_AFTER_MAX_S",
     "TOKEN_HEADER",
     "AsyncHttpSender",
     "HttpSender",
@@ -55,20 +63,44 @@ __all__ = [
     "check_url",
     "is_loopback",
     "judge",
+    "retry_after",
 ]
 
 TOKEN_HEADER = "X-Asnackq-Token"
 MAX_ACK_BYTES = 4096
 PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
-RETRYABLE_STATUSES = frozenset({408, 425, 429})
+RETRYABLE_STATUSES = frozenset({408, 425})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 ACK_STATUSES = ("applied", "duplicate")
+RETRY_AFTER_MAX_S = 60.0  # the longest wait a Retry-After header is taken at its word for
 
 
-def judge(status: int, body: bytes, event_id: str) -> bool:
-    """Return True for a verified ACK of ``event_id``; raise the exception the answer means."""
+def retry_after(value: str | None, now_s: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (delta-seconds, or an HTTP-date
+    measured from ``now_s``, the wall clock's time), in ``[0, RETRY_AFTER_MAX_S]``; None for
+    no header, or one that cannot be read."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return min(float(text), RETRY_AFTER_MAX_S)
+    try:
+        date = email.utils.parsedate_to_datetime(text)
+        when = (date if date.tzinfo else date.replace(tzinfo=datetime.UTC)).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    now = time.time() if now_s is None else now_s
+    return min(max(when - now, 0.0), RETRY_AFTER_MAX_S)
+
+
+def judge(status: int, body: bytes, event_id: str, wait: str | None = None) -> bool:
+    """Return True for a verified ACK of ``event_id``; raise the exception the answer means
+    (``wait``: the answer's ``Retry-After`` header, if any)."""
     if status in PERMANENT_STATUSES:
         raise Permanent(f"sink rejected {event_id!r} with {status}")
+    wait_s = retry_after(wait) if status in (429, 503) else None
+    if status == 429 or wait_s is not None:
+        raise Overloaded(f"sink answered {status} for {event_id!r}: over its capacity", wait_s)
     if status in UNAVAILABLE_STATUSES:
         raise Unavailable(f"sink answered {status} for {event_id!r}")
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
@@ -211,7 +243,7 @@ class HttpSender:
             raise failure(event_id, error) from error
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
-        return judge(answer.status, answer.body, event_id)
+        return judge(answer.status, answer.body, event_id, answer.retry_after)
 
     def close(self) -> None:
         """Close every kept connection."""
@@ -296,7 +328,7 @@ class AsyncHttpSender:
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 answer = await read_bounded(response.content)
-                status = response.status
+                status, wait = response.status, response.headers.get("Retry-After")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise failure(event_id, error) from error
-        return judge(status, answer, event_id)
+        return judge(status, answer, event_id, wait)

@@ -1,0 +1,303 @@
+"""Pacing to the sink: a sink's capacity, 429/Retry-After honoured, adaptive concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import itertools
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from asnackq.cli.render import progress_line
+from asnackq.core.worker import Overloaded, epoch_ms
+from asnackq.dispatch import Dispatcher, Summary
+from asnackq.dispatch.adaptive import DECREASE, Aimd
+from asnackq.sink.app import CAPACITY
+from asnackq.sink.capacity import Capacity
+from asnackq.store.aio import AsyncQueue
+from asnackq.wire.send import RETRY_AFTER_MAX_S, AsyncHttpSender, retry_after
+
+from .conftest import rows
+from .sinks import peer, serving, sink, sink_state
+
+
+@pytest.fixture
+async def queue(db):
+    async with AsyncQueue.open(db) as opened:
+        yield opened
+
+
+async def fill(queue, count, ttl=60_000):
+    await queue.enqueue_many(
+        [({"id": f"job-{i}", "qty": 1}, ttl, 3) for i in range(count)], epoch_ms()
+    )
+
+
+# --- Retry-After --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("3", 3.0),
+        (" 0 ", 0.0),
+        ("86400", RETRY_AFTER_MAX_S),
+        ("9" * 5000, RETRY_AFTER_MAX_S),
+        ("-1", None),
+        ("1.5", None),
+        ("soon", None),
+        ("", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # in the past: at once
+        ("Thu, 01 Jan 1970 00:00:10 GMT", 0.0),
+    ],
+)
+def test_retry_after_is_delta_seconds_or_an_http_date_capped(header, seconds):
+    assert retry_after(header) == seconds
+
+
+def test_retry_after_as_an_http_date_counts_from_now():
+    assert retry_after("Thu, 01 Jan 1970 00:01:40 GMT", now_s=60.0) == 40.0
+    assert retry_after("Thu, 01 Jan 1970 00:01:40 +0000", now_s=60.0) == 40.0
+    header = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 28 <= retry_after(header) <= 30
+
+
+# --- the sink's capacity ----------------------------------------------------------------
+
+
+def test_capacity_admits_up_to_n_in_flight_then_a_token_a_rate():
+    now = [0.0]
+    capacity = Capacity(max_inflight=2, max_rate=20, clock=lambda: now[0])
+    assert [capacity.admit(), capacity.admit(), capacity.admit()] == [None, None, 1]
+    capacity.done()
+    assert capacity.admit() == 1  # the bucket (two tokens: a tenth of 20/s) is empty
+    now[0] = 0.05
+    assert capacity.admit() is None
+    assert (capacity.inflight, capacity.peak) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "options", [{"max_inflight": 0}, {"max_inflight": True}, {"max_rate": 0}, {"max_rate": "1"}]
+)
+def test_capacity_values_are_checked(options):
+    with pytest.raises(ValueError, match="max_"):
+        Capacity(**options)
+
+
+async def post(session, url, event_id):
+    async with session.post(url, json={"id": event_id, "qty": 1}) as answer:
+        return answer.status, answer.headers.get("Retry-After")
+
+
+async def test_a_sink_past_its_in_flight_capacity_answers_429_and_changes_nothing(tmp_path):
+    sink_db = tmp_path / "sink.db"
+    async with (
+        sink(sink_db, max_inflight=2, delay_ms=300) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        answers = await asyncio.gather(*(post(session, running.url, f"e{i}") for i in range(6)))
+        async with session.get(f"{running.base}/stats") as got:
+            stats = await got.json()
+        async with session.get(f"{running.base}/metrics") as got:
+            metrics = await got.text()
+    assert sorted(answers) == [(200, None)] * 2 + [(429, "1")] * 4
+    assert (stats["overloaded"], stats["applied"], stats["inflight_peak"]) == (4, 2, 2)
+    assert stats["inflight"] == 0
+    assert "asnackq_sink_overloaded_total 4" in metrics
+    assert "asnackq_sink_inflight 0" in metrics
+    total, inbox = sink_state(sink_db)
+    assert (total, len(inbox)) == (2, 2)
+
+
+async def test_a_sink_past_its_rate_answers_429_with_retry_after(tmp_path):
+    sink_db = tmp_path / "sink.db"
+    async with sink(sink_db, max_rate=2) as running, aiohttp.ClientSession() as session:
+        answers = [await post(session, running.url, f"e{i}") for i in range(4)]
+    assert answers[0] == (200, None)
+    assert answers[1:] == [(429, "1")] * 3  # a burst of one: the bucket holds 1 token
+    assert len(sink_state(sink_db)[1]) == 1
+
+
+# --- 429 and Retry-After honoured by the Dispatcher ---------------------------------------
+
+
+def overloaded_first(times, status=429, header=None):
+    """A peer answering ``status`` (with ``header`` as Retry-After) ``times`` times for each
+    id, then ACKing; it keeps each request's arrival time."""
+    seen: dict[str, list[float]] = {}
+
+    async def handler(request):
+        body = await request.json()
+        arrivals = seen.setdefault(body["id"], [])
+        arrivals.append(time.monotonic())
+        if len(arrivals) <= times:
+            headers = {} if header is None else {"Retry-After": header}
+            return web.json_response({"status": "busy"}, status=status, headers=headers)
+        return web.json_response({"id": body["id"], "status": "applied"})
+
+    return peer(handler), seen
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "least_s"),
+    [
+        (429, None, 0.0),
+        (429, "1", 1.0),
+        (429, "soon", 0.0),
+        (503, "1", 1.0),
+        (429, "http-date", 1.0),
+    ],
+)
+async def test_an_overload_spends_no_attempt_and_waits_as_asked(queue, db, status, header, least_s):
+    dated = header == "http-date"
+    if dated:  # two seconds ahead, at whole seconds: at least one of them
+        header = email.utils.formatdate(time.time() + 2, usegmt=True)
+    app, seen = overloaded_first(2, status, header)
+    await fill(queue, 3)
+    async with serving(app) as running, AsyncHttpSender(running.url, timeout_s=0.5) as send:
+        summary = await Dispatcher(queue, send, owner="d1", concurrency=3, lease_ms=1000).run()
+    assert (summary.done, summary.overloaded, summary.requests) == (3, 6, 9)
+    assert (summary.retried, summary.dead, summary.outages) == (0, 0, 0)
+    assert {(r[3], r[4]) for r in rows(db) if len(r) > 3} == {("done", 1)}  # one attempt each
+    for arrivals in seen.values():
+        gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+        waits = gaps[:1] if dated else gaps  # (a date once passed asks for no wait)
+        assert min(waits) >= least_s * 0.99  # (the loop's and the wall clock's rounding)
+
+
+async def test_an_overload_never_outlasts_the_job_s_deadline(queue, db):
+    app, seen = overloaded_first(100, 429, "30")
+    await fill(queue, 2, ttl=700)
+    started = time.monotonic()
+    async with serving(app) as running, AsyncHttpSender(running.url, timeout_s=0.2) as send:
+        summary = await Dispatcher(queue, send, owner="d1", concurrency=2, lease_ms=300).run()
+    assert time.monotonic() - started < 10  # not the 30 s asked for
+    assert (summary.done, summary.dead_deadline, summary.overloaded) == (0, 2, 2)
+    assert {(r[3], r[11]) for r in rows(db) if len(r) > 3} == {("dead", "deadline")}
+    assert all(len(arrivals) == 1 for arrivals in seen.values())
+
+
+# --- adaptive concurrency ----------------------------------------------------------------
+
+
+def test_slow_start_doubles_then_an_overload_cuts_once_per_round_trip():
+    now = [0.0]
+    rule = Aimd(64, lambda: now[0])
+    for _ in range(7):
+        rule.observe(now[0], 0.01, "ok", rule.limit)
+    assert rule.limit == 8
+    now[0] = 1.0
+    rule.observe(0.99, 0.01, "overload", 8)
+    rule.observe(0.99, 0.01, "overload", 8)  # began before the cut: no second cut
+    assert (rule.limit, rule.cuts) == (int(8 * DECREASE), 1)
+    rule.observe(1.01, 0.01, "failure", 6)
+    assert rule.cuts == 2
+
+
+def test_growth_after_slow_start_is_slow_and_needs_the_limit_in_use():
+    now = [0.0]
+    rule = Aimd(64, lambda: now[0], initial=10)
+    rule.observe(0.0, 0.01, "overload", 10)
+    assert rule.limit == 8
+    for _ in range(8):  # one round trip of sends, the limit in use
+        rule.observe(0.0, 0.01, "ok", 8)
+    assert rule.limit == 8 and rule.value < 8.5
+    for _ in range(1000):
+        rule.observe(0.0, 0.01, "ok", 1)  # the limit not in use: no growth
+    assert rule.limit == 8
+
+
+def test_latency_rising_past_the_floor_cuts_the_limit():
+    now = [0.0]
+    rule = Aimd(64, lambda: now[0], initial=16)
+    for _ in range(20):
+        rule.observe(0.0, 0.010, "ok", 16)
+    before = rule.limit
+    for i in range(20):
+        now[0] = 1.0 + i
+        rule.observe(now[0], 0.050, "ok", 16)  # five times the floor
+    assert rule.limit < before and rule.cuts >= 1
+
+
+def test_the_limit_stays_within_its_bounds():
+    with pytest.raises(ValueError, match="min_limit"):
+        Aimd(4, time.monotonic, initial=5)
+    now = [0.0]
+    rule = Aimd(3, lambda: now[0])
+    for _ in range(10):
+        rule.observe(0.0, 0.01, "ok", 3)
+    assert rule.limit == 3
+    for i in range(50):
+        now[0] = i + 1.0
+        rule.observe(now[0], 0.01, "overload", 1)
+    assert rule.limit == 1
+
+
+async def test_auto_concurrency_finds_a_capacity_limited_sink_s_capacity(queue, db, tmp_path):
+    await fill(queue, 400)
+    sink_db = tmp_path / "sink.db"
+    async with sink(sink_db, max_inflight=6, delay_ms=20) as running:
+        async with AsyncHttpSender(running.url) as send:
+            dispatcher = Dispatcher(
+                queue, send, owner="d1", concurrency="auto", max_concurrency=64, lease_ms=5000
+            )
+            summary = await asyncio.wait_for(dispatcher.run(), 60)
+        peak = running.app[CAPACITY].peak
+    assert (summary.done, summary.dead, summary.retried) == (400, 0, 0)
+    assert summary.overloaded < 0.1 * summary.requests  # a few probes past capacity
+    assert 2 <= summary.concurrency <= 12  # near the sink's 6
+    assert 4 <= peak <= 6  # the sink was kept near its capacity, never past it
+    assert len(sink_state(sink_db)[1]) == 400
+
+
+def test_the_progress_line_shows_429s_and_the_limit():
+    counts = {**Summary().as_dict(), "overloaded": 3, "concurrency": 7}
+    line = progress_line(counts, 1.0, paused=False)
+    assert "429s 3" in line and "in flight <= 7" in line
+    assert "429s" not in progress_line(Summary().as_dict(), 1.0, paused=False)
+
+
+async def test_concurrency_auto_is_checked(queue):
+    async def send(event, token):
+        return True
+
+    with pytest.raises(ValueError, match="concurrency"):
+        Dispatcher(queue, send, owner="d1", concurrency="max")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        Dispatcher(queue, send, owner="d1", concurrency="auto", max_concurrency=0)
+
+
+async def test_a_run_stopped_while_its_jobs_wait_out_an_overload_ends_within_its_grace(queue, db):
+    app, seen = overloaded_first(100, 429, "30")
+    await fill(queue, 4)
+    waiting, overloads = asyncio.Event(), []
+
+    async with serving(app) as running, AsyncHttpSender(running.url, timeout_s=0.5) as http:
+
+        async def send(event, token):
+            try:
+                return await http(event, token)
+            except Overloaded:
+                overloads.append(event["id"])
+                if len(overloads) == 4:  # every job waits out its 30 s
+                    waiting.set()
+                raise
+
+        dispatcher = Dispatcher(
+            queue, send, owner="d1", concurrency="auto", lease_ms=1000, grace_s=0.2
+        )
+        run = asyncio.ensure_future(dispatcher.run(follow=True))
+        async with asyncio.timeout(30):
+            await waiting.wait()
+        run.cancel()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert time.monotonic() - started < 5
+    assert dispatcher.summary.overloaded == 4 and dispatcher.summary.done == 0
+    assert {(r[3], r[4]) for r in rows(db) if len(r) > 3} == {("leased", 1)}  # left to the lease
+    assert all(len(arrivals) == 1 for arrivals in seen.values())
