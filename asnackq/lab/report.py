@@ -6,7 +6,7 @@ Rules of this module:
   each figure sits in the page as JSON (``<script type="application/json" class="figure">``)
   that a few lines of script hand to ``Plotly.newPlot``.
 * Every number comes from the lab's result (``LabResult``, what ``--json`` writes): the figures
-  draw ``result.series`` and ``result.latency_ms`` as they are, the tables show the same
+  draw ``result.series`` and ``result.evidence.latency_ms`` as they are, the tables show the same
   rows as the terminal.  Nothing is measured or recomputed here.
 * plotly is an optional extra (``asnackq[report]``); without it ``require`` fails with one
   line that says what to install, before the run starts.

@@ -275,14 +275,27 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {"status": "overloaded"}, status=429, headers={"Retry-After": str(wait_s)}
         )
+    served = Served(capacity)
     try:
-        return await handle_event(request)
+        return await handle_event(request, served)
     finally:
-        capacity.done()
+        served()
 
 
-async def handle_event(request: web.Request) -> web.StreamResponse:
-    """An admitted event: read, checked, applied once, answered."""
+class Served:
+    """Leaves the capacity once: when the event's service (its delay) ends, or its handler."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity: Capacity | None = capacity
+
+    def __call__(self) -> None:
+        if self.capacity is not None:
+            self.capacity.done()
+            self.capacity = None
+
+
+async def handle_event(request: web.Request, served: Callable[[], None]) -> web.StreamResponse:
+    """An admitted event: read, checked, served (``delay_ms``), applied once, answered."""
     config, stats = request.app[CONFIG], request.app[STATS]
     try:
         event_id, qty, token = await parse_event(request)
@@ -294,6 +307,7 @@ async def handle_event(request: web.Request) -> web.StreamResponse:
         return answer(503, event_id, "unavailable")  # before any change
     if config.delay_ms:
         await asyncio.sleep(config.delay_ms / 1000)
+    served()  # the inbox's group commit is the sink's bookkeeping, outside its capacity
     try:
         outcome = await request.app[INBOX].submit(event_id, qty, token)
     except SinkUnavailable:

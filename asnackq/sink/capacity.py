@@ -2,7 +2,8 @@
 
 Rules of this module:
 
-* ``max_inflight`` N: at most N events in a handler at once; one more is refused.
+* ``max_inflight`` N: at most N events in service at once (admitted, their delay not yet
+  over); one more is refused.
 * ``max_rate`` R: a token bucket of R tokens a second holding at most ``burst(R)`` (a tenth
   of a second's worth, at least one); an event that finds no token is refused.  A request
   refused for its in-flight count takes no token.
@@ -42,7 +43,7 @@ def burst(rate: float) -> float:
 
 @dataclass
 class Capacity:
-    """Admit an event, or say how many seconds to wait; count what is in flight."""
+    """Admit an event, or say how many seconds to wait; count what is in service."""
 
     max_inflight: int | None = None
     max_rate: float | None = None
