@@ -32,6 +32,7 @@ from asnackq.dispatch.committer import Committer
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, Trace
+from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 
@@ -42,13 +43,20 @@ __all__ = ["Dispatcher"]
 
 async def deliver(port: Port, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, send it, hand the result back; until None."""
+    spans = port.settings.spans
     while (claimed := await port.take()) is not None:
+        attached = None if spans is None else spans.begin(claimed)
         try:
             sent = await send_until_answered(port, send, claimed)
         except Exception:  # a bad clock or jitter: the run fails, the job
             port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
             port.drain()
             raise
+        finally:
+            if spans is not None:
+                spans.detach(attached)
+        if spans is not None:
+            spans.sent(sent)
         port.hand_back(sent)
 
 
@@ -166,6 +174,7 @@ class Dispatcher:
             trace=trace,
             retry=retry,
             limits=limits,
+            spans=DeliverySpans.of(owner),
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None

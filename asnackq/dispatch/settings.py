@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
+
+if TYPE_CHECKING:
+    from asnackq.dispatch.spans import DeliverySpans
 
 __all__ = ["Settings", "Trace"]
 
@@ -29,6 +33,7 @@ class Settings:
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
+    spans: DeliverySpans | None = None  # None: the run is not traced
 
     @property
     def gather_s(self) -> float:

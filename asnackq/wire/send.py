@@ -28,6 +28,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core import tracing
 from asnackq.core.worker import (
     BadAck,
     Permanent,
@@ -36,7 +37,7 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
-from asnackq.wire import strict_json
+from asnackq.wire import http_spans, strict_json
 from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
 from asnackq.wire.tls import tls_context
 
@@ -194,8 +195,10 @@ class HttpSender:
         key_file: str | Path | None = None,
     ) -> None:
         self.parts = check_url(url, allow_remote)
+        self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
+        self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self.path = self.parts.path or "/"
         if self.parts.query:
             self.path += "?" + self.parts.query
@@ -204,6 +207,14 @@ class HttpSender:
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         event_id, body, headers = request_parts(event, token)
+        if self.tracer is None:
+            return judge(*self._post(event_id, body, headers), event_id)
+        with http_spans.client(self.tracer, self.url, headers) as span:
+            status, answer = self._post(event_id, body, headers)
+            http_spans.answered(span, status)
+            return judge(status, answer, event_id)
+
+    def _post(self, event_id: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         deadline = time.monotonic() + self.timeout_s
         try:
             answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
@@ -211,7 +222,7 @@ class HttpSender:
             raise failure(event_id, error) from error
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
-        return judge(answer.status, answer.body, event_id)
+        return answer.status, answer.body
 
     def close(self) -> None:
         """Close every kept connection."""
@@ -265,6 +276,7 @@ class AsyncHttpSender:
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
         self.tls = tls_context(parts.scheme, ca_file, cert_file, key_file)
+        self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncHttpSender:
@@ -286,17 +298,25 @@ class AsyncHttpSender:
             self._session = None
 
     async def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
-        import aiohttp
-
         if self._session is None:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         event_id, body, headers = request_parts(event, token)
+        if self.tracer is None:
+            return judge(*await self._post(self._session, event_id, body, headers), event_id)
+        with http_spans.client(self.tracer, self.url, headers) as span:
+            status, answer = await self._post(self._session, event_id, body, headers)
+            http_spans.answered(span, status)
+            return judge(status, answer, event_id)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, event_id: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        import aiohttp
+
         try:
-            async with self._session.post(
+            async with session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                answer = await read_bounded(response.content)
-                status = response.status
+                return response.status, await read_bounded(response.content)
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise failure(event_id, error) from error
-        return judge(status, answer, event_id)
