@@ -22,6 +22,7 @@ from asnackq.cli.common import (
     target,
     within,
 )
+from asnackq.cli.otel import add_otel
 from asnackq.cli.render import key_values
 
 __all__ = ["add_demo", "add_lab"]
@@ -113,6 +114,7 @@ def add_lab(commands: Commands) -> None:
         metavar="DIR",
         help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
     )
+    add_otel(lab)
     add_tls_files(lab, "the sinks serve https")
     add_files(lab, {"--sink-ca": "the workers trust this CA"})
     lab.set_defaults(run=run_lab)
@@ -198,6 +200,8 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
         partition_every=args.partition_every,
         partition_for=args.partition_for,
         clock_skew_ms=args.clock_skew_ms,
+        otel_exporter=args.otel_exporter,
+        spans=None if args.spans is None else args.spans.resolve(),
     )
     config.check()
     return config

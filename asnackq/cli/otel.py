@@ -8,7 +8,8 @@ Rules of this module:
   (``exporting`` runs before any file is opened).
 * ``otlp`` sends to the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) over HTTP/protobuf; ``console`` prints each span to
-  stderr (stdout stays the command's); ``--spans FILE`` appends each span as a JSON line.
+  stderr (stdout stays the command's); ``--spans FILE`` appends each span as a JSON line
+  (``asnackq.lab.spans``).
 * The provider is OpenTelemetry's global one, set before any queue, sender or sink is made,
   and shut down (its last spans flushed) when the command ends.  A SIGKILL loses what was
   not yet exported.
@@ -18,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asnackq.cli.common import Usage
 
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
-
-__all__ = ["EXPORTERS", "add_otel", "exporting", "span_record"]
+__all__ = ["EXPORTERS", "add_otel", "exporting"]
 
 EXPORTERS = ("otlp", "console")
 MISSING = (
@@ -87,40 +84,8 @@ def _provider(service: str, exporter: str | None, spans: Path | None, option: st
 
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     if spans is not None:
-        provider.add_span_processor(SimpleSpanProcessor(_jsonl_exporter(spans)))
+        from asnackq.lab.spans import json_lines
+
+        provider.add_span_processor(SimpleSpanProcessor(json_lines(spans)))
     trace.set_tracer_provider(provider)
     return provider
-
-
-def _jsonl_exporter(path: Path) -> Any:
-    """An exporter appending each span to ``path`` as one JSON line (``span_record``)."""
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    class JsonLines(SpanExporter):
-        def __init__(self) -> None:
-            self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            self.file.write("".join(json.dumps(span_record(span)) + "\n" for span in spans))
-            return SpanExportResult.SUCCESS
-
-        def shutdown(self) -> None:
-            self.file.close()
-
-    return JsonLines()
-
-
-def span_record(span: ReadableSpan) -> dict[str, Any]:
-    """A span as one JSON object: ids in hex, times in epoch nanoseconds."""
-    context, parent = span.get_span_context(), span.parent
-    return {
-        "trace": f"{context.trace_id:032x}" if context else None,
-        "span": f"{context.span_id:016x}" if context else None,
-        "parent": None if parent is None else f"{parent.span_id:016x}",
-        "name": span.name,
-        "kind": span.kind.name,
-        "start": span.start_time,
-        "end": span.end_time,
-        "service": span.resource.attributes.get("service.name"),
-        "attributes": dict(span.attributes or {}),
-    }

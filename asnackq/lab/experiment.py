@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.dispatch.traces import read_traces
-from asnackq.lab import schedule, timeline
+from asnackq.lab import schedule, spans, timeline
 from asnackq.lab.evidence import invariants, verify
 from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
@@ -91,6 +91,8 @@ class LabConfig:
     partition_every: float = 0.0
     partition_for: float = 0.0
     clock_skew_ms: int = 0
+    otel_exporter: str | None = None  # every process traced (``asnackq.lab.spans``),
+    spans: Path | None = None  # and its spans appended to this file
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -256,6 +258,7 @@ def experiment(
         config.seed,
         *config.https[0],
         *site.sink_options,
+        *spans.options(config.otel_exporter, config.spans),
     )
     with Replicas(sink_db, config.sinks, *options, ca_file=config.sink_ca) as sinks:
         workers = Workers(
@@ -272,6 +275,7 @@ def experiment(
                 "--accept-dead",
                 *config.https[1],
                 *site.worker_options,
+                *spans.options(config.otel_exporter, config.spans),
             ),
             place=site.place,
         )  # the lab judges dead jobs itself
@@ -314,6 +318,7 @@ def experiment(
         ),
         faults=measured["faults"],
         faults_by_kind=measured["faults_by_kind"],
+        attempts=spans.timelines(config.spans) if config.spans else [],
     )
 
 

@@ -9,7 +9,7 @@ from asnackq.lab.result import LabResult
 
 __all__ = ["CAPTIONS", "FIGURES", "figures"]
 
-FIGURES = ("throughput", "latency", "sink", "statuses")
+FIGURES = ("throughput", "latency", "sink", "statuses", "attempts")  # attempts: a traced run's
 COLORS = {
     "done": "#2a9d8f",
     "dead": "#e63946",
@@ -24,6 +24,13 @@ COLORS = {
     "pg-restart": "#6a4c93",
     "pg-kill-backends": "#ff595e",
     "partition": "#1982c4",
+    "retry": "#e9c46a",
+    "stale": "#6c757d",
+    "lost": "#6c757d",
+    "abandoned": "#adb5bd",
+    "unanswered": "#adb5bd",
+    "duplicate": "#e76f51",
+    "conflict": "#e63946",
 }
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
@@ -35,6 +42,10 @@ CAPTIONS = {
     "sink": "The sink's counters, sampled during the run: HTTP requests, effects applied "
     "(new inbox rows) and duplicates its inbox absorbed.",
     "statuses": "The queue's jobs by status, sampled during the run (stacked).",
+    "attempts": "A few jobs delivered more than once, from the run's spans (lab --spans): "
+    "each delivery attempt from its start to its result, by owner and fencing token, and "
+    "what the sink decided for each token it saw. A SIGKILLed worker's attempt has no span "
+    "(it never ended); its request still shows at the sink.",
 }
 PERCENTILE_DASH = {"p50": "solid", "p90": "dash", "p99": "dot"}
 AXIS_S = {"title": {"text": "seconds since the workers started"}, "rangemode": "tozero"}
@@ -238,9 +249,57 @@ def lines(
     return {"data": data, "layout": layout(title, AXIS_S, yaxis, shapes=kill_marks(series))}
 
 
+def attempts(timelines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each re-delivered job's attempts as bars in time, and the sink's decisions as marks."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    marks: dict[str, dict[str, list[Any]]] = {}
+    for job in timelines:
+        for a in job["attempts"]:
+            row = f"{job['id']} t{a['token']}"
+            rows.setdefault(a["result"] or "open", []).append(
+                {
+                    "y": row,
+                    "base": a["start_ms"],
+                    "x": a["end_ms"] - a["start_ms"],
+                    "who": a["owner"],
+                }
+            )
+        for d in job["sink"]:
+            mark = marks.setdefault(d["decision"] or "?", {"x": [], "y": []})
+            mark["x"].append(d["at_ms"])
+            mark["y"].append(f"{job['id']} t{d['token']}")
+    bars = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": f"attempt: {result}",
+            "y": [b["y"] for b in bars],
+            "x": [b["x"] for b in bars],
+            "base": [b["base"] for b in bars],
+            "text": [b["who"] for b in bars],
+            "marker": {"color": COLORS.get(result, "#999999")},
+        }
+        for result, bars in rows.items()
+    ]
+    points = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": f"sink: {decision}",
+            **xy,
+            "marker": {"symbol": "diamond", "size": 10, "color": COLORS.get(decision, "#000000")},
+        }
+        for decision, xy in marks.items()
+    ]
+    axis = {"title": {"text": "ms since the job's first attempt"}, "rangemode": "tozero"}
+    title = "Re-delivered jobs: attempts and the sink's decisions"
+    return {"data": bars + points, "layout": layout(title, axis, "job, fencing token")}
+
+
 def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     """The report's figures, by name (``FIGURES``), as plotly JSON figures."""
     series = result.series
+    traced = {"attempts": attempts(result.attempts)} if result.attempts else {}
     return {
         "throughput": throughput(series),
         "latency": latency(result.latency_ms),
@@ -259,4 +318,4 @@ def figures(result: LabResult) -> dict[str, dict[str, Any]]:
             "jobs",
             stacked=True,
         ),
-    }
+    } | traced

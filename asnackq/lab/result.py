@@ -10,7 +10,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from asnackq.lab import schedule
@@ -60,6 +60,7 @@ class LabResult:
     series: dict[str, Any]
     faults: list[dict[str, Any]]
     faults_by_kind: dict[str, Any]
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # re-delivered jobs (spans)
 
     @property
     def failed(self) -> bool:
