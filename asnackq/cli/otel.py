@@ -46,7 +46,11 @@ def add_otel(parser: argparse.ArgumentParser, spans: bool = True) -> None:
     )
     if spans:
         parser.add_argument(
-            "--spans", type=Path, default=None, help="also append each span to FILE (JSON lines)"
+            "--spans",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="also append each span to FILE (JSON lines)",
         )
 
 

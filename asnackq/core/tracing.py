@@ -3,7 +3,7 @@
 Rules of this module:
 
 * Tracing is on for a surface (a queue, a Dispatcher, a sender, a sink) when the
-  ``opentelemetry-api`` package is importable and a real tracer provider is configured
+  ``opentelemetry-api`` package is imported and a real tracer provider is configured
   (``set_provider``, or OpenTelemetry's global one) at the moment the surface is made;
   ``tracer()`` then answers a tracer, else None.  A surface keeps that answer: with tracing
   off, its hot path checks one ``is None`` and does nothing more.
@@ -19,6 +19,7 @@ Rules of this module:
 from __future__ import annotations
 
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,16 +60,16 @@ def set_provider(provider: Any) -> None:
 
 def tracer() -> Tracer | None:
     """asnackq's tracer when a tracer provider is configured, else None (tracing is off)."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:  # never imported: no provider can have been configured (nor is the
+        return None  # API imported here, so a process that does not trace pays nothing)
     provider = _provider if _provider is not None else trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
     from asnackq import __version__
 
-    return provider.get_tracer("asnackq", __version__)
+    found: Tracer = provider.get_tracer("asnackq", __version__)
+    return found
 
 
 def kind(name: str) -> Any:
