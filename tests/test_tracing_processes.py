@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections import defaultdict
@@ -169,3 +171,23 @@ def test_without_the_sdk_an_exporter_is_one_line_and_exit_2(tmp_path: Path):
             "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
         ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_console_exporter_prints_spans_on_stderr_and_leaves_stdout_alone(tmp_path: Path):
+    queue = tmp_path / "q.db"
+    command = [sys.executable, "-m", "asnackq"]
+    subprocess.run([*command, "init", str(queue)], check=True, capture_output=True, timeout=30)
+    args = ["enqueue", str(queue), "--id", "a", "--qty", "1", "--json", "--otel-exporter"]
+    child = subprocess.run(
+        [*command, *args, "console"], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert child.returncode == 0, child.stderr
+    assert json.loads(child.stdout)["inserted"] == 1
+    span = json.loads(child.stderr)
+    assert (span["name"], span["kind"]) == ("enqueue jobs", "SpanKind.PRODUCER")
+    con = sqlite3.connect(queue)
+    try:
+        (row,) = con.execute("SELECT job_id, traceparent FROM asnackq_job_traces").fetchall()
+    finally:
+        con.close()
+    assert row[0] == "a" and row[1][3:35] == span["context"]["trace_id"][2:]
