@@ -139,13 +139,17 @@ async def test_a_finish_the_fence_refuses_is_a_stale_attempt(exported, db):
     """While the first send is at the sink, its lease lapses and another worker claims the
     job: the first worker's finish is stale; the thief's claim is untraced (no span)."""
 
-    async def thief(request: web.Request) -> web.Response:
-        body = await request.json()
+    def steal() -> w.Ticket | None:
         con = w.open_queue(db)
         try:
-            assert w.claim(con, "thief", epoch_ms() + 10_000, 1000) is not None
+            return w.claim(con, "thief", epoch_ms() + 10_000, 60_000)
         finally:
             con.close()
+
+    async def thief(request: web.Request) -> web.Response:
+        body = await request.json()
+        # In a thread: the event loop goes on (the Dispatcher's transaction needs it).
+        assert await asyncio.to_thread(steal) is not None
         return web.json_response({"id": body["id"], "status": "applied"})
 
     async with AsyncQueue.open(db) as queue:
@@ -256,3 +260,37 @@ async def test_on_postgresql_the_trace_is_stored_and_continued(exported, pg_db, 
     for deliver in (s for s in spans if s.kind is SpanKind.CONSUMER):
         enqueue = enqueues[deliver.attributes["messaging.message.id"]]
         assert deliver.parent.span_id == enqueue.context.span_id
+
+
+async def test_the_sinks_conflict_and_an_unanswered_send_are_recorded(exported, db, tmp_path):
+    """The sink holds ``x`` with another qty (409 conflict: dead, permanent); ``y``'s ACK
+    names another id (a bad ACK: no outcome, the job stays leased)."""
+
+    async def wrong_ack(request: web.Request) -> web.Response:
+        return web.json_response({"id": "not-y", "status": "applied"})
+
+    async with sink(tmp_path / "s.db") as running:
+        async with AsyncHttpSender(running.url) as send:
+            assert await send({"id": "x", "qty": 5}, None) is True  # (untraced: no span)
+        async with AsyncQueue.open(db) as queue:
+            await queue.enqueue({"id": "x", "qty": 1})
+            async with AsyncHttpSender(running.url) as send:
+                await Dispatcher(queue, send, owner="w1").run()
+            await queue.enqueue({"id": "y", "qty": 1})
+            async with serving(peer(wrong_ack)) as bad, AsyncHttpSender(bad.url) as send:
+                summary = await Dispatcher(queue, send, owner="w2").run(until_empty=False)
+    assert summary.bad_acks == 1
+    finished = [s for s in exported.get_finished_spans() if "messaging.message.id" in s.attributes]
+    spans = {(s.kind, s.attributes["messaging.message.id"]): s for s in finished}
+    applied, conflict = (s for s in finished if s.kind is SpanKind.SERVER)
+    assert "asnackq.token" not in applied.attributes
+    assert applied.attributes["asnackq.inbox.decision"] == "applied"
+    assert conflict.attributes["asnackq.inbox.decision"] == "conflict"
+    assert conflict.attributes["asnackq.token"] == 1
+    assert conflict.attributes["http.response.status_code"] == 409
+    assert conflict.context.trace_id == spans[SpanKind.CONSUMER, "x"].context.trace_id
+    assert spans[SpanKind.CONSUMER, "x"].attributes["asnackq.result"] == "dead"
+    assert spans[SpanKind.CONSUMER, "x"].attributes["asnackq.dead_reason"] == "permanent"
+    unanswered = spans[SpanKind.CONSUMER, "y"]
+    assert unanswered.attributes["asnackq.result"] == "unanswered"
+    assert unanswered.attributes["asnackq.failure"] == "bad_acks"
