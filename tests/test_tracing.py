@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 from collections import defaultdict
 
+import aiosqlite
 import pytest
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
@@ -294,3 +295,20 @@ async def test_the_sinks_conflict_and_an_unanswered_send_are_recorded(exported, 
     unanswered = spans[SpanKind.CONSUMER, "y"]
     assert unanswered.attributes["asnackq.result"] == "unanswered"
     assert unanswered.attributes["asnackq.failure"] == "bad_acks"
+
+
+async def test_in_the_applications_transaction_a_rollback_leaves_no_trace(exported, db):
+    """``AsyncQueue.within``: the trace row commits or rolls back with the application's."""
+    con = await aiosqlite.connect(db, isolation_level=None)
+    try:
+        queue = await AsyncQueue.within(con)
+        for job_id, end in (("kept", "COMMIT"), ("gone", "ROLLBACK")):
+            await con.execute("BEGIN IMMEDIATE")
+            assert await queue.enqueue({"id": job_id, "qty": 1}) is True
+            await con.execute(end)
+    finally:
+        await con.close()
+    kept = next(
+        s for s in exported.get_finished_spans() if s.attributes["messaging.message.id"] == "kept"
+    )
+    assert stored(db) == {"kept": traceparent(kept)}
