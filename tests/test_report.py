@@ -58,13 +58,16 @@ def lab_run(tmp_path_factory):
     return result, root / "out" / "report.html"
 
 
-def figures(page):
+PLOTS = ("throughput", "latency", "sink", "statuses")
+
+
+def figures(page, names=PLOTS):
     found = {
         attrs["data-plot"]: json.loads(text)
         for attrs, text in page.scripts
         if attrs.get("class") == "figure"
     }
-    assert set(found) == {f"plot-{n}" for n in ("throughput", "latency", "sink", "statuses")}
+    assert set(found) == {f"plot-{n}" for n in names}
     assert set(found) <= page.ids  # each has its element to draw in
     return found
 
@@ -128,6 +131,31 @@ def test_every_plot_draws_the_numbers_of_the_json(lab_run):
     assert series["sink"]["requests"][-1] == result["requests"]
     assert series["sink"]["duplicates"][-1] == result["duplicates"]
     assert series["sink"]["applied"][-1] == 300
+
+
+def test_a_traced_run_shows_the_attempts_of_re_delivered_jobs(tmp_path):
+    """``lab --spans``: every process's spans in one file; a re-delivered job's attempts and
+    the sink's decisions are all in its one trace, begun by the lab's intake."""
+    run = asnackq(
+        *("lab", "--jobs", "60", "--processes", "1", "--concurrency", "8"),
+        *("--kill-after-acks", "4", "--lease-ms", "1000", "--send-timeout-s", "0.5"),
+        *("--dir", tmp_path / "lab", "--json", tmp_path / "lab.json"),
+        *("--report", tmp_path / "out", "--spans", tmp_path / "spans.jsonl"),
+        timeout=50,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    jobs = json.loads((tmp_path / "lab.json").read_text())["attempts"]
+    assert 1 <= len(jobs) <= 6 and jobs == sorted(jobs, key=lambda job: job["id"])
+    for job in jobs:  # the killed worker's attempt never ended: only the sink saw it
+        assert len(job["traces"]) == 1
+        assert [d["decision"] for d in job["sink"]] == ["applied", "duplicate"]
+        assert [d["token"] for d in job["sink"]] == [1, 2]
+        assert [(a["token"], a["result"]) for a in job["attempts"]] == [(2, "done")]
+    page = Page((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    found = traces(figures(page, (*PLOTS, "attempts"))["plot-attempts"])
+    assert found["attempt: done"]["y"] == [f"{job['id']} t2" for job in jobs]
+    assert found["sink: applied"]["y"] == [f"{job['id']} t1" for job in jobs]
+    assert found["sink: duplicate"]["y"] == [f"{job['id']} t2" for job in jobs]
 
 
 def test_the_tables_show_the_numbers_of_the_json(lab_run):

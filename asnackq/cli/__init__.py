@@ -13,6 +13,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
+from asnackq.cli import otel
 from asnackq.cli.common import Command, Failure, Parser, Usage
 from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
@@ -46,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     run: Command = args.run
     try:
-        return run(args)
+        with otel.exporting(args, f"asnackq-{args.command}"):  # (tracing, when asked for)
+            return run(args)
     except Failure as error:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 2 if isinstance(error, Usage) else 1

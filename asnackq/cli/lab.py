@@ -25,6 +25,7 @@ from asnackq.cli.common import (
     target,
     within,
 )
+from asnackq.cli.otel import add_otel
 from asnackq.cli.render import key_values
 from asnackq.cli.work import send_rate
 from asnackq.core.rate import MAX_BURST
@@ -137,6 +138,7 @@ def add_lab(commands: Commands) -> None:
         metavar="DIR",
         help="write DIR/report.html: plots, invariants, summary (needs asnackq[report])",
     )
+    add_otel(lab)
     add_tls_files(lab, "the sinks serve https")
     add_files(lab, {"--sink-ca": "the workers trust this CA"})
     lab.set_defaults(run=run_lab)
@@ -236,6 +238,8 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
         clock_skew_ms=args.clock_skew_ms,
         rate=args.rate,
         burst=args.burst,
+        otel_exporter=args.otel_exporter,
+        spans=None if args.spans is None else args.spans.resolve(),
     )
     config.check()
     return config

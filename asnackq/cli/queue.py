@@ -22,6 +22,7 @@ from asnackq.cli.common import (
     existing_queue,
     target,
 )
+from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
 from asnackq.store import readers, sessions
@@ -69,6 +70,7 @@ def add_enqueue(commands: Commands) -> None:
     )
     enqueue.add_argument("--max-attempts", type=exact_int, default=3, help="1..16 (default 3)")
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
+    add_otel(enqueue, spans=False)
     enqueue.set_defaults(run=run_enqueue)
 
 
@@ -221,6 +223,7 @@ def add_inspect(commands: Commands) -> None:
     )
     redrive.add_argument("--note", required=True, help="why ([A-Za-z0-9_-]{1,64})")
     redrive.add_argument("--json", action="store_true")
+    add_otel(redrive, spans=False)
     redrive.set_defaults(run=run_redrive)
 
     history = commands.add_parser("history", help="a job's state and its redrive records")

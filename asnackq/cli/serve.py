@@ -33,6 +33,7 @@ from asnackq.cli.common import (
     target,
     within,
 )
+from asnackq.cli.otel import add_otel
 from asnackq.store import readers
 from asnackq.wire.send import is_loopback
 
@@ -110,6 +111,7 @@ def add_sink(commands: Commands) -> None:
     )
     add_tls_files(sink, "serve https")
     add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
+    add_otel(sink)
     sink.set_defaults(run=run_sink)
 
 

@@ -35,6 +35,7 @@ from asnackq.cli.common import (
     target,
     within,
 )
+from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
 from asnackq.core.rate import MAX_BURST, MAX_RATE
@@ -151,6 +152,7 @@ def add_work(commands: Commands) -> None:
         help="append one JSON line per claim and per finish (for experiments)",
     )
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_otel(work)
     work.add_argument(
         "--kill-after-acks",
         type=within(int, 1, 10**9),

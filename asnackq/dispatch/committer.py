@@ -161,6 +161,8 @@ class Committer:
         self.kick.set()
         await asyncio.wait([task])
         self.breaker.stop()
+        if self.settings.spans is not None:
+            self.settings.spans.close()
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
@@ -274,6 +276,9 @@ class Committer:
             (statuses, extended, tickets, ended), slots = await self._transact(
                 finishes, due, now, want
             )
+            if self.settings.spans is not None:  # (before any ticket is handed out)
+                finished = [finish.ticket for finish in finishes]
+                await self.settings.spans.cycled(self.queue, finished, statuses, tickets)
         except CommitUnknown:  # committed or not: the tickets it touched are let go
             self._unconfirmed([finish.ticket for finish in finishes] + due)
             raise
@@ -323,6 +328,8 @@ class Committer:
             if failure is not None:
                 self.summary.fail(failure)
             if not self.ledger.holds(claimed.ticket):
+                if self.settings.spans is not None:
+                    self.settings.spans.end(claimed.ticket, "lost")
                 continue  # lost meanwhile: counted when it was
             if outcome is None:  # no answer to record: the job stays leased
                 self.ledger.release(claimed.ticket["id"])  # (or dies by its deadline) and

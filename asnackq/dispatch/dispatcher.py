@@ -36,6 +36,7 @@ from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, Trace
+from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 
@@ -48,6 +49,7 @@ async def deliver(port: Port, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, wait for its slot of a shared rate, send it,
     hand the result back; until None.  With a gate (concurrency "auto"), a slot of the gate
     is held from the take to the hand-back."""
+    spans = port.settings.spans
     while True:
         if port.gate is not None:
             await port.gate.acquire()
@@ -57,15 +59,21 @@ async def deliver(port: Port, send: AsyncSend) -> None:
             if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
                 port.hand_back(Sent(claimed, None))
                 continue
+            attached = None if spans is None else spans.begin(claimed)
             try:
                 sent = await send_until_answered(port, send, claimed)
             except Exception:  # a bad clock or jitter: the run fails, the job
                 port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
                 port.drain()
                 raise
+            finally:
+                if spans is not None:
+                    spans.detach(attached)
         finally:
             if port.gate is not None:
                 port.gate.release()
+        if spans is not None:
+            spans.sent(sent)
         port.hand_back(sent)
 
 
@@ -230,6 +238,7 @@ class Dispatcher:
             retry=retry,
             limits=limits,
             rate=shared,
+            spans=DeliverySpans.of(owner),
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
 from asnackq.core.rate import Rate
+
+if TYPE_CHECKING:
+    from asnackq.dispatch.spans import DeliverySpans
 
 __all__ = ["RATE_GATHER_MS", "Settings", "Trace"]
 
@@ -36,6 +40,7 @@ class Settings:
     retry: w.Retry
     limits: w.Limits
     rate: Rate | None = None  # a rate shared by every worker of the queue
+    spans: DeliverySpans | None = None  # None: the run is not traced
 
     @property
     def gather_s(self) -> float:

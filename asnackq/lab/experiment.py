@@ -44,7 +44,7 @@ from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.core.rate import check_rate
 from asnackq.dispatch.traces import read_traces
-from asnackq.lab import schedule, timeline
+from asnackq.lab import schedule, spans, timeline
 from asnackq.lab.evidence import invariants, verify
 from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
@@ -97,6 +97,8 @@ class LabConfig:
     clock_skew_ms: int = 0
     rate: float | None = None  # every worker: work --rate (shared) and --burst
     burst: int = 1
+    otel_exporter: str | None = None  # every process traced (``asnackq.lab.spans``),
+    spans: Path | None = None  # and its spans appended to this file
 
     def check(self) -> None:
         w.check_int(self.jobs, "jobs", 1, 10_000_000)
@@ -268,6 +270,7 @@ def experiment(
         *options_given(("--max-rate", config.sink_max_rate)),
         *config.https[0],
         *site.sink_options,
+        *spans.options(config.otel_exporter, config.spans),
     )
     with Replicas(sink_db, config.sinks, *options, ca_file=config.sink_ca) as sinks:
         workers = Workers(
@@ -285,6 +288,7 @@ def experiment(
                 *(() if config.rate is None else ("--rate", config.rate, "--burst", config.burst)),
                 *config.https[1],
                 *site.worker_options,
+                *spans.options(config.otel_exporter, config.spans),
             ),
             place=site.place,
         )  # the lab judges dead jobs itself
@@ -328,6 +332,7 @@ def experiment(
         faults=measured["faults"],
         faults_by_kind=measured["faults_by_kind"],
         sink_overloaded=stats.get("overloaded", 0),
+        attempts=spans.timelines(config.spans) if config.spans else [],
     )
 
 

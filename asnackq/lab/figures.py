@@ -10,7 +10,7 @@ from asnackq.lab.result import LabResult
 
 __all__ = ["CAPTIONS", "FIGURES", "figures"]
 
-FIGURES = ("throughput", "latency", "sink", "statuses", "pacing")
+FIGURES = ("throughput", "latency", "sink", "statuses", "pacing", "attempts")
 COLORS = {
     "done": "#2a9d8f",
     "dead": "#e63946",
@@ -27,6 +27,13 @@ COLORS = {
     "partition": "#1982c4",
     "limit": "#6a4c93",
     "inflight": "#2a9d8f",
+    "retry": "#e9c46a",
+    "stale": "#6c757d",
+    "lost": "#6c757d",
+    "abandoned": "#adb5bd",
+    "unanswered": "#adb5bd",
+    "duplicate": "#e76f51",
+    "conflict": "#e63946",
 }
 CAPTIONS = {
     "throughput": "Done and dead finishes the workers committed per interval (from their "
@@ -41,6 +48,10 @@ CAPTIONS = {
     "pacing": "Sends in flight: the workers' adaptive concurrency limits summed (with "
     "--concurrency auto; from their traces) and the requests in the sink's handlers "
     "(sampled).",
+    "attempts": "A few jobs delivered more than once, from the run's spans (lab --spans): "
+    "each delivery attempt from its start to its result, by owner and fencing token, and "
+    "what the sink decided for each token it saw. A SIGKILLed worker's attempt has no span "
+    "(it never ended); its request still shows at the sink.",
 }
 PERCENTILE_DASH = {"p50": "solid", "p90": "dash", "p99": "dot"}
 AXIS_S = {"title": {"text": "seconds since the workers started"}, "rangemode": "tozero"}
@@ -244,6 +255,53 @@ def lines(
     return {"data": data, "layout": layout(title, AXIS_S, yaxis, shapes=kill_marks(series))}
 
 
+def attempts(timelines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each re-delivered job's attempts as bars in time, and the sink's decisions as marks."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    marks: dict[str, dict[str, list[Any]]] = {}
+    for job in timelines:
+        for a in job["attempts"]:
+            row = f"{job['id']} t{a['token']}"
+            rows.setdefault(a["result"] or "open", []).append(
+                {
+                    "y": row,
+                    "base": a["start_ms"],
+                    "x": a["end_ms"] - a["start_ms"],
+                    "who": a["owner"],
+                }
+            )
+        for d in job["sink"]:
+            mark = marks.setdefault(d["decision"] or "?", {"x": [], "y": []})
+            mark["x"].append(d["at_ms"])
+            mark["y"].append(f"{job['id']} t{d['token']}")
+    bars = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": f"attempt: {result}",
+            "y": [b["y"] for b in bars],
+            "x": [b["x"] for b in bars],
+            "base": [b["base"] for b in bars],
+            "text": [b["who"] for b in bars],
+            "marker": {"color": COLORS.get(result, "#999999")},
+        }
+        for result, bars in rows.items()
+    ]
+    points = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": f"sink: {decision}",
+            **xy,
+            "marker": {"symbol": "diamond", "size": 10, "color": COLORS.get(decision, "#000000")},
+        }
+        for decision, xy in marks.items()
+    ]
+    axis = {"title": {"text": "ms since the job's first attempt"}, "rangemode": "tozero"}
+    title = "Re-delivered jobs: attempts and the sink's decisions"
+    return {"data": bars + points, "layout": layout(title, axis, "job, fencing token")}
+
+
 def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     """The report's figures, by name (``FIGURES``), as plotly JSON figures."""
     series = result.series
@@ -273,6 +331,8 @@ def figures(result: LabResult) -> dict[str, dict[str, Any]]:
     }
     if not paced:
         del drawn["pacing"]
+    if result.attempts:  # a traced run's
+        drawn["attempts"] = attempts(result.attempts)
     return drawn
 
 

@@ -10,7 +10,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from asnackq.lab import schedule
@@ -48,6 +48,7 @@ class LabResult:
     faults: list[dict[str, Any]]
     faults_by_kind: dict[str, Any]
     sink_overloaded: int = 0  # answers 429: past the sink's capacity
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # re-delivered jobs (spans)
 
     @property
     def failed(self) -> bool:

@@ -14,8 +14,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from asnackq.core import tracing
 from asnackq.core import worker as w
-from asnackq.store import sessions
+from asnackq.store import job_traces, sessions
 from asnackq.store.budget import Budget, Intake, Item, intakes
 from asnackq.store.readers import read_only
 from asnackq.store.sessions import Reader, Session
@@ -60,10 +61,12 @@ def enqueue_all(
     """
     triples = intakes(items, Budget.of(*budget, w.PRODUCT))
     results: list[bool | w.Conflict] = []
+    tracer = tracing.tracer()
     with sessions.open_session(path, create=True) as store:
         for start in range(0, len(triples), CHUNK):
             chunk = triples[start : start + CHUNK]
-            done = store.run(partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT))
+            make = partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
+            done = job_traces.intake(store.run, tracer, make, chunk) if tracer else store.run(make)
             results += done
             if advance is not None:
                 advance(done)
@@ -143,8 +146,14 @@ def history(con: Reader, job_id: str) -> dict[str, Any]:
 
 
 def redrive(store: Session, job_id: str, now_ms: int, ttl_ms: int, note: str) -> None:
-    """The core's audited redrive, with the product's ranges (a ttl of up to 30 days)."""
-    store.run(partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=w.PRODUCT))
+    """The core's audited redrive, with the product's ranges (a ttl of up to 30 days); in the
+    job's trace when tracing is on (``asnackq.store.job_traces``)."""
+    make = partial(w.plan_redrive, job_id, now_ms, ttl_ms, note, limits=w.PRODUCT)
+    tracer = tracing.tracer()
+    if tracer is None:
+        store.run(make)
+    else:
+        job_traces.redrive(store, tracer, job_id, make, note)
 
 
 def redrive_by_reason(

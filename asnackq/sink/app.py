@@ -34,13 +34,14 @@ from typing import Any
 
 from aiohttp import web
 
+from asnackq.core import tracing
 from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD, SQL_STOCK
 from asnackq.core.worker import (
     check_event,
     check_identifier,
     check_int,
 )
-from asnackq.sink import faults
+from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
 from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable
@@ -314,6 +315,7 @@ async def handle_event(request: web.Request, served: Callable[[], None]) -> web.
         stats["failed"] += 1
         return answer(503, event_id, "unavailable")
     stats[{"applied": "applied", "duplicate": "duplicates", "conflict": "conflicts"}[outcome]] += 1
+    spans.decided(event_id, token, outcome)
     if config.drop_rate and config.rng.random() < config.drop_rate:
         stats["dropped"] += 1
         if request.transport is not None:
@@ -389,7 +391,9 @@ async def inbox_context(app: web.Application) -> AsyncIterator[None]:
 
 def make_app(config: SinkConfig) -> web.Application:
     """The sink as an aiohttp application (bodies over 4 KiB are refused with 413)."""
-    app = web.Application(client_max_size=MAX_ACK_BYTES, middlewares=[guard])
+    tracer = tracing.tracer()  # None: no spans (``asnackq.sink.spans``)
+    traced = [] if tracer is None else [spans.middleware(tracer)]
+    app = web.Application(client_max_size=MAX_ACK_BYTES, middlewares=[*traced, guard])
     app[CONFIG] = config
     app[STATS] = dict.fromkeys(COUNTERS, 0)
     app[CAPACITY] = Capacity(config.max_inflight, config.max_rate)

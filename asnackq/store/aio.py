@@ -23,8 +23,9 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from asnackq.core import rate as r
+from asnackq.core import tracing
 from asnackq.core import worker as w
-from asnackq.store import files
+from asnackq.store import files, job_traces
 from asnackq.store.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
 from asnackq.store.outage import Health
 from asnackq.store.sqlite_aio import QueueBusy, SqliteStore, call_fault
@@ -113,6 +114,7 @@ class AsyncQueue:
         self.limits = limits
         self.clock = clock
         self.intakes_only = intakes_only  # on the application's connection: see ``within``
+        self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
 
     @classmethod
     async def connect(
@@ -261,6 +263,8 @@ class AsyncQueue:
         and budget."""
         ttl, tries = self.budget.fill(ttl_ms, max_attempts)
         make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
+        if self.tracer is not None:
+            return bool((await self._traced(make, [(event, ttl, tries)]))[0])
         return bool(await self._run(make, intake=True))
 
     async def enqueue_many(
@@ -270,7 +274,22 @@ class AsyncQueue:
         triples, mixed as needed, in one transaction."""
         triples = intakes(items, self.budget)
         make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
+        if self.tracer is not None:
+            return await self._traced(make, triples)
         results: list[bool | w.Conflict] = await self._run(make, intake=True)
+        return results
+
+    async def _traced(
+        self, make: Callable[[], w.Plan[Any]], triples: list[tuple[object, object, object]]
+    ) -> list[Any]:
+        """An intake with a PRODUCER span per job, each span's context stored with its job
+        in the intake's transaction (``asnackq.store.job_traces``)."""
+        make()  # validated before any span
+        assert self.tracer is not None
+        with job_traces.producing(self.tracer, job_traces.event_ids(triples)) as spans:
+            result = await self._run(spans.plan(make), intake=True)
+            results = result if isinstance(result, list) else [result]
+            spans.settled(results)
         return results
 
     async def claim(

@@ -81,7 +81,7 @@ def _conflict(error: BaseException) -> bool:
 
 
 # Unique keys a concurrent intake may hit first (the plan read before the other committed).
-CONFLICT_KEYS = {"jobs_id_key"}
+CONFLICT_KEYS = {"jobs_id_key", "pg_type_typname_nsp_index"}  # (and two first CREATE TABLEs)
 
 
 def _backoff(attempt: int) -> float:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from asnackq.core import inbox, rate
 from asnackq.core import worker as w
+from asnackq.store import job_traces
 
 __all__ = [
     "QUEUE",
@@ -239,6 +240,14 @@ STATEMENTS.update(
             )
         },
         **{sql: sql for sql in SINK.ddl},
+    }
+)
+
+# The job traces' statements (``asnackq.store.job_traces``) -> their PostgreSQL texts.
+STATEMENTS.update(
+    {
+        **job_traces.PG_TEXTS,
+        **{sql: placeholders(sql) for sql in job_traces.SAME_TEXTS},
     }
 )
 

@@ -34,6 +34,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core import tracing
 from asnackq.core.worker import (
     BadAck,
     Overloaded,
@@ -43,7 +44,7 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
-from asnackq.wire import strict_json
+from asnackq.wire import http_spans, strict_json
 from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
 from asnackq.wire.tls import tls_context
 
@@ -91,6 +92,9 @@ def retry_after(value: str | None, now_s: float | None = None) -> float | None:
         return None
     now = time.time() if now_s is None else now_s
     return min(max(when - now, 0.0), RETRY_AFTER_MAX_S)
+
+
+Answered = tuple[int, bytes, str | None]  # a status, the body, the Retry-After header
 
 
 def judge(status: int, body: bytes, event_id: str, wait: str | None = None) -> bool:
@@ -226,8 +230,10 @@ class HttpSender:
         key_file: str | Path | None = None,
     ) -> None:
         self.parts = check_url(url, allow_remote)
+        self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
+        self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self.path = self.parts.path or "/"
         if self.parts.query:
             self.path += "?" + self.parts.query
@@ -236,6 +242,15 @@ class HttpSender:
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         event_id, body, headers = request_parts(event, token)
+        if self.tracer is None:
+            status, answer, wait = self._post(event_id, body, headers)
+            return judge(status, answer, event_id, wait)
+        with http_spans.client(self.tracer, self.url, headers) as span:
+            status, answer, wait = self._post(event_id, body, headers)
+            http_spans.answered(span, status)
+            return judge(status, answer, event_id, wait)
+
+    def _post(self, event_id: str, body: bytes, headers: dict[str, str]) -> Answered:
         deadline = time.monotonic() + self.timeout_s
         try:
             answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
@@ -243,7 +258,7 @@ class HttpSender:
             raise failure(event_id, error) from error
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
-        return judge(answer.status, answer.body, event_id, answer.retry_after)
+        return answer.status, answer.body, answer.retry_after
 
     def close(self) -> None:
         """Close every kept connection."""
@@ -297,6 +312,7 @@ class AsyncHttpSender:
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
         self.tls = tls_context(parts.scheme, ca_file, cert_file, key_file)
+        self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AsyncHttpSender:
@@ -318,17 +334,27 @@ class AsyncHttpSender:
             self._session = None
 
     async def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
-        import aiohttp
-
         if self._session is None:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         event_id, body, headers = request_parts(event, token)
+        if self.tracer is None:
+            status, answer, wait = await self._post(self._session, event_id, body, headers)
+            return judge(status, answer, event_id, wait)
+        with http_spans.client(self.tracer, self.url, headers) as span:
+            status, answer, wait = await self._post(self._session, event_id, body, headers)
+            http_spans.answered(span, status)
+            return judge(status, answer, event_id, wait)
+
+    async def _post(
+        self, session: aiohttp.ClientSession, event_id: str, body: bytes, headers: dict[str, str]
+    ) -> Answered:
+        import aiohttp
+
         try:
-            async with self._session.post(
+            async with session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 answer = await read_bounded(response.content)
-                status, wait = response.status, response.headers.get("Retry-After")
+                return response.status, answer, response.headers.get("Retry-After")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise failure(event_id, error) from error
-        return judge(status, answer, event_id, wait)
