@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from asnackq.core import worker as w
-from asnackq.store import pg
+from asnackq.store import pg_session
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.outage import StoreUnavailable
 
@@ -27,7 +27,7 @@ from .slow_commit import in_commit, job_row, slow_queue
 
 
 @pytest.fixture
-async def queue(pg_db) -> AsyncIterator[tuple[AsyncQueue, pg.AsyncStore, str]]:
+async def queue(pg_db) -> AsyncIterator[tuple[AsyncQueue, pg_session.AsyncStore, str]]:
     url = pg_db()
     async with slow_queue(url) as (q, store):
         yield q, store, url

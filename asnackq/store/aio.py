@@ -74,9 +74,9 @@ async def open_store(
     ``postgresql://`` URL, with ``schema`` (the core's tuple) in place (``resolve_s``: how
     long a URL's store seeks the outcome of a COMMIT whose answer was lost)."""
     if is_url(target):
-        from asnackq.store import pg
+        from asnackq.store import pg_session
 
-        return await pg.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
+        return await pg_session.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
     await asyncio.to_thread(files.holds, target, schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
