@@ -24,6 +24,7 @@ from asnackq.cli.common import (
     TIMEOUT,
     Commands,
     Usage,
+    add_db_wait,
     add_metrics_options,
     add_sink_tls,
     check_sink,
@@ -32,6 +33,7 @@ from asnackq.cli.common import (
     sink_tls,
     sink_url,
     target,
+    wait_for_database,
     within,
 )
 from asnackq.cli.render import emit, key_values, progress_line
@@ -146,6 +148,7 @@ def add_work(commands: Commands) -> None:
         "(a host whose clock is off; default 0)",
     )
     add_metrics_options(work)
+    add_db_wait(work, "queue")
     work.set_defaults(run=run_work)
 
 
@@ -172,6 +175,7 @@ def run_work(args: argparse.Namespace) -> int:
         ).check()
     except ValueError as error:
         raise Usage(str(error)) from None
+    wait_for_database(args.queue, args.db_wait_s, "work")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(

@@ -205,6 +205,13 @@ class AsyncQueue:
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
 
+    def give_up_after(self, seconds: float) -> None:
+        """Wait for an absent database ``seconds`` from now at most: a COMMIT whose answer
+        was lost is looked up until then (``CommitUnknown`` after; a file: nothing to do)."""
+        give_up = getattr(self._db, "give_up_after", None)
+        if give_up is not None:
+            give_up(seconds)
+
     @property
     def health(self) -> Health | None:
         """The store's session and its outages (a ``postgresql://`` store's; None for a file)."""

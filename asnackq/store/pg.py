@@ -32,6 +32,7 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
+from asnackq.store.outage import Backoff
 from asnackq.store.pg_sql import SCHEMAS, plan_open, text, translate
 from asnackq.store.targets import one_line, shown
 
@@ -50,6 +51,8 @@ __all__ = [
     "conflict_delay_s",
     "connect",
     "drive",
+    "passing",
+    "wait_until_reachable",
 ]
 
 Make = Callable[[], w.Plan[Any]]
@@ -118,6 +121,39 @@ def _refused(url: str, error: psycopg.Error) -> Exception:
     if isinstance(error, psycopg.OperationalError):
         return Unreachable(f"cannot connect to {shown(url)}: {why}")
     return ValueError(f"not a usable PostgreSQL URL {shown(url)}: {why}")
+
+
+# A server's refusal that waiting may end: it is starting up, shutting down or recovering
+# ("the database system is ..."), or full.  Any other FATAL (a login, a missing database)
+# lasts; a failure before the server answered (refused, no socket, a timeout) may not.
+PASSING_REFUSALS = ("the database system is", "too many clients", "too many connections")
+
+
+def passing(error: psycopg.OperationalError) -> bool:
+    """Whether a failed connection may succeed later without anyone changing anything."""
+    why = str(error)
+    return "FATAL:" not in why or any(refusal in why for refusal in PASSING_REFUSALS)
+
+
+def wait_until_reachable(url: str, wait_s: float, waiting: Callable[[str], None]) -> None:
+    """Return once a session on ``url`` opens.  While the server is down or starting,
+    try again (``outage.Backoff``: capped, jittered) for ``wait_s`` seconds at most, calling
+    ``waiting(why)`` once; a lasting refusal, or the time up, raises ``Unreachable``."""
+    deadline, failures = time.monotonic() + wait_s, 0
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=3, **TCP_OPTIONS).close()
+            return
+        except psycopg.Error as error:
+            delay = Backoff().delay_s(failures, random.random())
+            if not (isinstance(error, psycopg.OperationalError) and passing(error)):
+                raise _refused(url, error) from None
+            if time.monotonic() + delay > deadline:
+                raise _refused(url, error) from None
+            if failures == 0:
+                waiting(one_line(error).replace(url, shown(url)))
+        failures += 1
+        time.sleep(delay)
 
 
 # --- the sync driver ----------------------------------------------------------------

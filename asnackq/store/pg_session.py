@@ -13,6 +13,7 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -67,6 +68,7 @@ class AsyncStore:
         self.url, self.schema, self.attempts, self.call = url, schema, attempts, call
         self.con: psycopg.AsyncConnection[Any] | None = con
         self.resolve_s = resolve_s
+        self.give_up_at = math.inf  # (time.monotonic) see ``give_up_after``
         self.health = Health()
         self.why = ""  # the last failure, for StoreUnavailable's message
 
@@ -137,8 +139,9 @@ class AsyncStore:
     async def _committed(self, xid: str, started: str) -> bool:
         """Whether transaction ``xid`` committed, asked on a new session (``CommitUnknown``
         if no session answers within ``resolve_s``, or the server restarted meanwhile)."""
-        deadline = time.monotonic() + self.resolve_s
+        resolving = time.monotonic() + self.resolve_s
         while True:
+            deadline = min(resolving, self.give_up_at)
             try:
                 ((status,),) = await self._query(SQL_XACT_STATUS, (started, xid))
             except StoreUnavailable as error:
@@ -155,6 +158,11 @@ class AsyncStore:
             if time.monotonic() > deadline:
                 raise CommitUnknown(f"COMMIT of transaction {xid} still in progress")
             await asyncio.sleep(0.05)
+
+    def give_up_after(self, seconds: float) -> None:
+        """Seek a cut COMMIT's outcome for ``seconds`` from now at most (a closing run's
+        bound on waiting for its database; ``CommitUnknown`` after)."""
+        self.give_up_at = time.monotonic() + seconds
 
     @property
     def in_transaction(self) -> bool:
