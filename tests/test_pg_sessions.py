@@ -19,7 +19,7 @@ import pytest
 from asnackq.core import worker as w
 from asnackq.store import pg_session
 from asnackq.store.aio import AsyncQueue
-from asnackq.store.outage import StoreUnavailable
+from asnackq.store.outage import Backoff, StoreUnavailable
 
 from .conftest import T0
 from .pgdb import query
@@ -83,3 +83,25 @@ async def test_a_store_without_its_server_fails_at_once_and_comes_back(queue, pg
     assert await q.read(w.SQL_ACTIVE) == [(1,)]
     counts = store.health.counts()
     assert counts["db_outages"] == 1 and counts["db_down_ms"] > 0
+
+
+async def test_a_store_away_for_long_keeps_trying_within_the_backoff_s_cap(queue, pg_server):
+    """No count of failures or time away ends a store: each try fails at once with
+    ``StoreUnavailable`` and the next comes within the cap (2 s), whatever the count."""
+    cap = Backoff().cap_s
+    assert all(Backoff().delay_s(n, d) <= cap for n in range(10_000) for d in (0.0, 0.5, 1.0))
+    q, store, url = queue
+    query(url, "DELETE FROM slow")
+    query(url, "SELECT pg_terminate_backend(%s)", (store.con.info.backend_pid,))
+    store.url = url.replace(f"port={pg_server.port}", "port=1")  # nothing listens there
+    waits = []
+    while store.health.failures < 9:  # ~7 s of backoff: past its cap
+        with pytest.raises(StoreUnavailable) as away:
+            await q.read(w.SQL_ACTIVE)
+        waits.append(away.value.retry_in_s)
+        await asyncio.sleep(away.value.retry_in_s)
+    assert max(waits) <= cap and store.health.down
+    assert max(waits) > cap / 2  # (the cap was reached)
+    store.url = url
+    assert await q.read(w.SQL_ACTIVE) == [(1,)]
+    assert store.health.counts()["db_outages"] == 1
