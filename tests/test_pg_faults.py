@@ -317,3 +317,57 @@ async def test_a_run_stopped_while_its_cut_commit_is_unresolved_ends_in_its_clos
     summary = dispatcher.summary
     assert (summary.unconfirmed, summary.db_cut_commits, summary.done) == (1, 1, 0)
     assert job_row(url) == ("leased", 1)  # left to its lease, reclaimed later
+
+
+def test_a_command_s_session_lost_between_its_transactions_is_opened_again(server, url):
+    sessions.init(url)
+    intake = [({"id": "a", "qty": 1}, 60_000, 3)]
+    with sessions.open_session(url) as queue:
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [True]
+        server.restart("fast")  # its session is gone; the next plan runs on a new one
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [False]
+        terminate(server, "")  # (libpq's default application_name is empty)
+        intake = [({"id": "b", "qty": 2}, 60_000, 3)]
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [True]
+    assert query(url, "SELECT id FROM jobs ORDER BY id") == [("a",), ("b",)]
+
+
+SLOW_INSERT = (
+    "CREATE TABLE slow (one INTEGER)",
+    """CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$""",
+    """CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON jobs DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
+)
+
+
+def test_a_command_whose_commit_is_cut_says_so_in_one_line(server, url, monkeypatch):
+    sessions.init(url)
+    for sql in SLOW_INSERT:
+        query(url, sql)
+    monkeypatch.setenv("PGAPPNAME", "cut-me")
+    argv = command("enqueue", url, "--id", "a", "--qty", "1")
+    with started(argv, stdout=PIPE, stderr=PIPE) as enqueue:
+        pid = committing(server, "cut-me")
+        query(server.url(), "SELECT pg_terminate_backend(%s)", (pid,))
+        out, err = enqueue.communicate(timeout=30)
+    assert enqueue.returncode == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("asnackq enqueue: "), err
+    assert "terminating connection" in err and "Traceback" not in err
+    assert query(url, "SELECT count(*) FROM jobs") == [(0,)]  # (it was cut before it committed)
+
+
+def committing(server: LocalServer, app: str) -> int:
+    """The pid of session ``app`` once it is in its (slow) COMMIT (bounded)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows = query(
+            server.url(),
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+            " AND query = 'COMMIT' AND wait_event = 'PgSleep'",
+            (app,),
+        )
+        if rows:
+            return int(rows[0][0])
+        time.sleep(0.02)
+    raise AssertionError(f"no session {app} seen in its COMMIT")

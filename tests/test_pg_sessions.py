@@ -105,3 +105,23 @@ async def test_a_store_away_for_long_keeps_trying_within_the_backoff_s_cap(queue
     store.url = url
     assert await q.read(w.SQL_ACTIVE) == [(1,)]
     assert store.health.counts()["db_outages"] == 1
+
+
+async def test_a_session_ended_by_the_idle_in_transaction_timeout_is_opened_again(queue):
+    """A partition longer than the server's idle-in-transaction timeout ends the session
+    mid-transaction (its FATAL read after the heal): nothing committed, the plan re-run."""
+    q, store, url = queue
+    query(url, "DELETE FROM slow")
+    await store.con.execute("SET idle_in_transaction_session_timeout = 100")
+    stalls = []
+
+    def stall(point: str) -> None:  # the first try stands still mid-transaction
+        if not stalls:
+            stalls.append(point)
+            time.sleep(0.5)
+
+    ticket = await q.claim("w1", T0 + 1, 5000, fault=stall)
+    assert ticket is not None and ticket["token"] == 1 and stalls == ["after-claim"]
+    assert job_row(url) == ("leased", 1)
+    counts = store.health.counts()
+    assert (counts["db_outages"], counts["db_reruns"]) == (1, 1)

@@ -41,6 +41,7 @@ __all__ = [
     "CommitCut",
     "Hooks",
     "Make",
+    "SessionLost",
     "Unreachable",
     "aconnect",
     "adrive",
@@ -51,6 +52,7 @@ __all__ = [
     "conflict_delay_s",
     "connect",
     "drive",
+    "ended",
     "passing",
     "wait_until_reachable",
 ]
@@ -61,6 +63,11 @@ Hooks = Callable[[w.Fault, str], None]  # how an async layer calls a fault hook
 
 class Unreachable(ConnectionError):
     """Raised when no session could be opened: the server is down, or refused the login."""
+
+
+class SessionLost(psycopg.OperationalError):
+    """Raised by ``drive`` when the session was lost before its COMMIT was sent: nothing of
+    the transaction committed, and its plan may be made again and run on a new session."""
 
 
 class CommitCut(Exception):
@@ -189,14 +196,19 @@ def drive(
 ) -> Any:
     """Run ``plan`` in one transaction on ``con``.
 
-    A conflict with a concurrent transaction rolls back and runs ``make()`` again.
+    A conflict with a concurrent transaction rolls back and runs ``make()`` again.  A
+    session lost before the COMMIT was sent raises ``SessionLost`` (nothing committed).
     """
     for attempt in range(attempts):
-        con.execute("BEGIN")  # outside the try: a failed BEGIN owns no transaction
+        committing = False
         try:
+            con.execute("BEGIN")  # (a failed BEGIN owns no transaction)
             result, changed = _steps(con, plan, fault)
+            committing = True
             con.execute("COMMIT")
         except BaseException as error:
+            if con.closed and not committing and isinstance(error, psycopg.Error):
+                raise SessionLost(one_line(error)) from error
             _rollback(con)
             if make is None or not conflict(error) or attempt == attempts - 1:
                 raise
@@ -246,6 +258,15 @@ def _rollback(con: psycopg.Connection[Any]) -> None:
 
 
 # --- the async driver ---------------------------------------------------------------
+
+
+async def ended(con: psycopg.AsyncConnection[Any], error: psycopg.Error) -> bool:
+    """Whether ``error`` ended the session: the connection is closed (a server's FATAL: a
+    restart, a killed session, the idle-in-transaction timeout after a partition; a cut
+    network), or a pipeline was left busy (closed here: nothing was committed on it)."""
+    if not con.closed and "pipeline mode" in str(error):
+        await con.close()
+    return con.closed
 
 
 async def aconnect(

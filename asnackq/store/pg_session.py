@@ -34,6 +34,7 @@ from asnackq.store.pg import (
     call_plain,
     conflict,
     conflict_delay_s,
+    ended,
 )
 from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, translate
 from asnackq.store.targets import one_line, shown
@@ -93,8 +94,8 @@ class AsyncStore:
                     if cut.changed:
                         self.call(fault, w.AFTER_COMMIT)
                     return cut.result
-            except psycopg.OperationalError as error:
-                if not con.closed:
+            except psycopg.Error as error:
+                if not await ended(con, error):
                     raise
                 self._lost(error)
             self.health.reruns += 1
@@ -109,8 +110,8 @@ class AsyncStore:
         try:
             cursor = await con.execute(sql, params)
             return await cursor.fetchall()
-        except psycopg.OperationalError as error:
-            if not con.closed:
+        except psycopg.Error as error:
+            if not await ended(con, error):
                 raise
             self._lost(error)
             raise StoreUnavailable(self.why) from None
