@@ -20,7 +20,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.store import aio, pg
+from asnackq.store import aio, pg, pg_session
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import SqliteStore
 
@@ -55,7 +55,7 @@ class AioBridge:
 
     def set_trace_callback(self, callback: Callable[[str], object] | None) -> None:
         store = self.store
-        if isinstance(store, pg.AsyncStore):
+        if isinstance(store, pg_session.AsyncStore):
             store.con.cursor_factory = tracing(callback)[1] if callback else psycopg.AsyncCursor
         else:
             assert isinstance(store, SqliteStore)

@@ -9,8 +9,9 @@ import time
 from collections.abc import AsyncIterator
 
 from asnackq.core import worker as w
-from asnackq.store import aio, pg
+from asnackq.store import aio
 from asnackq.store.aio import AsyncQueue
+from asnackq.store.pg_session import AsyncStore
 
 from .conftest import T0
 from .pgdb import query
@@ -45,11 +46,11 @@ async def in_commit(url: str, pid: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def slow_queue(url: str, now_ms: int = T0) -> AsyncIterator[tuple[AsyncQueue, pg.AsyncStore]]:
+async def slow_queue(url: str, now_ms: int = T0) -> AsyncIterator[tuple[AsyncQueue, AsyncStore]]:
     """A queue on ``url`` holding one pending job ``a`` (enqueued at ``now_ms``), whose
     COMMITs of an UPDATE are slow."""
     store = await aio.open_store(url, w.SCHEMA)
-    assert isinstance(store, pg.AsyncStore)
+    assert isinstance(store, AsyncStore)
     queue = AsyncQueue(store)
     try:
         assert await queue.enqueue({"id": "a", "qty": 1}, now_ms, 60_000)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import signal
 import time
 import urllib.error
@@ -25,8 +26,8 @@ from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.committer import CLOSE_WAIT_S
 from asnackq.dispatch.traces import read_traces
 from asnackq.lab import evidence
-from asnackq.lab.pg_server import DURABLE, LocalServer
-from asnackq.lab.procs import PIPE, kill, reap, sink_process, sink_stats, worker
+from asnackq.lab.pg_server import DURABLE, LocalServer, free_port
+from asnackq.lab.procs import PIPE, command, kill, reap, sink_process, sink_stats, started, worker
 from asnackq.store import sessions
 from asnackq.store.outage import CommitUnknown
 
@@ -126,6 +127,61 @@ def run_through(
     return summary, stats
 
 
+def line_within(stream: object, timeout_s: float) -> str:
+    """The next line of a child's pipe, or an AssertionError after ``timeout_s``."""
+    ready, _, _ = select.select([stream], [], [], timeout_s)
+    assert ready, f"no line within {timeout_s} s"
+    return str(stream.readline())  # type: ignore[attr-defined]
+
+
+def test_work_and_a_sink_started_while_the_server_is_down_wait_for_it(server, url, tmp_path):
+    qty = fill(url)
+    port = free_port()  # (the worker names the sink before the sink can listen)
+    server.halt("fast")
+    down = True
+    try:
+        sink_argv = command("sink", "--db", url, "--port", port, "--delay-ms", "2")
+        with started(sink_argv, stdout=PIPE, stderr=PIPE) as sink:
+            sink_url = f"http://127.0.0.1:{port}/events"
+            options = ("--until-empty", "--json", "--trace", tmp_path / "w.trace")
+            work = worker(url, sink_url, *options, stdout=PIPE, stderr=PIPE)
+            try:
+                for proc, name in ((sink, "sink"), (work, "work")):
+                    waiting = line_within(proc.stderr, 20)
+                    assert waiting.startswith(f"asnackq {name}: waiting for the database at ")
+                    assert "(up to 300 s)" in waiting and proc.poll() is None
+                server.resume()
+                down = False
+                assert line_within(sink.stdout, 20).startswith("asnackq sink listening on ")
+                out, err = work.communicate(timeout=60)
+            finally:
+                kill(work)
+            assert work.returncode == 0, err
+            assert err.count("waiting for the database") == 0  # (its one line was read)
+            stats = sink_stats(sink_url)
+    finally:
+        if down:
+            server.resume()
+    assert json.loads(out)["done"] == JOBS
+    result = evidence.verify(url, url, qty, read_traces(tmp_path), stats)
+    assert result.violations == [] and result.statuses == {"done": JOBS}
+
+
+def test_a_server_down_past_db_wait_s_is_one_line_and_exit_1(server, url):
+    server.halt("fast")
+    try:
+        argv = command("sink", "--db", url, "--db-wait-s", "0.5")
+        with started(argv, stdout=PIPE, stderr=PIPE) as sink:
+            out, err = sink.communicate(timeout=20)
+    finally:
+        server.resume()
+    assert sink.returncode == 1 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 2, err  # it waits, then gives up
+    assert lines[0].startswith("asnackq sink: waiting for the database at ")
+    assert lines[1].startswith("asnackq sink: cannot connect to postgresql://")
+
+
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_work_and_sink_ride_out_a_server_restart(server, url, tmp_path, monkeypatch, mode):
     summary, stats = run_through(lambda s, _: s.restart(mode), server, url, tmp_path, monkeypatch)
@@ -171,11 +227,6 @@ def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path,
     assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent (1 run in 3 here): a SIGTERMed work can outlast 50 s while the "
-    "server is away; an open defect of the database-fault work (issue #23)",
-)
 def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(server, url, tmp_path):
     qty = fill(url)
     with sink_process(url, "--delay-ms", "2") as sink:
@@ -237,3 +288,86 @@ async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(s
     assert (summary.unconfirmed, summary.claimed, summary.done, summary.stale) == (1, 2, 1, 0)
     assert summary.db_cut_commits == 1 and summary.db_outages == 1
     assert job_row(url) == ("done", 2)
+
+
+async def test_a_run_stopped_while_its_cut_commit_is_unresolved_ends_in_its_closing_wait(
+    server, url
+):
+    async with slow_queue(url, w.epoch_ms()) as (queue, store):
+        sent = asyncio.Event()
+
+        async def send(event: dict[str, object], token: int) -> bool:
+            sent.set()
+            return True
+
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=1, lease_ms=4000, grace_s=1)
+        run = asyncio.ensure_future(dispatcher.run(follow=True))
+        await asyncio.wait_for(sent.wait(), 10)
+        await in_commit(url, store.con.info.backend_pid)  # the cycle that finishes it
+        await asyncio.to_thread(server.halt, "fast")  # its COMMIT cut; the server away
+        try:
+            stopped = time.monotonic()
+            run.cancel()
+            await asyncio.wait([run], timeout=1 + CLOSE_WAIT_S + 6)
+            took = time.monotonic() - stopped
+        finally:
+            await asyncio.to_thread(server.resume)
+        assert run.cancelled(), f"the run outlasted its closing wait ({took:.1f} s)"
+        assert took < 1 + CLOSE_WAIT_S + 6
+    summary = dispatcher.summary
+    assert (summary.unconfirmed, summary.db_cut_commits, summary.done) == (1, 1, 0)
+    assert job_row(url) == ("leased", 1)  # left to its lease, reclaimed later
+
+
+def test_a_command_s_session_lost_between_its_transactions_is_opened_again(server, url):
+    sessions.init(url)
+    intake = [({"id": "a", "qty": 1}, 60_000, 3)]
+    with sessions.open_session(url) as queue:
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [True]
+        server.restart("fast")  # its session is gone; the next plan runs on a new one
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [False]
+        terminate(server, "")  # (libpq's default application_name is empty)
+        intake = [({"id": "b", "qty": 2}, 60_000, 3)]
+        assert queue.run(lambda: w.plan_enqueue_many(intake, w.epoch_ms())) == [True]
+    assert query(url, "SELECT id FROM jobs ORDER BY id") == [("a",), ("b",)]
+
+
+SLOW_INSERT = (
+    "CREATE TABLE slow (one INTEGER)",
+    """CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$""",
+    """CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON jobs DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
+)
+
+
+def test_a_command_whose_commit_is_cut_says_so_in_one_line(server, url, monkeypatch):
+    sessions.init(url)
+    for sql in SLOW_INSERT:
+        query(url, sql)
+    monkeypatch.setenv("PGAPPNAME", "cut-me")
+    argv = command("enqueue", url, "--id", "a", "--qty", "1")
+    with started(argv, stdout=PIPE, stderr=PIPE) as enqueue:
+        pid = committing(server, "cut-me")
+        query(server.url(), "SELECT pg_terminate_backend(%s)", (pid,))
+        out, err = enqueue.communicate(timeout=30)
+    assert enqueue.returncode == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("asnackq enqueue: "), err
+    assert "terminating connection" in err and "Traceback" not in err
+    assert query(url, "SELECT count(*) FROM jobs") == [(0,)]  # (it was cut before it committed)
+
+
+def committing(server: LocalServer, app: str) -> int:
+    """The pid of session ``app`` once it is in its (slow) COMMIT (bounded)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows = query(
+            server.url(),
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+            " AND query = 'COMMIT' AND wait_event = 'PgSleep'",
+            (app,),
+        )
+        if rows:
+            return int(rows[0][0])
+        time.sleep(0.02)
+    raise AssertionError(f"no session {app} seen in its COMMIT")

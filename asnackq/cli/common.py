@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, NoReturn, TypeAlias, TypedDict
 
 from asnackq.sink import capacity, faults
 from asnackq.store import sessions
-from asnackq.store.targets import Target, parse_target
+from asnackq.store.targets import Target, is_url, parse_target, shown
 from asnackq.wire.send import check_url, is_loopback
 from asnackq.wire.tls import tls_context
 
@@ -27,6 +28,7 @@ __all__ = [
     "Failure",
     "Parser",
     "Usage",
+    "add_db_wait",
     "add_files",
     "add_metrics_options",
     "add_sink_tls",
@@ -39,6 +41,7 @@ __all__ = [
     "sink_tls",
     "sink_url",
     "target",
+    "wait_for_database",
     "within",
 ]
 
@@ -225,3 +228,36 @@ def add_tls_files(parser: argparse.ArgumentParser, what: str) -> None:
             "--tls-key": "its key (PEM)",
         },
     )
+
+
+DB_WAIT_S = 300.0  # --db-wait-s's default
+
+
+def add_db_wait(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--db-wait-s``: how long a starting ``what`` waits for its PostgreSQL server."""
+    parser.add_argument(
+        "--db-wait-s",
+        type=within(float, 0, 86_400),
+        default=DB_WAIT_S,
+        metavar="S",
+        help=f"a postgresql:// {what} whose server is down or starting is waited for, "
+        f"trying again with backoff for up to S seconds (default {DB_WAIT_S:g}; 0: no wait)",
+    )
+
+
+def wait_for_database(where: Target, wait_s: float, command: str) -> None:
+    """Return once a ``postgresql://`` server answers (a file: at once), saying on one line
+    of stderr that ``asnackq COMMAND`` waits for it (``Unreachable`` after ``wait_s``)."""
+    if not is_url(where):
+        return
+    from asnackq.store import pg
+
+    def waiting(why: str) -> None:
+        print(
+            f"asnackq {command}: waiting for the database at {shown(where)} (up to "
+            f"{wait_s:g} s): {why}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    pg.wait_until_reachable(str(where), wait_s, waiting)

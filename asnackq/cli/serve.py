@@ -21,6 +21,7 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    add_db_wait,
     add_files,
     add_sink_tls,
     add_tls_files,
@@ -31,6 +32,7 @@ from asnackq.cli.common import (
     sink_tls,
     sink_url,
     target,
+    wait_for_database,
     within,
 )
 from asnackq.cli.otel import add_otel
@@ -112,6 +114,7 @@ def add_sink(commands: Commands) -> None:
     add_tls_files(sink, "serve https")
     add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
     add_otel(sink)
+    add_db_wait(sink, "--db")
     sink.set_defaults(run=run_sink)
 
 
@@ -139,6 +142,7 @@ def run_sink(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise Usage(str(error)) from None
     tls = sink_server_tls(args)
+    wait_for_database(args.db, args.db_wait_s, "sink")
 
     async def main() -> None:
         stop = asyncio.Event()

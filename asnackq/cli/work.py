@@ -24,6 +24,7 @@ from asnackq.cli.common import (
     TIMEOUT,
     Commands,
     Usage,
+    add_db_wait,
     add_metrics_options,
     add_sink_tls,
     check_sink,
@@ -33,6 +34,7 @@ from asnackq.cli.common import (
     sink_tls,
     sink_url,
     target,
+    wait_for_database,
     within,
 )
 from asnackq.cli.otel import add_otel
@@ -185,6 +187,7 @@ def add_work(commands: Commands) -> None:
         help="with --rate: at most B sends at once after an idle spell (default 1)",
     )
     add_metrics_options(work)
+    add_db_wait(work, "queue")
     work.set_defaults(run=run_work)
 
 
@@ -213,6 +216,7 @@ def run_work(args: argparse.Namespace) -> int:
         raise Usage(str(error)) from None
     if args.burst != 1 and args.rate is None:
         raise Usage("--burst goes with --rate")
+    wait_for_database(args.queue, args.db_wait_s, "work")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(

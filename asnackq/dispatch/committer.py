@@ -14,7 +14,8 @@ Rules of this module:
 * While the database is away (``StoreUnavailable``: nothing committed) the cycle is tried
   again at the store's next reconnection, with its finishes; held tickets meet the fence
   there, never trusted.  A cycle of unknown outcome (``CommitUnknown``) lets go of the
-  tickets it touched (``unconfirmed``).  A closing run waits ``CLOSE_WAIT_S`` at most.
+  tickets it touched (``unconfirmed``).  A closing run waits ``CLOSE_WAIT_S`` at most for
+  its database, also for the outcome of a COMMIT whose answer was lost.
 * While every coroutine is busy, results gather for up to ``gather_ms`` before the cycle
   that settles them: fewer, larger transactions cost less CPU per job.  Gathering never
   keeps anyone waiting: a coroutine without a ticket, a lease to keep, a result whose lease
@@ -158,6 +159,7 @@ class Committer:
         """Every coroutine is done: let the committer settle the last results and end."""
         self.phase = Phase.CLOSING
         self.closing_at = self.clock()
+        self.queue.give_up_after(CLOSE_WAIT_S)  # (a cut COMMIT's lookup too)
         self.kick.set()
         await asyncio.wait([task])
         self.breaker.stop()

@@ -13,8 +13,8 @@ Rules of this module:
   committed, and a delivery sent again finds its id applied (a duplicate, no effect).
 * One connection and one lock: a read never sees the writer's open transaction.  The DB
   is a file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas
-  (``pg_sink``), whose lost session is opened again (``asnackq.store.pg.AsyncStore``; a sink
-  never waits for the server: while it is away every batch fails at once).
+  (``pg_sink``), whose lost session is opened again (``asnackq.store.pg_session.AsyncStore``;
+  a sink never waits for the server: while it is away every batch fails at once).
 """
 
 from __future__ import annotations

@@ -76,9 +76,9 @@ async def open_store(
     ``postgresql://`` URL, with ``schema`` (the core's tuple) in place (``resolve_s``: how
     long a URL's store seeks the outcome of a COMMIT whose answer was lost)."""
     if is_url(target):
-        from asnackq.store import pg
+        from asnackq.store import pg_session
 
-        return await pg.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
+        return await pg_session.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
     await asyncio.to_thread(files.holds, target, schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
@@ -210,6 +210,13 @@ class AsyncQueue:
     @property
     def in_transaction(self) -> bool:
         return bool(self._db.in_transaction)
+
+    def give_up_after(self, seconds: float) -> None:
+        """Wait for an absent database ``seconds`` from now at most: a COMMIT whose answer
+        was lost is looked up until then (``CommitUnknown`` after; a file: nothing to do)."""
+        give_up = getattr(self._db, "give_up_after", None)
+        if give_up is not None:
+            give_up(seconds)
 
     @property
     def health(self) -> Health | None:

@@ -105,9 +105,9 @@ async def adopt(con: object, schema: tuple[str, ...], attempts: int) -> Any:
         import psycopg
 
         if isinstance(con, psycopg.AsyncConnection):
-            from asnackq.store import pg
+            from asnackq.store import pg_session
 
-            return await pg.BorrowedStore.adopt(con, schema, attempts)
+            return await pg_session.BorrowedStore.adopt(con, schema, attempts)
     raise ValueError(
         f"a queue on the application's connection takes an aiosqlite.Connection or a "
         f"psycopg.AsyncConnection, not {type(con).__name__}"

@@ -13,10 +13,8 @@ Rules of this module:
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
-* ``BorrowedStore``: an application's own session, on which intakes run inside the
-  application's open transaction (``asnackq.store.borrowed``'s rules).
-* ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
-  opened again and a cut transaction re-run, or its cut COMMIT looked up (``asnackq.store.outage``).
+* The stores built on these drivers (the worker's and the sink's session that outlives its
+  connections, an application's borrowed session) are in ``asnackq.store.pg_session``.
 """
 
 from __future__ import annotations
@@ -34,30 +32,42 @@ from psycopg import errors
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.store.outage import CommitUnknown, Health, StoreUnavailable
-from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, text, translate
+from asnackq.store.outage import Backoff
+from asnackq.store.pg_sql import SCHEMAS, plan_open, text, translate
 from asnackq.store.targets import one_line, shown
 
 __all__ = [
-    "AsyncStore",
-    "BorrowedStore",
+    "SQL_XACT_STATUS",
     "CommitCut",
+    "Hooks",
+    "Make",
+    "SessionLost",
     "Unreachable",
     "aconnect",
     "adrive",
+    "asteps",
+    "call_plain",
     "client_cursor",
+    "conflict",
+    "conflict_delay_s",
     "connect",
     "drive",
+    "ended",
+    "passing",
+    "wait_until_reachable",
 ]
 
 Make = Callable[[], w.Plan[Any]]
-RESOLVE_S = 300.0  # how long a lost COMMIT's outcome is sought before CommitUnknown
-RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
 Hooks = Callable[[w.Fault, str], None]  # how an async layer calls a fault hook
 
 
 class Unreachable(ConnectionError):
     """Raised when no session could be opened: the server is down, or refused the login."""
+
+
+class SessionLost(psycopg.OperationalError):
+    """Raised by ``drive`` when the session was lost before its COMMIT was sent: nothing of
+    the transaction committed, and its plan may be made again and run on a new session."""
 
 
 class CommitCut(Exception):
@@ -73,7 +83,7 @@ class CommitCut(Exception):
 # --- conflicts and sessions -------------------------------------------------------
 
 
-def _conflict(error: BaseException) -> bool:
+def conflict(error: BaseException) -> bool:
     """Whether a transaction failed only because another one ran at the same time."""
     if isinstance(error, errors.DeadlockDetected | errors.SerializationFailure):
         return True
@@ -84,7 +94,8 @@ def _conflict(error: BaseException) -> bool:
 CONFLICT_KEYS = {"jobs_id_key", "pg_type_typname_nsp_index"}  # (and two first CREATE TABLEs)
 
 
-def _backoff(attempt: int) -> float:
+def conflict_delay_s(attempt: int) -> float:
+    """Seconds to wait before re-running a transaction after its ``attempt``-th conflict."""
     return random.uniform(0, 0.005 * 2**attempt)
 
 
@@ -117,6 +128,39 @@ def _refused(url: str, error: psycopg.Error) -> Exception:
     if isinstance(error, psycopg.OperationalError):
         return Unreachable(f"cannot connect to {shown(url)}: {why}")
     return ValueError(f"not a usable PostgreSQL URL {shown(url)}: {why}")
+
+
+# A server's refusal that waiting may end: it is starting up, shutting down or recovering
+# ("the database system is ..."), or full.  Any other FATAL (a login, a missing database)
+# lasts; a failure before the server answered (refused, no socket, a timeout) may not.
+PASSING_REFUSALS = ("the database system is", "too many clients", "too many connections")
+
+
+def passing(error: psycopg.OperationalError) -> bool:
+    """Whether a failed connection may succeed later without anyone changing anything."""
+    why = str(error)
+    return "FATAL:" not in why or any(refusal in why for refusal in PASSING_REFUSALS)
+
+
+def wait_until_reachable(url: str, wait_s: float, waiting: Callable[[str], None]) -> None:
+    """Return once a session on ``url`` opens.  While the server is down or starting,
+    try again (``outage.Backoff``: capped, jittered) for ``wait_s`` seconds at most, calling
+    ``waiting(why)`` once; a lasting refusal, or the time up, raises ``Unreachable``."""
+    deadline, failures = time.monotonic() + wait_s, 0
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=3, **TCP_OPTIONS).close()
+            return
+        except psycopg.Error as error:
+            delay = Backoff().delay_s(failures, random.random())
+            if not (isinstance(error, psycopg.OperationalError) and passing(error)):
+                raise _refused(url, error) from None
+            if time.monotonic() + delay > deadline:
+                raise _refused(url, error) from None
+            if failures == 0:
+                waiting(one_line(error).replace(url, shown(url)))
+        failures += 1
+        time.sleep(delay)
 
 
 # --- the sync driver ----------------------------------------------------------------
@@ -152,18 +196,23 @@ def drive(
 ) -> Any:
     """Run ``plan`` in one transaction on ``con``.
 
-    A conflict with a concurrent transaction rolls back and runs ``make()`` again.
+    A conflict with a concurrent transaction rolls back and runs ``make()`` again.  A
+    session lost before the COMMIT was sent raises ``SessionLost`` (nothing committed).
     """
     for attempt in range(attempts):
-        con.execute("BEGIN")  # outside the try: a failed BEGIN owns no transaction
+        committing = False
         try:
+            con.execute("BEGIN")  # (a failed BEGIN owns no transaction)
             result, changed = _steps(con, plan, fault)
+            committing = True
             con.execute("COMMIT")
         except BaseException as error:
+            if con.closed and not committing and isinstance(error, psycopg.Error):
+                raise SessionLost(one_line(error)) from error
             _rollback(con)
-            if make is None or not _conflict(error) or attempt == attempts - 1:
+            if make is None or not conflict(error) or attempt == attempts - 1:
                 raise
-            time.sleep(_backoff(attempt))
+            time.sleep(conflict_delay_s(attempt))
             plan = make()
             continue
         if changed and fault is not None:
@@ -211,6 +260,15 @@ def _rollback(con: psycopg.Connection[Any]) -> None:
 # --- the async driver ---------------------------------------------------------------
 
 
+async def ended(con: psycopg.AsyncConnection[Any], error: psycopg.Error) -> bool:
+    """Whether ``error`` ended the session: the connection is closed (a server's FATAL: a
+    restart, a killed session, the idle-in-transaction timeout after a partition; a cut
+    network), or a pipeline was left busy (closed here: nothing was committed on it)."""
+    if not con.closed and "pipeline mode" in str(error):
+        await con.close()
+    return con.closed
+
+
 async def aconnect(
     url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True, timeout_s: int = 10
 ) -> psycopg.AsyncConnection[Any]:
@@ -245,12 +303,12 @@ async def adrive(
     A session lost while its COMMIT was on the way raises ``CommitCut`` (the transaction's
     id, the plan's result): whether it committed is for the caller to learn.
     """
-    call = call or _call
+    call = call or call_plain
     for attempt in range(attempts):
         await con.execute("BEGIN")
         begun: tuple[str | None, str] = (None, "")
         try:
-            result, changed = await _asteps(con, plan, fault, call)
+            result, changed = await asteps(con, plan, fault, call)
             cursor = await con.execute(SQL_XACT)
             begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
@@ -258,9 +316,9 @@ async def adrive(
             if begun[0] is not None and con.closed:
                 raise CommitCut((begun[0], begun[1]), result, changed) from error
             await _arollback(con)
-            if make is None or not _conflict(error) or attempt == attempts - 1:
+            if make is None or not conflict(error) or attempt == attempts - 1:
                 raise
-            await asyncio.sleep(_backoff(attempt))
+            await asyncio.sleep(conflict_delay_s(attempt))
             plan = make()
             continue
         if changed:
@@ -269,14 +327,16 @@ async def adrive(
     raise AssertionError("unreachable")
 
 
-def _call(fault: w.Fault, point: str) -> None:
+def call_plain(fault: w.Fault, point: str) -> None:
+    """Run a fault hook as a plain call (``adrive``'s default ``Hooks``)."""
     if fault is not None:
         fault(point)
 
 
-async def _asteps(
+async def asteps(
     con: psycopg.AsyncConnection[Any], plan: w.Plan[Any], fault: w.Fault, call: Hooks
 ) -> tuple[Any, bool]:
+    """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin)."""
     reply: list[tuple[Any, ...]] | None = None
     count = 0
     while True:
@@ -303,178 +363,3 @@ async def _arollback(con: psycopg.AsyncConnection[Any]) -> None:
     if con.info.transaction_status != TransactionStatus.IDLE:
         with contextlib.suppress(psycopg.Error):
             await con.execute("ROLLBACK")
-
-
-class AsyncStore:
-    """One async session on ``url`` that outlives its connections: plans, reads, the
-    transaction state (``AsyncQueue``, the sink).
-
-    A lost session is opened again (``Health``: capped, jittered backoff, counted); until
-    then every call raises ``StoreUnavailable`` at once.  A transaction cut before its
-    COMMIT committed nothing: its plan is made again and re-run on the new session (as for
-    a deadlock).  A transaction whose COMMIT was cut is looked up by its id
-    (``pg_xact_status``) on the new session for up to ``resolve_s`` (``CommitUnknown``
-    after that): committed, its result stands; aborted, its plan is re-run.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        schema: tuple[str, ...],
-        con: psycopg.AsyncConnection[Any],
-        attempts: int,
-        call: Hooks,
-        resolve_s: float = RESOLVE_S,
-    ) -> None:
-        self.url, self.schema, self.attempts, self.call = url, schema, attempts, call
-        self.con: psycopg.AsyncConnection[Any] | None = con
-        self.resolve_s = resolve_s
-        self.health = Health()
-        self.why = ""  # the last failure, for StoreUnavailable's message
-
-    @classmethod
-    async def open(
-        cls, url: str, schema: tuple[str, ...], attempts: int, call: Hooks, resolve_s: float
-    ) -> AsyncStore:
-        return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
-
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
-        plan = make()
-        for _ in range(self.attempts):
-            con = await self.session()
-            try:
-                return await adrive(
-                    con, plan, fault, make=make, attempts=self.attempts, call=self.call
-                )
-            except CommitCut as cut:
-                self._lost(cut.__cause__)
-                self.health.cut_commits += 1
-                if await self._committed(*cut.begun):
-                    if cut.changed:
-                        self.call(fault, w.AFTER_COMMIT)
-                    return cut.result
-            except psycopg.OperationalError as error:
-                if not con.closed:
-                    raise
-                self._lost(error)
-            self.health.reruns += 1
-            plan = make()
-        raise StoreUnavailable(f"the session was lost {self.attempts} times in a row: {self.why}")
-
-    async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        return await self._query(*translate(sql, params))
-
-    async def _query(self, sql: Any, params: Any) -> list[tuple[Any, ...]]:
-        con = await self.session()
-        try:
-            cursor = await con.execute(sql, params)
-            return await cursor.fetchall()
-        except psycopg.OperationalError as error:
-            if not con.closed:
-                raise
-            self._lost(error)
-            raise StoreUnavailable(self.why) from None
-
-    async def session(self) -> psycopg.AsyncConnection[Any]:
-        """The open session, or a new one (``StoreUnavailable`` while none can be had)."""
-        if self.con is not None and not self.con.closed:
-            return self.con
-        self.health.lost()
-        wait = self.health.wait_s()
-        if wait > 0:
-            raise StoreUnavailable(f"{self.why} (next try in {wait * 1000:.0f} ms)", wait)
-        try:
-            self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
-        except (Unreachable, psycopg.OperationalError) as error:
-            self.why = one_line(error).replace(self.url, shown(self.url))
-            raise StoreUnavailable(self.why, self.health.failed()) from None
-        self.health.back()
-        return self.con
-
-    def _lost(self, error: BaseException | None) -> None:
-        self.health.lost()
-        why = "closed" if error is None else one_line(error)
-        self.why = f"lost the session to {shown(self.url)}: {why}"
-
-    async def _committed(self, xid: str, started: str) -> bool:
-        """Whether transaction ``xid`` committed, asked on a new session (``CommitUnknown``
-        if no session answers within ``resolve_s``, or the server restarted meanwhile)."""
-        deadline = time.monotonic() + self.resolve_s
-        while True:
-            try:
-                ((status,),) = await self._query(SQL_XACT_STATUS, (started, xid))
-            except StoreUnavailable as error:
-                if time.monotonic() + error.retry_in_s > deadline:
-                    raise CommitUnknown(
-                        f"COMMIT of transaction {xid} unconfirmed: {error}"
-                    ) from None
-                await asyncio.sleep(error.retry_in_s)
-                continue
-            if status == "restarted":
-                raise CommitUnknown(f"COMMIT of transaction {xid} cut by a server restart")
-            if status != "in progress":  # (the old session may still be ending)
-                return bool(status == "committed")
-            if time.monotonic() > deadline:
-                raise CommitUnknown(f"COMMIT of transaction {xid} still in progress")
-            await asyncio.sleep(0.05)
-
-    @property
-    def in_transaction(self) -> bool:
-        con = self.con
-        if con is None or con.closed:
-            return False
-        return con.info.transaction_status != TransactionStatus.IDLE
-
-    async def close(self) -> None:
-        if self.con is not None:
-            await self.con.close()
-
-
-class BorrowedStore:
-    """An application's async session as a store: plans inside its open transaction
-    (``asnackq.store.borrowed``'s rules), each under a savepoint, re-run after a conflict."""
-
-    def __init__(self, con: psycopg.AsyncConnection[Any], attempts: int) -> None:
-        self.con, self.attempts = con, attempts
-
-    @classmethod
-    async def adopt(
-        cls, con: psycopg.AsyncConnection[Any], schema: tuple[str, ...], attempts: int
-    ) -> BorrowedStore:
-        """Check (or create) ``schema`` in a transaction of its own."""
-        if con.info.transaction_status != TransactionStatus.IDLE:
-            from asnackq.store.borrowed import BUSY
-
-            raise ValueError(BUSY)
-        async with con.transaction():
-            await _asteps(con, plan_open(SCHEMAS[schema], True), None, _call)
-        return cls(con, attempts)
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.con.info.transaction_status != TransactionStatus.IDLE
-
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
-        plan = make()
-        if self.con.info.transaction_status != TransactionStatus.INTRANS:
-            from asnackq.store.borrowed import NO_TRANSACTION
-
-            raise ValueError(NO_TRANSACTION)
-        for attempt in range(self.attempts):
-            try:
-                async with self.con.transaction():  # a savepoint: the caller's stays open
-                    result, _ = await _asteps(self.con, plan, fault, _call)
-                return result
-            except Exception as error:
-                if not _conflict(error) or attempt == self.attempts - 1:
-                    raise
-                await asyncio.sleep(_backoff(attempt))
-                plan = make()
-        raise AssertionError("unreachable")
-
-    async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        cursor = await self.con.execute(*translate(sql, params))
-        return await cursor.fetchall()
-
-    async def close(self) -> None:
-        """Nothing: the session is the application's."""

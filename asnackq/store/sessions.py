@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 Make = Callable[[], w.Plan[Any]]
+LOST_RUNS = 3  # how often a plan meets a lost session before its error is the caller's
+RETURN_WAIT_S = 30.0  # how long a session lost mid-command waits for its server
 
 
 class Reader(Protocol):
@@ -72,15 +74,30 @@ class SqliteFile:
 
 
 class PgDatabase:
-    """A PostgreSQL database through ``asnackq.store.pg`` (reads bound client-side, like SQLite)."""
+    """A PostgreSQL database through ``asnackq.store.pg`` (reads bound client-side, like SQLite).
 
-    def __init__(self, con: Any) -> None:
-        self.con = con
+    A plan whose session was lost before its COMMIT was sent (a server restart, a killed
+    session) committed nothing: it is made again and run on a new session, opened once
+    the server answers (``RETURN_WAIT_S`` at most).  A COMMIT cut on its way is not re-run:
+    its error is the caller's (the command's one line).
+    """
+
+    def __init__(self, con: Any, url: str | None = None) -> None:
+        self.con, self.url = con, url  # (without ``url``: never opened again)
 
     def run(self, make: Make, fault: w.Fault = None) -> Any:
         from asnackq.store import pg
 
-        return pg.drive(self.con, make(), fault, make=make)
+        for attempt in range(LOST_RUNS):
+            try:
+                return pg.drive(self.con, make(), fault, make=make)
+            except pg.SessionLost:
+                if self.url is None or attempt == LOST_RUNS - 1:
+                    raise
+            self.con.close()
+            pg.wait_until_reachable(self.url, RETURN_WAIT_S, lambda _: None)
+            self.con = _pg(self.url, w.SCHEMA, create=False)
+        raise AssertionError("unreachable")
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         from asnackq.store import pg, pg_sql
@@ -101,7 +118,7 @@ def _pg(where: str, schema: tuple[str, ...], *, create: bool, read_only: bool = 
 def open_session(where: Target, *, create: bool = False) -> Iterator[Session]:
     """A read-write session on a queue (created only with ``create``), closed on exit."""
     if is_url(where):
-        store: Session = PgDatabase(_pg(str(where), w.SCHEMA, create=create))
+        store: Session = PgDatabase(_pg(str(where), w.SCHEMA, create=create), str(where))
     else:
         if not create:
             require(where)

@@ -1,0 +1,227 @@
+"""PostgreSQL stores: the worker's and the sink's session that outlives its connections, and
+an application's borrowed session.  Both run the core's plans through ``asnackq.store.pg``.
+
+Rules of this module:
+
+* ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
+  opened again (capped, jittered backoff: ``asnackq.store.outage``) and a cut transaction
+  re-run, or its cut COMMIT looked up by the transaction's id.
+* ``BorrowedStore``: an application's own session, on which intakes run inside the
+  application's open transaction (``asnackq.store.borrowed``'s rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from asnackq.core import worker as w
+from asnackq.store.outage import CommitUnknown, Health, StoreUnavailable
+from asnackq.store.pg import (
+    SQL_XACT_STATUS,
+    CommitCut,
+    Hooks,
+    Make,
+    Unreachable,
+    aconnect,
+    adrive,
+    asteps,
+    call_plain,
+    conflict,
+    conflict_delay_s,
+    ended,
+)
+from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, translate
+from asnackq.store.targets import one_line, shown
+
+__all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "AsyncStore", "BorrowedStore"]
+
+RESOLVE_S = 300.0  # how long a lost COMMIT's outcome is sought before CommitUnknown
+RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
+
+
+class AsyncStore:
+    """One async session on ``url`` that outlives its connections: plans, reads, the
+    transaction state (``AsyncQueue``, the sink).
+
+    A lost session is opened again (``Health``: capped, jittered backoff, counted); until
+    then every call raises ``StoreUnavailable`` at once.  A transaction cut before its
+    COMMIT committed nothing: its plan is made again and re-run on the new session (as for
+    a deadlock).  A transaction whose COMMIT was cut is looked up by its id
+    (``pg_xact_status``) on the new session for up to ``resolve_s`` (``CommitUnknown``
+    after that): committed, its result stands; aborted, its plan is re-run.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: tuple[str, ...],
+        con: psycopg.AsyncConnection[Any],
+        attempts: int,
+        call: Hooks,
+        resolve_s: float = RESOLVE_S,
+    ) -> None:
+        self.url, self.schema, self.attempts, self.call = url, schema, attempts, call
+        self.con: psycopg.AsyncConnection[Any] | None = con
+        self.resolve_s = resolve_s
+        self.give_up_at = math.inf  # (time.monotonic) see ``give_up_after``
+        self.health = Health()
+        self.why = ""  # the last failure, for StoreUnavailable's message
+
+    @classmethod
+    async def open(
+        cls, url: str, schema: tuple[str, ...], attempts: int, call: Hooks, resolve_s: float
+    ) -> AsyncStore:
+        return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
+
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        plan = make()
+        for _ in range(self.attempts):
+            con = await self.session()
+            try:
+                return await adrive(
+                    con, plan, fault, make=make, attempts=self.attempts, call=self.call
+                )
+            except CommitCut as cut:
+                self._lost(cut.__cause__)
+                self.health.cut_commits += 1
+                if await self._committed(*cut.begun):
+                    if cut.changed:
+                        self.call(fault, w.AFTER_COMMIT)
+                    return cut.result
+            except psycopg.Error as error:
+                if not await ended(con, error):
+                    raise
+                self._lost(error)
+            self.health.reruns += 1
+            plan = make()
+        raise StoreUnavailable(f"the session was lost {self.attempts} times in a row: {self.why}")
+
+    async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        return await self._query(*translate(sql, params))
+
+    async def _query(self, sql: Any, params: Any) -> list[tuple[Any, ...]]:
+        con = await self.session()
+        try:
+            cursor = await con.execute(sql, params)
+            return await cursor.fetchall()
+        except psycopg.Error as error:
+            if not await ended(con, error):
+                raise
+            self._lost(error)
+            raise StoreUnavailable(self.why) from None
+
+    async def session(self) -> psycopg.AsyncConnection[Any]:
+        """The open session, or a new one (``StoreUnavailable`` while none can be had)."""
+        if self.con is not None and not self.con.closed:
+            return self.con
+        self.health.lost()
+        wait = self.health.wait_s()
+        if wait > 0:
+            raise StoreUnavailable(f"{self.why} (next try in {wait * 1000:.0f} ms)", wait)
+        try:
+            self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
+        except (Unreachable, psycopg.OperationalError) as error:
+            self.why = one_line(error).replace(self.url, shown(self.url))
+            raise StoreUnavailable(self.why, self.health.failed()) from None
+        self.health.back()
+        return self.con
+
+    def _lost(self, error: BaseException | None) -> None:
+        self.health.lost()
+        why = "closed" if error is None else one_line(error)
+        self.why = f"lost the session to {shown(self.url)}: {why}"
+
+    async def _committed(self, xid: str, started: str) -> bool:
+        """Whether transaction ``xid`` committed, asked on a new session (``CommitUnknown``
+        if no session answers within ``resolve_s``, or the server restarted meanwhile)."""
+        resolving = time.monotonic() + self.resolve_s
+        while True:
+            deadline = min(resolving, self.give_up_at)
+            try:
+                ((status,),) = await self._query(SQL_XACT_STATUS, (started, xid))
+            except StoreUnavailable as error:
+                if time.monotonic() + error.retry_in_s > deadline:
+                    raise CommitUnknown(
+                        f"COMMIT of transaction {xid} unconfirmed: {error}"
+                    ) from None
+                await asyncio.sleep(error.retry_in_s)
+                continue
+            if status == "restarted":
+                raise CommitUnknown(f"COMMIT of transaction {xid} cut by a server restart")
+            if status != "in progress":  # (the old session may still be ending)
+                return bool(status == "committed")
+            if time.monotonic() > deadline:
+                raise CommitUnknown(f"COMMIT of transaction {xid} still in progress")
+            await asyncio.sleep(0.05)
+
+    def give_up_after(self, seconds: float) -> None:
+        """Seek a cut COMMIT's outcome for ``seconds`` from now at most (a closing run's
+        bound on waiting for its database; ``CommitUnknown`` after)."""
+        self.give_up_at = time.monotonic() + seconds
+
+    @property
+    def in_transaction(self) -> bool:
+        con = self.con
+        if con is None or con.closed:
+            return False
+        return con.info.transaction_status != TransactionStatus.IDLE
+
+    async def close(self) -> None:
+        if self.con is not None:
+            await self.con.close()
+
+
+class BorrowedStore:
+    """An application's async session as a store: plans inside its open transaction
+    (``asnackq.store.borrowed``'s rules), each under a savepoint, re-run after a conflict."""
+
+    def __init__(self, con: psycopg.AsyncConnection[Any], attempts: int) -> None:
+        self.con, self.attempts = con, attempts
+
+    @classmethod
+    async def adopt(
+        cls, con: psycopg.AsyncConnection[Any], schema: tuple[str, ...], attempts: int
+    ) -> BorrowedStore:
+        """Check (or create) ``schema`` in a transaction of its own."""
+        if con.info.transaction_status != TransactionStatus.IDLE:
+            from asnackq.store.borrowed import BUSY
+
+            raise ValueError(BUSY)
+        async with con.transaction():
+            await asteps(con, plan_open(SCHEMAS[schema], True), None, call_plain)
+        return cls(con, attempts)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.con.info.transaction_status != TransactionStatus.IDLE
+
+    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+        plan = make()
+        if self.con.info.transaction_status != TransactionStatus.INTRANS:
+            from asnackq.store.borrowed import NO_TRANSACTION
+
+            raise ValueError(NO_TRANSACTION)
+        for attempt in range(self.attempts):
+            try:
+                async with self.con.transaction():  # a savepoint: the caller's stays open
+                    result, _ = await asteps(self.con, plan, fault, call_plain)
+                return result
+            except Exception as error:
+                if not conflict(error) or attempt == self.attempts - 1:
+                    raise
+                await asyncio.sleep(conflict_delay_s(attempt))
+                plan = make()
+        raise AssertionError("unreachable")
+
+    async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        cursor = await self.con.execute(*translate(sql, params))
+        return await cursor.fetchall()
+
+    async def close(self) -> None:
+        """Nothing: the session is the application's."""
