@@ -17,7 +17,7 @@ from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab.pace import fill as pace_fill
 from asnackq.lab.pace import pace, recording_sink
-from asnackq.store import aio, pg
+from asnackq.store import aio, pg_session
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
 from asnackq.wire.send import AsyncHttpSender
@@ -249,7 +249,7 @@ async def test_on_postgresql_permits_ride_in_the_claims_transaction_two_round_tr
         await queue.limit_rate(rate)
         await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(40)], T0)
         held = await queue.claim_many("w1", T0 + 1, 5_000, 4)
-        assert isinstance(store, pg.AsyncStore) and store.con is not None
+        assert isinstance(store, pg_session.AsyncStore) and store.con is not None
         store.con.cursor_factory = tracing(lambda sql: seen.append(" ".join(sql.split())))[1]
         await queue.cycle(results(held[:1], T0 + 2), held[1:2], "w1", T0 + 2, 5_000, 8)
         plain, seen[:] = list(seen), []
