@@ -20,7 +20,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.store import aio, pg, pg_session
+from asnackq.store import opening, pg, pg_session
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import SqliteStore
 
@@ -43,7 +43,7 @@ class AioBridge:
         self.thread.start()
         # The store it runs on, opened here (as AsyncQueue.connect does) so that the tests
         # can trace its statements through the store's own public connection.
-        self.store = self.wait(aio.open_store(path, w.SCHEMA))
+        self.store = self.wait(opening.open_store(path, w.SCHEMA))
         self.queue = AsyncQueue(self.store, limits=w.CONTRACT)
 
     def wait(self, coroutine: Any) -> Any:

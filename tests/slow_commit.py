@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 from asnackq.core import worker as w
-from asnackq.store import aio
+from asnackq.store import opening
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.pg_session import AsyncStore
 
@@ -49,7 +49,7 @@ async def in_commit(url: str, pid: int) -> None:
 async def slow_queue(url: str, now_ms: int = T0) -> AsyncIterator[tuple[AsyncQueue, AsyncStore]]:
     """A queue on ``url`` holding one pending job ``a`` (enqueued at ``now_ms``), whose
     COMMITs of an UPDATE are slow."""
-    store = await aio.open_store(url, w.SCHEMA)
+    store = await opening.open_store(url, w.SCHEMA)
     assert isinstance(store, AsyncStore)
     queue = AsyncQueue(store)
     try:

@@ -17,7 +17,7 @@ from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab.pace import fill as pace_fill
 from asnackq.lab.pace import pace, recording_sink
-from asnackq.store import aio, pg_session
+from asnackq.store import opening, pg_session
 from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
 from asnackq.wire.send import AsyncHttpSender
@@ -241,7 +241,7 @@ def test_a_claims_lead_moves_its_slots_later_and_never_reads_as_a_clock_step():
 
 async def test_on_postgresql_permits_ride_in_the_claims_transaction_two_round_trips_more(pg_db):
     url = pg_db()
-    store = await aio.open_store(url, w.SCHEMA)
+    store = await opening.open_store(url, w.SCHEMA)
     seen: list[str] = []
     queue = AsyncQueue(store, limits=w.CONTRACT)
     rate = r.check_rate(100_000.0, 10_000)

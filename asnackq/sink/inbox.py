@@ -29,7 +29,7 @@ from typing import Any
 
 from asnackq.core.inbox import SINK_SCHEMA, plan_inbox
 from asnackq.core.worker import epoch_ms
-from asnackq.store.aio import Store, open_store
+from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import HEALTH_FIELDS, Health
 from asnackq.store.targets import one_line
 

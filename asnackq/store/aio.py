@@ -20,18 +20,19 @@ import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from asnackq.core import rate as r
 from asnackq.core import tracing
 from asnackq.core import worker as w
-from asnackq.store import files, job_traces
+from asnackq.store import job_traces
 from asnackq.store.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
+from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health
-from asnackq.store.sqlite_aio import QueueBusy, SqliteStore, call_fault
+from asnackq.store.sqlite_aio import QueueBusy
 from asnackq.store.targets import is_url
 
-__all__ = ["NOT_AN_INTAKE", "AsyncQueue", "AsyncSend", "Clock", "QueueBusy", "Store", "open_store"]
+__all__ = ["NOT_AN_INTAKE", "AsyncQueue", "AsyncSend", "Clock", "QueueBusy"]
 
 T = TypeVar("T")
 AsyncSend = Callable[..., Awaitable[object]]
@@ -47,40 +48,6 @@ def check_async_fault(fault: object) -> w.Fault:
     if inspect.iscoroutinefunction(fault):
         raise TypeError("fault must be a plain callable, not a coroutine function")
     return w.check_fault(fault)
-
-
-class Store(Protocol):
-    """Where plans run: one session, driven by one task at a time."""
-
-    @property
-    def in_transaction(self) -> bool: ...
-
-    async def run(self, make: Callable[[], w.Plan[Any]], fault: w.Fault = None) -> Any:
-        """Run ``make()``'s plan in one transaction; ``make()`` again if it must be retried."""
-
-    async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
-
-    async def close(self) -> None: ...
-
-
-async def open_store(
-    target: Any,
-    schema: tuple[str, ...],
-    busy_s: float = 1.0,
-    attempts: int = 8,
-    pragmas: tuple[str, ...] = w.PRAGMAS,
-    closing: tuple[str, ...] = (),
-    resolve_s: float = 300.0,
-) -> Store:
-    """A DB file (with ``pragmas``; ``closing`` tried before it is closed) or a
-    ``postgresql://`` URL, with ``schema`` (the core's tuple) in place (``resolve_s``: how
-    long a URL's store seeks the outcome of a COMMIT whose answer was lost)."""
-    if is_url(target):
-        from asnackq.store import pg_session
-
-        return await pg_session.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
-    await asyncio.to_thread(files.holds, target, schema)  # never another application's file
-    return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
 
 
 class AsyncQueue:
