@@ -10,7 +10,8 @@ Rules of this wing:
 * Imports: everything but ``asnackq.cli``.
 """
 
-from asnackq.lab.experiment import LabConfig, run_lab
+from asnackq.lab.config import LabConfig
+from asnackq.lab.experiment import run_lab
 from asnackq.lab.result import LabResult, report_rows
 
 __all__ = ["LabConfig", "LabResult", "report_rows", "run_lab"]
