@@ -42,7 +42,7 @@ from asnackq.core.worker import (
     check_int,
 )
 from asnackq.sink import faults, spans
-from asnackq.sink.capacity import Capacity
+from asnackq.sink.capacity import Capacity, Served
 from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable
 from asnackq.store.sessions import database_error
@@ -281,18 +281,6 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         return await handle_event(request, served)
     finally:
         served()
-
-
-class Served:
-    """Leaves the capacity once: when the event's service (its delay) ends, or its handler."""
-
-    def __init__(self, capacity: Capacity) -> None:
-        self.capacity: Capacity | None = capacity
-
-    def __call__(self) -> None:
-        if self.capacity is not None:
-            self.capacity.done()
-            self.capacity = None
 
 
 async def handle_event(request: web.Request, served: Callable[[], None]) -> web.StreamResponse:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from asnackq.core.worker import check_int
 from asnackq.wire.send import check_number
 
-__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "burst", "options_given"]
+__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "Served", "burst", "options_given"]
 
 MAX_INFLIGHT = (1, 65_536)
 MAX_RATE = (0, 1_000_000)  # (open low: a rate of 0 would refuse everything)
@@ -85,3 +85,15 @@ class Capacity:
             return False
         self._tokens -= 1
         return True
+
+
+class Served:
+    """Leaves the capacity once: when the event's service (its delay) ends, or its handler."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity: Capacity | None = capacity
+
+    def __call__(self) -> None:
+        if self.capacity is not None:
+            self.capacity.done()
+            self.capacity = None
