@@ -286,7 +286,9 @@ async def test_a_stalled_worker_takes_new_slots_instead_of_sending_late_in_a_bun
     assert summary.done == 300
     times = sorted(arrivals)
     most = max(bisect.bisect_left(times, t + 0.1) - i for i, t in enumerate(times))
-    assert most <= 10 + 2 + 3  # a tenth of a second's slots, the late ones, some jitter
+    # A tenth of a second's slots, the late ones, and the jitter of a loaded machine (the
+    # sink records arrivals on the same event loop); sent late together they are 30 and more.
+    assert most <= 10 + 2 + 8
     assert pace(times, 100.0).capped
 
 
