@@ -5,7 +5,8 @@
 
 Each round runs the Dispatcher over a fresh queue file of ``--jobs`` jobs once per checkout,
 each in a child process importing asnackq from its tree (``git worktree add /tmp/base
-414ce2e``: the code before tracing support), in alternating order.  A child reports the CPU seconds of its process per job
+414ce2e``: the code before tracing support), in alternating order.  A child reports the
+CPU seconds of its process per job
 (``time.process_time``: what this code costs, less swayed by other processes on a shared
 machine than wall time) and its jobs/s.  The send is an in-process coroutine answering True
 at once (the Dispatcher's own path: queue, committer, delivery coroutines), or with
