@@ -223,8 +223,10 @@ def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path,
         s.resume()
 
     summary, stats = run_through(away, server, url, tmp_path, monkeypatch)
-    assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 2500
-    assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 2500
+    # Each counts from when it found its session gone (its next use of it) to its return:
+    # most of the 3 s, less what a busy machine spent before that next use.
+    assert summary["db_outages"] >= 1 and summary["db_down_ms"] >= 1500
+    assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 1500
 
 
 def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(server, url, tmp_path):
