@@ -137,18 +137,21 @@ def places(tmp_path_factory):
     return lambda: tmp_path_factory.mktemp("leases") / "queue.db"
 
 
+@pytest.fixture
+def lease_ms():
+    """The property test's lease: short, so that its sends span up to three of them."""
+    return 200
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]), data=st.data())
 def test_random_send_durations_up_to_three_leases_every_job_done_once(
-    places, concurrency, prefetch, data
+    places, lease_ms, concurrency, prefetch, data
 ):
-    lease_ms = 200
     jobs = data.draw(st.integers(1, 3 * concurrency))
-    durations = data.draw(
-        st.lists(
-            st.sampled_from([0, 0.01, 0.09, 0.15, 0.25, 0.45, 0.6]), min_size=jobs, max_size=jobs
-        )
-    )
+    leases = (0, 0.05, 0.45, 0.75, 1.25, 2.25, 3)  # a send's length, in leases
+    seconds = [lease_ms / 1000 * n for n in leases]
+    durations = data.draw(st.lists(st.sampled_from(seconds), min_size=jobs, max_size=jobs))
     db = places()
     send = SlowSend(durations)
 

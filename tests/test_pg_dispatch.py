@@ -34,3 +34,9 @@ def db(pg_db):
 @pytest.fixture
 def places(pg_pool):
     yield from one_at_a_time(pg_pool)
+
+
+@pytest.fixture
+def lease_ms():
+    """Longer than on a file: a server's commits share the machine with the other test workers."""
+    return 400
