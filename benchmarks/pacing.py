@@ -1,7 +1,7 @@
 """Pacing to a sink of limited capacity: --concurrency auto against a fixed concurrency.
 
     python benchmarks/pacing.py [--jobs 4000] [--processes 3] [--inflight 8] [--delay-ms 20]
-                                [--fixed 64] [--json FILE]
+                                [--fixed 64] [--pg-local] [--json FILE]
 
 Two lab runs back to back (``asnackq.lab.run_lab``: a real sink process, real worker
 processes, every invariant checked from the evidence), against a sink of capacity
@@ -9,7 +9,11 @@ C = inflight / delay (8 in flight x 20 ms: 400 requests a second; past it, 429 w
 Retry-After):
 
 1. every worker with ``--concurrency auto``;
-2. every worker with ``--concurrency FIXED``.
+2. every worker with ``--concurrency FIXED``;
+
+and, first, the sink's own ceiling on this machine: one process holding exactly ``inflight``
+requests in flight (each sent again as soon as it is answered: never a 429), with no queue at
+all - what a client that knew C and had nothing else to do would get from the same sink.
 
 Printed for each: goodput (jobs done a second) after the first 2 s of finishes and its share
 of C, the share of requests answered 429, the claim-to-finish p50 and p99 (and p99 over the
@@ -21,14 +25,20 @@ p99 <= 3 x the delay; every invariant and liveness verdict holds, no job dead.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import re
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from asnackq.lab import LabConfig, run_lab
+from asnackq.wire.send import AsyncHttpSender
 
 WARM_UP_S = 2.0  # finishes before this (from the first) are left out of the goodput
 
@@ -45,6 +55,41 @@ def goodput(series: dict[str, Any]) -> float:
     if last <= first:
         return 0.0
     return sum(done[first:last]) / ((last - first) * width)
+
+
+def ceiling(inflight: int, delay_ms: int, seconds: float = 6.0) -> float:
+    """Requests answered 200 a second by a real sink to one process holding exactly
+    ``inflight`` in flight, after WARM_UP_S (no queue, no 429 possible)."""
+    with tempfile.TemporaryDirectory(prefix="asnackq-ceiling-") as tmp:
+        argv = [sys.executable, "-m", "asnackq", "sink", "--db", f"{tmp}/sink.db", "--port", "0"]
+        argv += ["--delay-ms", str(delay_ms), "--max-inflight", str(inflight)]
+        sink = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert sink.stdout is not None
+            while not (found := re.search(r"http://127\.0\.0\.1:\d+", sink.stdout.readline())):
+                pass
+            return asyncio.run(hold(found.group(0) + "/events", inflight, seconds))
+        finally:
+            sink.terminate()
+            sink.wait(10)
+
+
+async def hold(url: str, inflight: int, seconds: float) -> float:
+    """``inflight`` loops, each sending its next event as soon as the last is answered."""
+    counted, began = [0], time.monotonic()
+    ends = began + seconds
+
+    async def loop(i: int, send: AsyncHttpSender) -> None:
+        n = 0
+        while time.monotonic() < ends:
+            n += 1
+            await send({"id": f"c{i}-{n}", "qty": 1}, 1)  # (raises on anything but an ACK)
+            if time.monotonic() - began >= WARM_UP_S:
+                counted[0] += 1
+
+    async with AsyncHttpSender(url) as send:
+        await asyncio.gather(*(loop(i, send) for i in range(inflight)))
+    return counted[0] / (time.monotonic() - began - WARM_UP_S)
 
 
 def figures(config: LabConfig) -> dict[str, Any]:
@@ -78,9 +123,13 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=8)
     parser.add_argument("--delay-ms", type=int, default=20)
     parser.add_argument("--fixed", type=int, default=64)
+    parser.add_argument("--pg-local", action="store_true", help="the queue on a local PostgreSQL")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    runs = {}
+    capacity = args.inflight / (args.delay_ms / 1000)
+    reference = ceiling(args.inflight, args.delay_ms)
+    print(json.dumps({"ceiling_per_s": round(reference, 1)}), flush=True)
+    runs: dict[str, Any] = {"ceiling": {"goodput_per_s": round(reference, 1)}}
     for concurrency in ("auto", args.fixed):
         config = LabConfig(
             jobs=args.jobs,
@@ -90,13 +139,18 @@ def main() -> None:
             sink_max_inflight=args.inflight,
             lease_ms=5000,
             timeout_s=600,
+            pg_local=args.pg_local,
         )
         runs[str(concurrency)] = figures(config)
         print(json.dumps(runs[str(concurrency)]), flush=True)
     auto, fixed = runs["auto"], runs[str(args.fixed)]
-    capacity = args.inflight / (args.delay_ms / 1000)
     print(f"sink capacity C = {args.inflight} in flight / {args.delay_ms} ms = {capacity:g}/s")
-    for name, run in runs.items():
+    share = auto["goodput_per_s"] / reference
+    print(
+        f"ceiling: {reference:.1f}/s = {reference / capacity:.3f} C (one process, exactly"
+        f" {args.inflight} in flight, no queue); auto reaches {share:.3f} of it"
+    )
+    for name, run in (item for item in runs.items() if item[0] != "ceiling"):
         print(
             f"{name:>5}: goodput {run['goodput_per_s']}/s = {run['goodput_share_of_capacity']} C"
             f"  429s {run['share_429']:.2%}  p50/p99 {run['p50_ms']}/{run['p99_ms']} ms"

@@ -12,9 +12,10 @@ import pytest
 from aiohttp import web
 
 from asnackq.cli.render import progress_line
-from asnackq.core.worker import Overloaded, epoch_ms
+from asnackq.core.worker import Overloaded, Retry, epoch_ms
 from asnackq.dispatch import Dispatcher, Summary
-from asnackq.dispatch.adaptive import DECREASE, Aimd
+from asnackq.dispatch.adaptive import CUBIC, DECREASE, Aimd
+from asnackq.dispatch.gate import Gate, depth
 from asnackq.sink.app import CAPACITY
 from asnackq.sink.capacity import Capacity
 from asnackq.store.aio import AsyncQueue
@@ -71,13 +72,22 @@ def test_retry_after_as_an_http_date_counts_from_now():
 
 def test_capacity_admits_up_to_n_in_flight_then_a_token_a_rate():
     now = [0.0]
-    capacity = Capacity(max_inflight=2, max_rate=20, clock=lambda: now[0])
+    capacity = Capacity(max_inflight=2, max_rate=20, clock=lambda: now[0], service_s=1.5)
     assert [capacity.admit(), capacity.admit(), capacity.admit()] == [None, None, 1]
     capacity.done()
     assert capacity.admit() == 1  # the bucket (two tokens: a tenth of 20/s) is empty
     now[0] = 0.05
     assert capacity.admit() is None
     assert (capacity.inflight, capacity.peak) == (2, 2)
+
+
+def test_past_its_in_flight_count_a_sink_asks_for_its_service_time_rounded_down():
+    """A slot frees within the service time: a service under a second asks for no wait
+    (``Retry-After: 0``, the header's whole seconds cannot say 20 ms), never for one second
+    fifty times too long."""
+    for service_s, asked in ((0.0, 0), (0.02, 0), (0.999, 0), (1.0, 1), (2.5, 2)):
+        capacity = Capacity(max_inflight=1, service_s=service_s)
+        assert (capacity.admit(), capacity.admit()) == (None, asked)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +114,7 @@ async def test_a_sink_past_its_in_flight_capacity_answers_429_and_changes_nothin
             stats = await got.json()
         async with session.get(f"{running.base}/metrics") as got:
             metrics = await got.text()
-    assert sorted(answers) == [(200, None)] * 2 + [(429, "1")] * 4
+    assert sorted(answers) == [(200, None)] * 2 + [(429, "0")] * 4  # (a slot in 0.3 s)
     assert (stats["overloaded"], stats["applied"], stats["inflight_peak"]) == (4, 2, 2)
     assert stats["inflight"] == 0
     assert "asnackq_sink_overloaded_total 4" in metrics
@@ -120,6 +130,28 @@ async def test_a_sink_past_its_rate_answers_429_with_retry_after(tmp_path):
     assert answers[0] == (200, None)
     assert answers[1:] == [(429, "1")] * 3  # a burst of one: the bucket holds 1 token
     assert len(sink_state(sink_db)[1]) == 1
+
+
+async def test_an_event_is_in_service_from_admission_to_answer_its_commit_within_the_delay(
+    tmp_path,
+):
+    """With a delay of 1 s the inbox row is committed while the event is still in service
+    (counted in flight, unanswered at 0.6 s), and the answer comes no earlier than the delay
+    after admission."""
+    sink_db = tmp_path / "sink.db"
+    async with (
+        sink(sink_db, max_inflight=4, delay_ms=1000) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        started = time.monotonic()
+        posting = asyncio.ensure_future(post(session, running.url, "e1"))
+        answered, _ = await asyncio.wait([posting], timeout=0.6)
+        committed, in_service = sink_state(sink_db)[1], running.app[CAPACITY].inflight
+        assert await posting == (200, None)
+        answered_s = time.monotonic() - started
+        assert running.app[CAPACITY].inflight == 0
+    assert not answered and committed and in_service == 1
+    assert answered_s >= 1.0
 
 
 # --- 429 and Retry-After honoured by the Dispatcher ---------------------------------------
@@ -169,6 +201,67 @@ async def test_an_overload_spends_no_attempt_and_waits_as_asked(queue, db, statu
         assert min(waits) >= least_s * 0.99  # (the loop's and the wall clock's rounding)
 
 
+async def test_an_overload_asking_no_wait_is_paced_by_the_retry_policy(queue, db):
+    """``Retry-After: 0`` (a slot frees within a second) is no licence to send again at
+    once: with a fixed concurrency the retry policy's delays pace the sends (100 ms, then
+    200 ms at jitter 0.5 over a base of 200 ms)."""
+    app, seen = overloaded_first(2, 429, "0")
+    await fill(queue, 2)
+    async with serving(app) as running, AsyncHttpSender(running.url, timeout_s=0.5) as send:
+        summary = await Dispatcher(
+            queue,
+            send,
+            owner="d1",
+            concurrency=2,
+            lease_ms=2000,
+            jitter=lambda: 0.5,
+            retry=Retry(200, 1000),
+        ).run()
+    assert (summary.done, summary.overloaded, summary.retried) == (2, 4, 0)
+    for arrivals in seen.values():
+        first, second = (later - earlier for earlier, later in itertools.pairwise(arrivals))
+        assert first >= 0.099 and second >= 0.199
+
+
+async def test_under_auto_an_overload_asking_no_wait_waits_one_latency_floor(queue):
+    """Under concurrency "auto" a ``Retry-After: 0`` is sent again after the sink's quickest
+    answer so far (here 60 ms, times 1.5 at jitter 0.5), not after the retry policy's
+    delay (2 s at that jitter)."""
+    seen: dict[str, list[float]] = {}
+
+    async def handler(request):
+        body = await request.json()
+        arrivals = seen.setdefault(body["id"], [])
+        arrivals.append(time.monotonic())
+        if body["id"] != "job-0" and len(arrivals) == 1:
+            return web.json_response({"status": "busy"}, status=429, headers={"Retry-After": "0"})
+        await asyncio.sleep(0.06)
+        return web.json_response({"id": body["id"], "status": "applied"})
+
+    await queue.enqueue({"id": "job-0", "qty": 1}, epoch_ms(), 60_000, 3)
+    first = asyncio.Event()
+    async with serving(peer(handler)) as running, AsyncHttpSender(running.url) as send:
+        dispatcher = Dispatcher(
+            queue,
+            send,
+            owner="d1",
+            concurrency="auto",
+            max_concurrency=4,
+            lease_ms=5000,
+            jitter=lambda: 0.5,
+            retry=Retry(4000, 4000),
+            trace=lambda kind, ticket, now_ms, status: kind == "finish" and first.set(),
+        )
+        run = asyncio.ensure_future(dispatcher.run(follow=True, max_jobs=4))
+        await asyncio.wait_for(first.wait(), 10)  # job-0 alone: the floor is learnt (60 ms)
+        await fill(queue, 4)  # (job-0 is there already)
+        summary = await asyncio.wait_for(run, 10)
+    assert (summary.done, summary.overloaded) == (4, 3)
+    for job_id in ("job-1", "job-2", "job-3"):
+        (gap,) = (later - earlier for earlier, later in itertools.pairwise(seen[job_id]))
+        assert 0.085 <= gap < 1.0, (job_id, gap)
+
+
 async def test_an_overload_never_outlasts_the_job_s_deadline(queue, db):
     app, seen = overloaded_first(100, 429, "30")
     await fill(queue, 2, ttl=700)
@@ -198,17 +291,34 @@ def test_slow_start_doubles_then_an_overload_cuts_once_per_round_trip():
     assert rule.cuts == 2
 
 
-def test_growth_after_slow_start_is_slow_and_needs_the_limit_in_use():
+def test_after_a_cut_the_limit_follows_the_cubic_curve_back_to_a_plateau_then_past_it():
+    """Cut from 10 to 8: the curve is back at 10 after k = cbrt(2 / CUBIC) s (1.71 s), flat
+    around it for a while (one probe past a known limit in about k seconds), then steeper;
+    growth never goes faster than one slot per round trip, and needs the limit in use."""
     now = [0.0]
     rule = Aimd(64, lambda: now[0], initial=10)
     rule.observe(0.0, 0.01, "overload", 10)
-    assert rule.limit == 8
-    for _ in range(8):  # one round trip of sends, the limit in use
-        rule.observe(0.0, 0.01, "ok", 8)
-    assert rule.limit == 8 and rule.value < 8.5
-    for _ in range(1000):
-        rule.observe(0.0, 0.01, "ok", 1)  # the limit not in use: no growth
-    assert rule.limit == 8
+    assert (rule.limit, rule.w_max) == (8, 10.0)
+    k = (2 / CUBIC) ** (1 / 3)
+    assert rule.k_s == pytest.approx(k)
+
+    def round_trips(at, count, in_flight=None):
+        now[0] = at
+        for _ in range(count):
+            for _ in range(rule.limit):
+                rule.observe(at, 0.01, "ok", rule.limit if in_flight is None else in_flight)
+
+    round_trips(0.0, 50)
+    assert rule.limit == 8  # the curve starts at the cut
+    round_trips(k / 2, 50)
+    assert 9.0 < rule.value < 10.0  # most of the way back, quickly
+    round_trips(k + 0.5, 50)
+    assert 10.0 <= rule.value < 10.1  # the plateau: no probe past 10 yet
+    round_trips(k + 3.0, 3)
+    assert rule.value <= 10.1 + 3  # past the plateau: at most one slot per round trip
+    before = rule.value
+    round_trips(k + 10.0, 50, in_flight=1)
+    assert rule.value == before  # the limit not in use: no growth
 
 
 def test_latency_rising_past_the_floor_cuts_the_limit():
@@ -235,6 +345,42 @@ def test_the_limit_stays_within_its_bounds():
         now[0] = i + 1.0
         rule.observe(now[0], 0.01, "overload", 1)
     assert rule.limit == 1
+
+
+async def test_the_gate_holds_sends_to_the_limit_and_tickets_to_the_limit_and_a_short_line():
+    """Ten coroutines behind a gate whose limit is 4: never more than 4 sends at once, never
+    more than 4 + depth(4) = 6 holding a ticket; every one gets through."""
+    gate = Gate(64)
+    gate.rule.value = 4.0
+    gate.rule.slow_start = False
+    gate.rule.cut_at = asyncio.get_running_loop().time()  # (no growth: the curve is flat)
+    gate.rule.w_max = 4.0
+    sending = holding = most_sending = most_holding = 0
+    done: list[int] = []
+
+    async def send(event, token):
+        nonlocal sending, most_sending
+        sending += 1
+        most_sending = max(most_sending, sending)
+        await asyncio.sleep(0.02)
+        sending -= 1
+        return True
+
+    async def coroutine(i):
+        nonlocal holding, most_holding
+        for _ in range(3):
+            await gate.acquire()
+            holding += 1
+            most_holding = max(most_holding, holding)
+            await asyncio.sleep(0.005)  # (taking a ticket)
+            await gate.send(send, {"id": f"e{i}"}, 1)
+            holding -= 1
+            gate.release()
+        done.append(i)
+
+    await asyncio.wait_for(asyncio.gather(*(coroutine(i) for i in range(10))), 10)
+    assert depth(4) == 2 and (most_sending, most_holding) == (4, 6)
+    assert sorted(done) == list(range(10)) and gate.holders.taken == gate.sends.taken == 0
 
 
 async def test_auto_concurrency_finds_a_capacity_limited_sink_s_capacity(queue, db, tmp_path):

@@ -41,6 +41,7 @@ from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
 
 DEFAULT_BREAKER = BreakerPolicy()
+FLOOR_WAIT_MAX_S = 1.0  # a latency floor above this is no pace for a sink that asked none
 
 __all__ = ["Dispatcher"]
 
@@ -138,19 +139,27 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
 async def wait_overload(
     port: Port, claimed: Claimed, error: w.Overloaded, again: int, jitter: float
 ) -> bool:
-    """Wait out an overload under the ticket's lease, the coroutine's slot given back
-    meanwhile; False if the lease ended first."""
-    settings = port.settings
+    """Wait out an overload under the ticket's lease, the coroutine's place given back
+    meanwhile; False if the lease ended first.
+
+    The wait is what the sink asked for.  A sink that asked for none (no ``Retry-After``,
+    or ``0``: a slot frees within a second) is sent again after the retry policy's delay;
+    under concurrency "auto", after one latency floor (the sink's quickest answer so far),
+    jittered, and then through the gate, whose limit the overload has just cut.
+    """
+    settings, gate = port.settings, port.gate
     wait_s = error.retry_after_s
-    if wait_s is None:
+    if not wait_s:
+        if gate is not None and gate.rule.floor_s < FLOOR_WAIT_MAX_S:
+            return await port.hold(claimed.ticket, gate.rule.floor_s * (1 + jitter))
         wait_s = settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
-    if port.gate is None:
+    if gate is None:
         return await port.hold(claimed.ticket, wait_s)
-    port.gate.release()
+    gate.release()
     try:
         return await port.hold(claimed.ticket, wait_s)
     finally:
-        port.gate.retake()
+        gate.retake()
 
 
 def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
@@ -302,7 +311,7 @@ class Dispatcher:
         if self.adaptive:
             self._gate = Gate(self.settings.concurrency)
             committer.pacer.concurrency = lambda: self._gate.limit if self._gate else 1
-            committer.pacer.per_send = 1  # a ticket waiting is claim-to-finish time lost
+            committer.pacer.per_send = 0  # the gate lets a line of holders wait instead
             port = dataclasses.replace(port, gate=self._gate)
         workers = [
             asyncio.ensure_future(deliver(port, self.send))

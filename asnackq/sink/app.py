@@ -42,7 +42,7 @@ from asnackq.core.worker import (
     check_int,
 )
 from asnackq.sink import faults, spans
-from asnackq.sink.capacity import Capacity, Served
+from asnackq.sink.capacity import Capacity
 from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable
 from asnackq.store.sessions import database_error
@@ -276,15 +276,16 @@ async def post_event(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {"status": "overloaded"}, status=429, headers={"Retry-After": str(wait_s)}
         )
-    served = Served(capacity)
     try:
-        return await handle_event(request, served)
+        return await handle_event(request, asyncio.get_running_loop().time())
     finally:
-        served()
+        capacity.done()
 
 
-async def handle_event(request: web.Request, served: Callable[[], None]) -> web.StreamResponse:
-    """An admitted event: read, checked, served (``delay_ms``), applied once, answered."""
+async def handle_event(request: web.Request, admitted: float) -> web.StreamResponse:
+    """An admitted event: read, checked, applied once, answered no earlier than
+    ``delay_ms`` after its admission (the stand-in for the receiver's own work, which its
+    commit is part of)."""
     config, stats = request.app[CONFIG], request.app[STATS]
     try:
         event_id, qty, token = await parse_event(request)
@@ -294,9 +295,6 @@ async def handle_event(request: web.Request, served: Callable[[], None]) -> web.
     if config.fail_rate and config.rng.random() < config.fail_rate:
         stats["failed"] += 1
         return answer(503, event_id, "unavailable")  # before any change
-    if config.delay_ms:
-        await asyncio.sleep(config.delay_ms / 1000)
-    served()  # the inbox's group commit is the sink's bookkeeping, outside its capacity
     try:
         outcome = await request.app[INBOX].submit(event_id, qty, token)
     except SinkUnavailable:
@@ -304,6 +302,9 @@ async def handle_event(request: web.Request, served: Callable[[], None]) -> web.
         return answer(503, event_id, "unavailable")
     stats[{"applied": "applied", "duplicate": "duplicates", "conflict": "conflicts"}[outcome]] += 1
     spans.decided(event_id, token, outcome)
+    if config.delay_ms:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, admitted + config.delay_ms / 1000 - loop.time()))
     if config.drop_rate and config.rng.random() < config.drop_rate:
         stats["dropped"] += 1
         if request.transport is not None:
@@ -384,7 +385,7 @@ def make_app(config: SinkConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_ACK_BYTES, middlewares=[*traced, guard])
     app[CONFIG] = config
     app[STATS] = dict.fromkeys(COUNTERS, 0)
-    app[CAPACITY] = Capacity(config.max_inflight, config.max_rate)
+    app[CAPACITY] = Capacity(config.max_inflight, config.max_rate, service_s=config.delay_ms / 1000)
     app[BUSY] = set()
     app.cleanup_ctx.append(inbox_context)
     app.router.add_post("/events", post_event)

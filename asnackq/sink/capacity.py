@@ -2,13 +2,16 @@
 
 Rules of this module:
 
-* ``max_inflight`` N: at most N events in service at once (admitted, their delay not yet
-  over); one more is refused.
+* ``max_inflight`` N: at most N events in service at once (admitted, not yet answered);
+  one more is refused.  An event is answered ``delay_ms`` after its admission, its commit
+  within that time if it can: N in flight with a delay of D is N / D events a second.
 * ``max_rate`` R: a token bucket of R tokens a second holding at most ``burst(R)`` (a tenth
   of a second's worth, at least one); an event that finds no token is refused.  A request
   refused for its in-flight count takes no token.
-* A refused event is answered ``429`` with ``Retry-After`` (whole seconds, at least one:
-  when a slot or a token is sure to be there), before its body is read: nothing changes.
+* A refused event is answered ``429`` with ``Retry-After`` in whole seconds, before its
+  body is read: nothing changes.  Past ``max_inflight``, the service time rounded down
+  (a slot frees within it: ``0`` for a service under a second, which the header cannot
+  say more finely); past ``max_rate``, when a token is sure to be there (at least one).
 * Both are off (None) by default; the values are checked here, once, for the sink and the
   command line (``MAX_INFLIGHT``, ``MAX_RATE``).
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from asnackq.core.worker import check_int
 from asnackq.wire.send import check_number
 
-__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "Served", "burst", "options_given"]
+__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "burst", "options_given"]
 
 MAX_INFLIGHT = (1, 65_536)
 MAX_RATE = (0, 1_000_000)  # (open low: a rate of 0 would refuse everything)
@@ -48,6 +51,7 @@ class Capacity:
     max_inflight: int | None = None
     max_rate: float | None = None
     clock: Callable[[], float] = time.monotonic
+    service_s: float = 0.0  # how long an admitted event is in service (the sink's delay)
     inflight: int = field(default=0, init=False)
     peak: int = field(default=0, init=False)  # the most events in flight at once
     _tokens: float = field(default=0.0, init=False)
@@ -64,7 +68,7 @@ class Capacity:
         """None: the event is admitted (``done()`` when it leaves its handler); else the
         whole seconds it should wait before it comes again."""
         if self.max_inflight is not None and self.inflight >= self.max_inflight:
-            return 1
+            return int(self.service_s)
         if self.max_rate is not None and not self._take():
             return max(1, math.ceil((1 - self._tokens) / self.max_rate))
         self.inflight += 1
@@ -85,15 +89,3 @@ class Capacity:
             return False
         self._tokens -= 1
         return True
-
-
-class Served:
-    """Leaves the capacity once: when the event's service (its delay) ends, or its handler."""
-
-    def __init__(self, capacity: Capacity) -> None:
-        self.capacity: Capacity | None = capacity
-
-    def __call__(self) -> None:
-        if self.capacity is not None:
-            self.capacity.done()
-            self.capacity = None
