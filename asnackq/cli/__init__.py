@@ -13,7 +13,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
-from asnackq.cli import otel
+from asnackq.cli import lifeline, otel
 from asnackq.cli.common import Command, Failure, Parser, Usage
 from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asnackq`` command; return its exit code."""
+    lifeline.end_with_parent()  # (started by the lab: end with it)
     args = parser().parse_args(argv)
     run: Command = args.run
     try:

@@ -8,17 +8,20 @@ Rules of this module:
 * PostgreSQL refuses to run as root: as root, every binary runs as the ``postgres`` system
   user (``runuser``), and the directory belongs to it.
 * ``stop()`` always ends the server (``pg_ctl stop -m immediate``) and removes the directory;
-  the ``with`` form guarantees it.
+  the ``with`` form guarantees it.  So does a watchdog (``pg_watchdog.py``, a process of
+  its own) when the process that made the server ends without stopping it (SIGKILLed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +96,19 @@ class LocalServer:
         self.binaries, self.root, self.port = binaries, root, port
         self.data = root / "data"
         self.settings: dict[str, str] = {}
+        self.watchdog: subprocess.Popen[bytes] | None = None
+
+    def watch(self) -> None:
+        """Start the watchdog that stops the server if this process ends first."""
+        script = Path(__file__).with_name("pg_watchdog.py")
+        pg_ctl = json.dumps(self.binaries.command("pg_ctl"))
+        self.watchdog = subprocess.Popen(
+            [sys.executable, str(script), str(self.root), pg_ctl],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     @property
     def socket_dir(self) -> Path:
@@ -146,11 +162,17 @@ class LocalServer:
         )
 
     def stop(self) -> None:
-        """Stop the server at once and remove its directory (idempotent)."""
+        """Stop the server at once and remove its directory (idempotent); the watchdog
+        ends."""
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             if (self.data / "postmaster.pid").exists():
                 self.binaries.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
+        watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None and watchdog.stdin is not None:
+            watchdog.stdin.close()  # (its server is gone: it only removes nothing, and ends)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                watchdog.wait(30)
 
     def log_tail(self, chars: int = 2000) -> str:
         with contextlib.suppress(OSError):
@@ -163,6 +185,7 @@ def create(binaries: Binaries, settings: dict[str, str]) -> LocalServer:
     root = Path(tempfile.mkdtemp(prefix="asnackq-pg-"))
     server = LocalServer(binaries, root, free_port())
     try:
+        server.watch()
         if binaries.as_root:
             user = _postgres_user()
             assert user is not None

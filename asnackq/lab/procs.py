@@ -11,12 +11,15 @@ through it):
   names its URL, read before its clients start.
 * ``exit_on_sigterm``: a SIGTERM to this process raises ``SystemExit``, so that every
   ``finally`` that stops children runs when an experiment is itself stopped.
+* A child ends with the thread that started it (``PARENT_ENV``: ``asnackq.cli.lifeline``):
+  a lab SIGKILLed, or a test process ended without its ``finally``, leaves none running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import signal
 import ssl
@@ -48,6 +51,7 @@ __all__ = [
 ]
 
 STOP_S = 30  # how long a SIGTERMed child has to exit before it is SIGKILLed
+PARENT_ENV = "ASNACKQ_PARENT_PID"  # (read by the child: asnackq.cli.lifeline)
 PIPE = subprocess.PIPE
 Stream = IO[Any] | int | None
 Proc = subprocess.Popen[str]
@@ -63,8 +67,10 @@ def command(*args: object) -> list[str]:
 def start(
     argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None, stderr: Stream = None
 ) -> Proc:
-    """Start ``argv`` (text pipes); the caller stops it with ``stop`` or ``kill``."""
-    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True)
+    """Start ``argv`` (text pipes); the caller stops it with ``stop`` or ``kill``.  An
+    ``asnackq`` child is SIGTERMed by the kernel when this thread ends."""
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True, env=env)
 
 
 def reap(proc: Proc, timeout_s: float = STOP_S) -> int:
