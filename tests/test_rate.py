@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import itertools
 import random
@@ -9,11 +10,12 @@ import sqlite3
 import time
 
 import pytest
+from aiohttp import web
 
 from asnackq import cli
 from asnackq.core import rate as r
 from asnackq.core import worker as w
-from asnackq.dispatch import Dispatcher
+from asnackq.dispatch import BreakerPolicy, Dispatcher
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab.pace import fill as pace_fill
 from asnackq.lab.pace import pace, recording_sink
@@ -24,6 +26,7 @@ from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import T0
 from .pgdb import tracing
+from .sinks import peer, serving
 from .test_aio_hops import awaits, counting_queue, results
 
 EVERY_US = 5_000  # 200 a second
@@ -305,3 +308,44 @@ async def test_a_new_rate_between_runs_replaces_the_old_for_the_queue(db):
             assert (await dispatcher.run(until_empty=True)).done == jobs
             assert time.monotonic() - began >= (jobs - burst) / per_s  # paced by it
             assert await queue.read(rows) == [("sends", round(1e6 / per_s), burst)]
+
+
+async def test_every_re_send_under_the_same_lease_takes_a_slot_of_its_own(db):
+    """A peer answers each job 503 twice (the sink away), then 429 with ``Retry-After: 0``,
+    then ACKs: four sends a job, the re-sends due after a millisecond or two.  At 50 a
+    second none of the one-second windows at the peer holds more than the rate and the
+    burst: re-sends wait for slots of their own."""
+    answers: dict[str, int] = {}
+    arrivals: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        arrivals.append(asyncio.get_running_loop().time())
+        event = await request.json()
+        seen = answers[event["id"]] = answers.get(event["id"], 0) + 1
+        if seen <= 2:
+            return web.json_response({"status": "unavailable"}, status=503)
+        if seen == 3:
+            return web.json_response({"status": "busy"}, status=429, headers={"Retry-After": "0"})
+        return web.json_response({"id": event["id"], "status": "applied"})
+
+    await pace_fill(db, 30)
+    async with (
+        serving(peer(handler)) as running,
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(running.url, timeout_s=1.0) as send,
+    ):
+        dispatcher = Dispatcher(
+            queue,
+            send,
+            owner="w1",
+            concurrency=8,
+            lease_ms=5000,
+            rate=50.0,
+            retry=w.Retry(1, 2),
+            breaker=BreakerPolicy(after=10_000),
+        )
+        summary = await asyncio.wait_for(dispatcher.run(until_empty=True), 60)
+    assert (summary.done, summary.requests, summary.retried) == (30, 120, 0)
+    judged = pace(arrivals, 50.0, skip_s=0.0)  # (without slots: 120 sends in 0.6 s)
+    assert judged.seconds > 2.0 and judged.mean <= 50 * 1.05, judged
+    assert judged.max_window <= 50 + 1 + 2, judged  # (two for a loaded machine's jitter)

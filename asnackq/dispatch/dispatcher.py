@@ -84,8 +84,8 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
     Classified like ``run_once``; an ``Unavailable`` failure is not an outcome: the send
     goes again (paced by the retry policy, gated by the breaker) for as long as the run
     keeps the lease - up to the job's deadline.  Nor is an ``Overloaded`` answer: the send
-    goes again under the same lease once the wait the sink asked for is over (the retry
-    policy's if it asked for none).
+    goes again under the same lease once the wait the sink asked for is over (see
+    ``wait_overload``).  Under a shared rate every send takes a slot: a re-send a new one.
     """
     gate = port.gate
     settings, breaker, summary = port.settings, port.breaker, port.summary
@@ -97,6 +97,9 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
             return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
             continue  # the lease was extended meanwhile
+        if again and not await port.slot(claimed, again=True):  # a shared rate's new slot
+            breaker.record(probe, None)
+            return Sent(claimed, None)  # lost while it waited
         summary.requests += 1
         if again:
             summary.resent += 1

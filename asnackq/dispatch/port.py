@@ -70,24 +70,25 @@ class Port:
         """Whether the run still holds this lease now (a send may go under it)."""
         return self.ledger.keeps(ticket, self.now())
 
-    async def slot(self, claimed: Claimed) -> bool:
-        """Wait for the ticket's send slot under a shared rate; a slot missed by more than
-        ``late_s`` (a stalled process, a ticket that waited for a coroutine) is exchanged
-        for a new one, never sent late in a bunch.  Whether the run still holds the lease
-        when the slot comes (False: do not send)."""
+    async def slot(self, claimed: Claimed, again: bool = False) -> bool:
+        """Wait for the ticket's send slot under a shared rate (``again``: a new one, for a
+        re-send under the same lease); a slot missed by more than ``late_s`` (a stalled
+        process, a ticket that waited for a coroutine) is exchanged for a new one, never
+        sent late in a bunch.  Whether the run still holds the lease when the slot comes
+        (False: do not send)."""
         rate, slot = self.settings.rate, claimed.not_before
-        if rate is None or not slot:
+        if rate is None or not (slot or again):
             return True
         clock = asyncio.get_running_loop().time
         late_s = max(LATE_S, LATE_SLOTS / rate.per_s)
-        while clock() - slot > late_s or clock() < slot:
-            if clock() < slot:
+        while again or clock() - slot > late_s or clock() < slot:
+            if not again and clock() < slot:
                 await asyncio.sleep(slot - clock())
                 continue
-            again = await self.again()
-            if again is None:
+            new = await self.again()
+            if new is None:
                 return False
-            slot = again
+            slot, again = new, False
         return self.keeps(claimed.ticket)
 
     def lease_left_s(self, ticket: w.Ticket) -> float:
