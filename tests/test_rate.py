@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import json
 import random
 import sqlite3
 import time
@@ -203,7 +204,7 @@ def test_work_refuses_a_burst_without_a_rate(tmp_path, capsys):
     before = queue.read_bytes()
     argv = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", "--burst", "5"]
     assert cli.main(argv) == 2
-    assert capsys.readouterr().err.strip() == "asnackq work: --burst goes with --rate"
+    assert capsys.readouterr().err.strip() == "asnackq work: --burst goes with --rate R"
     assert queue.read_bytes() == before
 
 
@@ -349,3 +350,79 @@ async def test_every_re_send_under_the_same_lease_takes_a_slot_of_its_own(db):
     judged = pace(arrivals, 50.0, skip_s=0.0)  # (without slots: 120 sends in 0.6 s)
     assert judged.seconds > 2.0 and judged.mean <= 50 * 1.05, judged
     assert judged.max_window <= 50 + 1 + 2, judged  # (two for a loaded machine's jitter)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_the_queue_s_rate_is_read_and_removed_the_same_on_both_drivers(db, pg_db, backend):
+    target = db if backend == "sqlite" else pg_db()
+    async with AsyncQueue.open(target) as queue:
+        assert await queue.shared_rate() is None  # no table yet
+        assert await queue.clear_rate() is False
+        await queue.limit_rate(r.check_rate(40.0, 3))
+        assert await queue.shared_rate() == r.Rate(40.0, 3)
+        assert await queue.clear_rate() is True
+        assert await queue.shared_rate() is None
+        assert await queue.clear_rate() is False
+
+
+async def test_a_run_given_no_rate_takes_the_queue_s(db, tmp_path):
+    """The queue's rate is 40 a second: a Dispatcher given none sends at that pace."""
+    await pace_fill(db, 90)
+    async with (
+        recording_sink(tmp_path / "sink.db") as (url, arrivals),
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(url, timeout_s=1.0) as http,
+    ):
+        await queue.limit_rate(r.check_rate(40.0))
+        dispatcher = Dispatcher(queue, http, owner="w1", lease_ms=5000)
+        summary = await asyncio.wait_for(dispatcher.run(until_empty=True), 60)
+    assert summary.done == 90 and dispatcher.settings.rate == r.Rate(40.0)
+    judged = pace(arrivals, 40.0)
+    assert judged.capped and judged.mean <= 40 * 1.05, judged
+
+
+async def test_a_rate_removed_mid_run_lets_the_paced_run_go_on_unpaced(db, tmp_path):
+    """At 20 a second 200 jobs take 10 s; the rate is removed (from another connection)
+    after 20 sends: the run goes on, unpaced, and ends well within that."""
+    await pace_fill(db, 200)
+    removed = asyncio.Event()
+    async with (
+        recording_sink(tmp_path / "sink.db") as (url, arrivals),
+        AsyncQueue.open(db) as queue,
+        AsyncQueue.open(db) as operator,
+        AsyncHttpSender(url, timeout_s=1.0) as http,
+    ):
+
+        async def send(event: dict[str, object], token: int | None) -> object:
+            if len(arrivals) == 20:
+                removed.set()
+            return await http(event, token)
+
+        dispatcher = Dispatcher(queue, send, owner="w1", lease_ms=5000, rate=20.0)
+        run = asyncio.ensure_future(dispatcher.run(until_empty=True))
+        await asyncio.wait_for(removed.wait(), 10)
+        assert await operator.clear_rate() is True
+        began = time.monotonic()
+        summary = await asyncio.wait_for(run, 30)
+    assert summary.done == 200 and summary.dead == 0
+    assert time.monotonic() - began < 5  # (180 more at 20 a second: 9 s)
+
+
+def test_work_rate_off_removes_the_queue_s_rate_and_a_worker_given_none_shows_the_queue_s(
+    tmp_path, capsys
+):
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    con = sqlite3.connect(queue)
+    w.drive(con, r.plan_rate_setup(r.check_rate(25.0, 2)))
+    con.close()
+    base = ["work", str(queue), "--sink", "http://127.0.0.1:9/events", "--until-empty"]
+    assert cli.main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rate"] == {"per_s": 25.0, "burst": 2}
+    assert cli.main([*base, "--rate", "off", "--burst", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "asnackq work: --burst goes with --rate R"
+    assert cli.main([*base, "--rate", "off", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rate"] is None
+    con = sqlite3.connect(queue)
+    assert con.execute("SELECT count(*) FROM asnackq_rate").fetchone() == (0,)
+    con.close()

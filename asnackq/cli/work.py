@@ -40,7 +40,7 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
-from asnackq.core.rate import MAX_BURST, MAX_RATE
+from asnackq.core.rate import MAX_BURST, MAX_RATE, Rate
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import one_line
 
@@ -52,8 +52,11 @@ if TYPE_CHECKING:
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
-def send_rate(text: str) -> float:
-    """An argparse type: sends per second, a number above 0 and at most ``MAX_RATE``."""
+def send_rate(text: str) -> float | str:
+    """An argparse type: sends per second, a number above 0 and at most ``MAX_RATE``; or
+    ``off``."""
+    if text == "off":
+        return text
     value: float = within(float, 0, MAX_RATE)(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
@@ -177,7 +180,8 @@ def add_work(commands: Commands) -> None:
         default=None,
         metavar="R",
         help="at most R sends a second, shared by every worker of this queue (its "
-        "permits live in the queue's database; the last --rate given sets it for all)",
+        "permits live in the queue's database; the last --rate given sets it for all, and "
+        "a worker given none takes it); 'off' removes it",
     )
     work.add_argument(
         "--burst",
@@ -214,8 +218,10 @@ def run_work(args: argparse.Namespace) -> int:
         ).check()
     except ValueError as error:
         raise Usage(str(error)) from None
-    if args.burst != 1 and args.rate is None:
-        raise Usage("--burst goes with --rate")
+    if args.burst != 1 and args.rate in (None, "off"):
+        raise Usage("--burst goes with --rate R")
+    clear = args.rate == "off"
+    rate = None if clear else args.rate
     wait_for_database(args.queue, args.db_wait_s, "work")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
@@ -229,6 +235,8 @@ def run_work(args: argparse.Namespace) -> int:
 
     async def main() -> tuple[Summary, bool, BaseException | None]:
         async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
+            if clear:
+                await queue.clear_rate()
             send: AsyncSend = http
             if args.kill_after_acks:
                 send = killed_after(args.kill_after_acks, http)
@@ -246,7 +254,7 @@ def run_work(args: argparse.Namespace) -> int:
                     breaker=breaker,
                     gather_ms=args.gather_ms,
                     clock=offset_clock(args.clock_offset_ms),
-                    rate=args.rate,
+                    rate=rate,
                     burst=args.burst,
                 )
             except ValueError as error:
@@ -286,8 +294,10 @@ def run_work(args: argparse.Namespace) -> int:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             stopped = running.cancelled()
+            paced.append(dispatcher.settings.rate)
             return dispatcher.summary, stopped, None if stopped else running.exception()
 
+    paced: list[Rate | None] = []  # the run's shared rate, its own or the queue's
     try:
         run, stopped, failure = asyncio.run(main())
     finally:
@@ -295,6 +305,8 @@ def run_work(args: argparse.Namespace) -> int:
             tracer.close()
     seconds = time.perf_counter() - started
     summary = run.as_dict()
+    shared = paced[0] if paced else None
+    whose = " (the queue's)" if rate is None else ""
     result = {
         **summary,
         "owner": owner,
@@ -302,7 +314,7 @@ def run_work(args: argparse.Namespace) -> int:
         "stopped_by_signal": stopped,
         "retry": retry._asdict(),
         "breaker": dataclasses.asdict(breaker),
-        "rate": None if args.rate is None else {"per_s": args.rate, "burst": args.burst},
+        "rate": None if shared is None else {"per_s": shared.per_s, "burst": shared.burst},
         "error": None if failure is None else one_line(failure),
     }
     emit(
@@ -322,8 +334,8 @@ def run_work(args: argparse.Namespace) -> int:
                         f"{breaker.base_ms}..{breaker.max_ms} ms apart",
                     ),
                     *(
-                        [("shared rate", f"{args.rate:g}/s, bursts of {args.burst}")]
-                        if args.rate is not None
+                        [("shared rate", f"{shared.per_s:g}/s, bursts of {shared.burst}{whose}")]
+                        if shared is not None
                         else []
                     ),
                 ],

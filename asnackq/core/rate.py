@@ -24,7 +24,9 @@ Rules of this module (the style of ``worker.py``; standard library only):
   ticket dropped unsent lets its slot pass with time, holding nothing afterwards; a
   ticket whose slot passed unsent takes a new one (``again``) before any claim does.
 * The table is created by the product's surfaces (``plan_rate_setup``), never by
-  ``open_queue``: the contract's schema stays exact.
+  ``open_queue``: the contract's schema stays exact.  The row is the queue's: a worker
+  given no rate of its own takes it (``plan_shared_rate``); removing it
+  (``plan_rate_clear``) lets every claim go unpaced, also those of a run paced so far.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ __all__ = [
     "MAX_BURST",
     "MAX_LEAD_US",
     "MAX_RATE",
+    "SQL_RATE_CLEAR",
     "SQL_RATE_CLOCK",
+    "SQL_RATE_EXISTS",
     "SQL_RATE_READ",
     "SQL_RATE_SET",
+    "SQL_RATE_SHARED",
     "SQL_RATE_SPEND",
     "SQL_RATE_TABLE",
     "Grant",
@@ -51,7 +56,9 @@ __all__ = [
     "check_rate",
     "grant",
     "plan_paced_cycle",
+    "plan_rate_clear",
     "plan_rate_setup",
+    "plan_shared_rate",
 ]
 
 MAX_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
@@ -70,8 +77,14 @@ SQL_RATE_READ = """SELECT interval_us, burst, tat_us,
   CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)
 FROM asnackq_rate WHERE key = ?"""
 SQL_RATE_SPEND = "UPDATE asnackq_rate SET tat_us = ? WHERE key = ? RETURNING key"
-# The database's clock alone (read-only, outside any transaction).
+# The database's clock alone.
 SQL_RATE_CLOCK = "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+# Whether the table is there (a queue no rate was ever set on has none), the rate, its removal.
+SQL_RATE_EXISTS = (
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'asnackq_rate'"
+)
+SQL_RATE_SHARED = "SELECT interval_us, burst FROM asnackq_rate WHERE key = ?"
+SQL_RATE_CLEAR = "DELETE FROM asnackq_rate WHERE key = ? RETURNING key"
 
 
 class Rate(NamedTuple):
@@ -155,6 +168,23 @@ def _setup(key: str, interval_us: int, burst: int) -> w.Plan[None]:
     return None, True
 
 
+def plan_shared_rate(key: str = DEFAULT_KEY) -> w.Plan[Rate | None]:
+    """Plan reading the queue's shared rate on ``key`` (None: it has none); changes nothing."""
+    tables = yield w.Sql(SQL_RATE_EXISTS)
+    rows = (yield w.Sql(SQL_RATE_SHARED, (key,))) if tables and tables[0][0] else None
+    if not rows:
+        return None, False
+    interval_us, burst = (int(value) for value in rows[0])
+    return Rate(1_000_000 / interval_us, burst, key), False
+
+
+def plan_rate_clear(key: str = DEFAULT_KEY) -> w.Plan[bool]:
+    """Plan removing the queue's shared rate on ``key``: whether there was one."""
+    tables = yield w.Sql(SQL_RATE_EXISTS)
+    removed = (yield w.Sql(SQL_RATE_CLEAR, (key,))) if tables and tables[0][0] else None
+    return bool(removed), bool(removed)
+
+
 def plan_paced_cycle(
     rate: Rate,
     results: Iterable[tuple[w.Ticket, str, int, int]],
@@ -195,19 +225,22 @@ def _paced(
     rate: Rate, cycle_args: CycleArgs, wants: tuple[int, ...], lead_us: int, limits: w.Limits
 ) -> w.Plan[Paced]:
     """``wants``: permits for held tickets again, claims, claims ahead."""
-    permits, wanted = Grant(0, 0, 0, 1), sum(wants)
+    permits, wanted, rows = Grant(0, 0, 0, 1), sum(wants), None
     if wanted:
         rows = yield w.Sql(SQL_RATE_READ, (rate.key,))
-        if not rows:
-            raise RuntimeError(f"no rate row {rate.key!r}: run plan_rate_setup first")
-        permits = grant(rows[0], wanted, lead_us)
+        if rows:
+            permits = grant(rows[0], wanted, lead_us)
+        else:  # the rate was removed: every claim goes, each slot at the clock's reading
+            clock = yield w.Sql(SQL_RATE_CLOCK)
+            now_us = int(clock[0][0]) if clock else 0
+            permits = Grant(wanted, now_us, now_us, 0)
     again = min(wants[0], permits.permits)
     count = min(wants[1], permits.permits - again)
     fresh = min(wants[2], permits.permits - again - count)
     cycle, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits)
     used = again + len(cycle[2])
     slots = [permits.start_us + i * permits.interval_us for i in range(used)]
-    if used:  # only the slots used are spent; the rest are never written
+    if used and rows:  # only the slots used are spent; the rest are never written
         spent = yield w.Sql(SQL_RATE_SPEND, (slots[-1] + permits.interval_us, rate.key))
         if spent != [(rate.key,)]:  # the row was read under the same lock: a bug
             raise RuntimeError(f"the rate row {rate.key!r} was not written once: {spent}")

@@ -185,7 +185,8 @@ class Dispatcher:
     outage.  ``clock`` is the queue's unless given.  ``rate`` (sends a second, with bursts
     of at most ``burst``) caps the sends of every worker of the queue together: its
     permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
-    than its slot.
+    than its slot; it becomes the queue's rate, which a run given none takes at its start
+    (``settings.rate``: the run's; ``AsyncQueue.clear_rate`` removes it).
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -237,6 +238,7 @@ class Dispatcher:
                 f"({lease_ms}ms): a late ACK would arrive after the lease ended"
             )
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
+        self.rate = shared  # None: the queue's, if it has one, at each run's start
         self.settings = Settings(
             owner=owner,
             concurrency=max_concurrency if concurrency == "auto" else concurrency,
@@ -297,8 +299,10 @@ class Dispatcher:
         """
         if max_jobs is not None:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
-        if self.settings.rate is not None:  # the queue's row: this rate for every worker
-            await self.queue.limit_rate(self.settings.rate)
+        if self.rate is not None:  # the queue's row: this rate for every worker
+            await self.queue.limit_rate(self.rate)
+        shared = self.rate if self.rate is not None else await self.queue.shared_rate()
+        self.settings = dataclasses.replace(self.settings, rate=shared)
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         if self.settings.rate is not None:
             await committer.slots.probe(self.queue, asyncio.get_running_loop().time)

@@ -335,6 +335,17 @@ class AsyncQueue:
         """Make ``rate`` the queue's shared send rate (its table, when absent, too)."""
         await self._run(partial(r.plan_rate_setup, rate))
 
+    async def shared_rate(self) -> r.Rate | None:
+        """The queue's shared send rate, if one was set (``limit_rate``)."""
+        rate: r.Rate | None = await self._run(r.plan_shared_rate)
+        return rate
+
+    async def clear_rate(self) -> bool:
+        """Remove the queue's shared send rate (every worker's claims go unpaced, also
+        those of runs paced so far); whether there was one."""
+        cleared: bool = await self._run(r.plan_rate_clear)
+        return cleared
+
     async def paced_cycle(
         self,
         rate: r.Rate,

@@ -135,6 +135,10 @@ STATEMENTS.update(
         rate.SQL_RATE_READ: PG_RATE_READ,
         rate.SQL_RATE_CLOCK: "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
         rate.SQL_RATE_SET: placeholders(rate.SQL_RATE_SET),
+        rate.SQL_RATE_EXISTS: "SELECT count(*) FROM pg_catalog.pg_tables"
+        " WHERE schemaname = current_schema() AND tablename = 'asnackq_rate'",
+        rate.SQL_RATE_SHARED: placeholders(rate.SQL_RATE_SHARED),
+        rate.SQL_RATE_CLEAR: placeholders(rate.SQL_RATE_CLEAR),
         rate.SQL_RATE_SPEND: placeholders(rate.SQL_RATE_SPEND),
     }
 )
