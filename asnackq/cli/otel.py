@@ -11,15 +11,18 @@ Rules of this module:
   stderr (stdout stays the command's); ``--spans FILE`` appends each span as a JSON line
   (``asnackq.lab.spans``).
 * The provider is OpenTelemetry's global one, set before any queue, sender or sink is made,
-  and shut down (its last spans flushed) when the command ends.  A SIGKILL loses what was
-  not yet exported.
+  and shut down when the command ends: its last spans get ``FLUSH_S`` to be exported, then
+  an export still retrying (no collector there) gives up, so a command ends within about two
+  seconds of its work whatever the collector does.  A SIGKILL loses what was not exported.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from asnackq.cli.common import Usage
 __all__ = ["EXPORTERS", "add_otel", "exporting"]
 
 EXPORTERS = ("otlp", "console")
+FLUSH_S = 2.0  # how long a command's last spans may take to export as it ends
+OTLP_LOGGER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 MISSING = (
     "{option} needs the OpenTelemetry SDK: pip install opentelemetry-sdk "
     "opentelemetry-exporter-otlp-proto-http"
@@ -61,14 +66,35 @@ def exporting(args: argparse.Namespace, service: str) -> Iterator[None]:
     if exporter is None and spans is None:
         yield
         return
-    provider = _provider(service, exporter, spans, "--otel-exporter" if exporter else "--spans")
+    provider, otlp = _provider(
+        service, exporter, spans, "--otel-exporter" if exporter else "--spans"
+    )
     try:
         yield
-    finally:
-        provider.shutdown()
+    finally:  # the last spans get FLUSH_S, then an export still retrying gives up
+        give_up = threading.Timer(FLUSH_S, otlp.shutdown) if otlp is not None else None
+        if give_up is not None:
+            give_up.daemon = True
+            give_up.start()
+            logging.getLogger(OTLP_LOGGER).addFilter(already_shut)
+        try:
+            provider.shutdown()
+        finally:
+            if give_up is not None:
+                give_up.cancel()
+                logging.getLogger(OTLP_LOGGER).removeFilter(already_shut)
 
 
-def _provider(service: str, exporter: str | None, spans: Path | None, option: str) -> Any:
+def already_shut(record: logging.LogRecord) -> bool:
+    """Drop the SDK's "already shutdown" warnings: the exporter given up on by ``exporting``
+    is shut down again by its provider."""
+    return "already shutdown" not in str(record.msg)
+
+
+def _provider(
+    service: str, exporter: str | None, spans: Path | None, option: str
+) -> tuple[Any, Any]:
+    """The SDK's provider, set as the global one, and its OTLP exporter (None: no OTLP)."""
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
@@ -77,12 +103,14 @@ def _provider(service: str, exporter: str | None, spans: Path | None, option: st
     except ImportError:
         raise Usage(MISSING.format(option=option)) from None
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    otlp = None
     if exporter == "otlp":
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
             raise Usage(MISSING.format(option=option)) from None
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        otlp = OTLPSpanExporter()
+        provider.add_span_processor(BatchSpanProcessor(otlp))
     elif exporter == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -92,4 +120,4 @@ def _provider(service: str, exporter: str | None, spans: Path | None, option: st
 
         provider.add_span_processor(SimpleSpanProcessor(json_lines(spans)))
     trace.set_tracer_provider(provider)
-    return provider
+    return provider, otlp
