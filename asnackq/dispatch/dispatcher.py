@@ -142,27 +142,25 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
 async def wait_overload(
     port: Port, claimed: Claimed, error: w.Overloaded, again: int, jitter: float
 ) -> bool:
-    """Wait out an overload under the ticket's lease, the coroutine's place given back
-    meanwhile; False if the lease ended first.
+    """Wait out an overload under the ticket's lease; False if the lease ended first.
 
     The wait is what the sink asked for.  A sink that asked for none (no ``Retry-After``,
     or ``0``: a slot frees within a second) is sent again after the retry policy's delay;
-    under concurrency "auto", after one latency floor (the sink's quickest answer so far),
-    jittered, and then through the gate, whose limit the overload has just cut.
+    under concurrency "auto", after about one latency floor (the sink's quickest answer so
+    far, times 0.5 to 1.5, doubled for each overload of the same ticket, at most the retry
+    policy's cap), and then through the gate, whose limit the overload has just cut.  The
+    coroutine keeps its place meanwhile: under "auto" a sink refusing every request meets
+    no more tickets than the gate's bound.
     """
     settings, gate = port.settings, port.gate
     wait_s = error.retry_after_s
-    if not wait_s:
-        if gate is not None and gate.rule.floor_s < FLOOR_WAIT_MAX_S:
-            return await port.hold(claimed.ticket, gate.rule.floor_s * (1 + jitter))
-        wait_s = settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
-    if gate is None:
+    if wait_s:
         return await port.hold(claimed.ticket, wait_s)
-    gate.release()
-    try:
-        return await port.hold(claimed.ticket, wait_s)
-    finally:
-        gate.retake()
+    if gate is not None and gate.rule.floor_s < FLOOR_WAIT_MAX_S:
+        backoff = gate.rule.floor_s * (0.5 + jitter) * 2 ** min(again - 1, 16)
+        return await port.hold(claimed.ticket, min(backoff, settings.retry.cap_ms / 1000))
+    delay_ms = settings.retry.delay(min(again, 16), jitter, settings.limits)
+    return await port.hold(claimed.ticket, delay_ms / 1000)
 
 
 def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
@@ -327,6 +325,7 @@ class Dispatcher:
         try:
             await asyncio.wait(workers)  # unlike gather, a cancelled wait spares the workers
         except asyncio.CancelledError:
+            self._limit_in_summary()
             committer.drain()
             _, late = await asyncio.wait(workers, timeout=self.grace_s)
             for task in late:  # abandoned jobs stay leased and are reclaimed later
@@ -336,13 +335,18 @@ class Dispatcher:
             first_failure([loop, *workers])
             raise
         await committer.close(loop)
-        if self._gate is not None:
-            self.summary.concurrency = self._gate.limit
-            self.summary.concurrency_cuts = self._gate.rule.cuts
+        self._limit_in_summary()
         failure = first_failure([loop, *workers]) or committer.failure
         if failure is not None:  # a coroutine's unexpected failure is the run's
             raise failure
         return self.summary
+
+    def _limit_in_summary(self) -> None:
+        """Concurrency "auto": the summary's concurrency is the adaptive limit (a run
+        stopped by cancellation included)."""
+        if self._gate is not None:
+            self.summary.concurrency = self._gate.limit
+            self.summary.concurrency_cuts = self._gate.rule.cuts
 
 
 def check_send(send: object) -> None:

@@ -10,10 +10,9 @@ Rules of this module:
   waiting for a ticket or a commit never keeps the sink's capacity unused, and a ticket
   waits at most about ``depth / limit`` of a send for its slot.
 * Each send is timed on the event loop's clock and its outcome told to the rule
-  (``asnackq.dispatch.adaptive``); a send the sink answered with an overload gives its
-  holder's place back while it waits out the sink's ``Retry-After``, and takes it back at
-  once when the wait is over, past the bound if need be: the coroutines holding the
-  places may be waiting for a ticket, and the run for this one.
+  (``asnackq.dispatch.adaptive``); a ticket the sink answered with an overload keeps its
+  holder's place while it waits out the sink's ``Retry-After``: a sink refusing every
+  request meets no more tickets than the bound.
 * A lowered limit takes effect as sends end: no send in flight is cancelled.
 * Waiters are served in order.
 """
@@ -32,7 +31,7 @@ __all__ = ["Gate", "depth"]
 
 
 def depth(limit: int) -> int:
-    """How many tickets may wait for a send slot: a quarter of the limit, at least one."""
+    """How many tickets may wait for a send slot: half the limit, at least one."""
     return max(1, -(-limit // 2))
 
 
@@ -64,10 +63,6 @@ class Line:
         """Give a place back."""
         self.taken -= 1
         self.wake()
-
-    def retake(self) -> None:
-        """Take a place back at once, past the bound if need be."""
-        self.taken += 1
 
     def wake(self) -> None:
         while self._waiters and self.taken < self.bound():
@@ -101,10 +96,6 @@ class Gate:
     def release(self) -> None:
         """Give a holder's place back."""
         self.holders.release()
-
-    def retake(self) -> None:
-        """Take a holder's place back at once, past the bound if need be."""
-        self.holders.retake()
 
     async def send(self, send: AsyncSend, event: dict[str, Any], token: int) -> object:
         """``send(event, token)`` in a send slot, timed, its outcome told to the rule."""

@@ -12,7 +12,7 @@ Rules of this module:
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
   ``QueueBusy``.  On the store's own connection BEGIN itself does not wait in SQLite's busy
   handler (whose sleeps grow to 100 ms, so a lock freed after 60 ms is taken after 78): it
-  is tried again every ``POLL_S`` (0.5 ms, growing to 5 ms, jittered) for as long as the
+  is tried again every ``POLL_S`` (0.5 ms, growing to 10 ms, jittered) for as long as the
   handler would have waited, the connection's busy timeout kept for every other statement.
 * An exception before COMMIT rolls back and propagates unchanged (a failing ROLLBACK never
   hides it).
@@ -45,7 +45,7 @@ Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries i
 # lease, COMMIT.
 # A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
 HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
-POLL_S = (0.0005, 0.005)  # a busy BEGIN is tried again after this long, growing to the most
+POLL_S = (0.0005, 0.01)  # a busy BEGIN is tried again after this long, growing to the most
 
 
 class QueueBusy(sqlite3.OperationalError):
@@ -84,23 +84,34 @@ async def begin(db: aiosqlite.Connection, attempts: int, busy_ms: int | None = N
 
 
 async def poll_begin(db: aiosqlite.Connection, attempts: int, busy_ms: int) -> None:
-    """BEGIN IMMEDIATE without the busy handler, tried again every ``POLL_S`` while busy."""
+    """BEGIN IMMEDIATE without the busy handler, tried again every ``POLL_S`` while busy.
+
+    The first try is one hop that also puts the busy timeout back; after a refusal the
+    timeout stays 0 for the plain BEGINs that follow (the caller's lock keeps every other
+    statement off this connection meanwhile) and is put back however the wait ends."""
+    timeout = f"PRAGMA busy_timeout = {busy_ms}"
+    try:
+        await db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
+        return
+    except sqlite3.OperationalError as error:
+        refused = error
     loop = asyncio.get_running_loop()
     deadline, pause = loop.time() + attempts * busy_ms / 1000, POLL_S[0]
-    while True:
-        try:  # one hop: the busy timeout is the connection's again once BEGIN is through
-            await db.executescript(
-                f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; PRAGMA busy_timeout = {busy_ms}"
-            )
-            return
-        except sqlite3.OperationalError as error:
-            if not busy(error):
-                raise
-            await db.execute_fetchall(f"PRAGMA busy_timeout = {busy_ms}")
+    try:
+        while busy(refused):
             if loop.time() >= deadline:
-                raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
+                raise QueueBusy(f"queue locked after {attempts} attempts: {refused}") from refused
             await asyncio.sleep(random.uniform(0.5, 1.5) * pause)
             pause = min(pause * 1.5, POLL_S[1])
+            try:
+                await db.execute_fetchall("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as error:
+                refused = error
+        raise refused
+    finally:
+        with contextlib.suppress(sqlite3.Error, ValueError):  # (ValueError: closed)
+            await db.execute_fetchall(timeout)
 
 
 def busy(error: sqlite3.OperationalError) -> bool:
