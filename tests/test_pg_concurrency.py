@@ -32,7 +32,7 @@ from asnackq.wire.send import AsyncHttpSender
 async def coroutine(url, sink, name, out, rng, lease_ms):
     async with AsyncQueue.open(url) as queue, AsyncHttpSender(sink, timeout_s=5) as send:
         idle = 0
-        while idle < 5:
+        while idle * 50 < 2 * lease_ms:  # (an abandoned lease ends before all stop)
             now = epoch_ms()
             if rng.random() < 0.5:
                 tickets = await queue.claim_many(name, now, lease_ms, rng.randint(1, 4))

@@ -12,7 +12,7 @@ Rules of this module:
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
   ``QueueBusy``.  On the store's own connection BEGIN itself does not wait in SQLite's busy
   handler (whose sleeps grow to 100 ms, so a lock freed after 60 ms is taken after 78): it
-  is tried again every ``POLL_S`` (0.5 ms, growing to 10 ms, jittered) for as long as the
+  is tried again every ``POLL_S`` (0.5 ms, growing to 20 ms, jittered) for as long as the
   handler would have waited, the connection's busy timeout kept for every other statement.
 * An exception before COMMIT rolls back and propagates unchanged (a failing ROLLBACK never
   hides it).
@@ -45,7 +45,7 @@ Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries i
 # lease, COMMIT.
 # A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
 HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
-POLL_S = (0.0005, 0.01)  # a busy BEGIN is tried again after this long, growing to the most
+POLL_S = (0.0005, 0.02)  # a busy BEGIN is tried again after this long, growing to the most
 
 
 class QueueBusy(sqlite3.OperationalError):
