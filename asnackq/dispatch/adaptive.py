@@ -18,7 +18,7 @@ curve (RFC 9438), with a latency guard:
   the curve takes back to ``w_max``: quickly back to just below the limit that was too
   much, then a plateau there, then faster again past it.  The probes past a known limit,
   each of which costs a 429 (and, with ``Retry-After: 1``, a second of that job's
-  latency), come about once every ``k`` seconds (1.3 s for a limit of 4), however short
+  latency), come about once every ``k`` seconds (1.6 s for a limit of 4), however short
   the round trip; growth is at most one per round trip.
 * Never below ``min_limit``, never above ``max_limit``.
 
@@ -36,7 +36,7 @@ from typing import Literal
 __all__ = ["CUBIC", "DECREASE", "TOLERANCE", "Aimd", "Outcome"]
 
 Outcome = Literal["ok", "overload", "failure"]
-CUBIC = 0.4  # the curve's scale: slots a second cubed (RFC 9438's C)
+CUBIC = 0.2  # the curve's scale: slots a second cubed (RFC 9438's C)
 DECREASE = 0.8  # the limit kept at a cut
 TOLERANCE = 2.0  # smoothed latency over floor that counts as a queue building up
 SLACK_S = 0.002  # latency above the floor never counted as a queue (timer noise)
