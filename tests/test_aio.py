@@ -393,8 +393,8 @@ async def test_a_begin_failing_for_another_reason_than_busy_restores_the_busy_ti
 
 async def test_waiting_for_a_lock_held_a_second_costs_no_cpu_to_speak_of(db):
     """Four queues wait one second for a write lock another connection holds: the polled
-    BEGIN (every 0.5-20 ms, one thread hop each) costs under a tenth of a core meanwhile
-    (polls of two hops every 5 ms at most cost about 6 % per waiting connection)."""
+    BEGIN (tried again after a tenth of its wait so far, one thread hop each) costs under a
+    tenth of a core meanwhile (polls of two hops every 5 ms cost about 6 % per queue)."""
     queues = [await AsyncQueue.connect(db, busy_s=5.0) for _ in range(4)]
     other = sqlite3.connect(db, isolation_level=None)
     try:

@@ -12,8 +12,9 @@ Rules of this module:
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
   ``QueueBusy``.  On the store's own connection BEGIN itself does not wait in SQLite's busy
   handler (whose sleeps grow to 100 ms, so a lock freed after 60 ms is taken after 78): it
-  is tried again every ``POLL_S`` (0.5 ms, growing to 20 ms, jittered) for as long as the
-  handler would have waited, the connection's busy timeout kept for every other statement.
+  is tried again after a tenth of the time it has waited (``POLL_S``: 0.5 to 50 ms,
+  jittered), for as long as the handler would have waited, the connection's busy timeout
+  kept for every other statement.
 * An exception before COMMIT rolls back and propagates unchanged (a failing ROLLBACK never
   hides it).
 * The caller serialises transactions on a connection (one lock) and shields them from
@@ -45,7 +46,10 @@ Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries i
 # lease, COMMIT.
 # A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
 HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
-POLL_S = (0.0005, 0.02)  # a busy BEGIN is tried again after this long, growing to the most
+# A busy BEGIN is tried again after a tenth of the time it has waited so far (jittered),
+# within these bounds: a freed lock is taken within about a tenth of the wait, and a wait of
+# a second costs some 60 tries.
+POLL_S = (0.0005, 0.05)
 
 
 class QueueBusy(sqlite3.OperationalError):
@@ -96,13 +100,14 @@ async def poll_begin(db: aiosqlite.Connection, attempts: int, busy_ms: int) -> N
     except sqlite3.OperationalError as error:
         refused = error
     loop = asyncio.get_running_loop()
-    deadline, pause = loop.time() + attempts * busy_ms / 1000, POLL_S[0]
+    began = loop.time()
+    deadline = began + attempts * busy_ms / 1000
     try:
         while busy(refused):
             if loop.time() >= deadline:
                 raise QueueBusy(f"queue locked after {attempts} attempts: {refused}") from refused
+            pause = min(max((loop.time() - began) / 10, POLL_S[0]), POLL_S[1])
             await asyncio.sleep(random.uniform(0.5, 1.5) * pause)
-            pause = min(pause * 1.5, POLL_S[1])
             try:
                 await db.execute_fetchall("BEGIN IMMEDIATE")
                 return
