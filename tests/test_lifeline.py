@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,22 +88,67 @@ def test_a_lab_s_sink_and_worker_end_when_the_lab_is_sigkilled(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_a_child_whose_parent_is_gone_already_does_not_start(tmp_path):
-    """A child told of a parent that no longer exists ends at once, with one line."""
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait(30)
-    env = {**os.environ, procs.PARENT_ENV: str(gone.pid)}
+def test_a_child_whose_lifeline_is_cut_already_stops_at_once(tmp_path):
+    """A child handed a lifeline whose writer is gone before it starts stops itself."""
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    try:
+        child = subprocess.Popen(
+            procs.command("sink", "--db", tmp_path / "s.db", "--port", "0"),
+            env={**os.environ, procs.LIFELINE_ENV: str(read_end)},
+            pass_fds=(read_end,),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(read_end)
+    try:
+        assert ends_within(child.pid, 30)
+    finally:
+        child.kill()
+        _, err = child.communicate(timeout=30)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1", "0", "abc", "999999", ""])
+def test_a_lifeline_variable_naming_no_pipe_changes_nothing(value):
+    """Digits of other scripts, a descriptor that is no pipe (0: stdin here is /dev/null) or
+    none at all: the command runs as usual."""
     done = subprocess.run(
-        procs.command("sink", "--db", tmp_path / "s.db", "--port", "0"),
-        env=env,
+        procs.command("--help"),
+        env={**os.environ, procs.LIFELINE_ENV: value},
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 1
-    assert done.stderr.strip().endswith("is gone") and "Traceback" not in done.stderr
-    assert not (tmp_path / "s.db").exists()
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_child_started_from_a_thread_that_ends_lives_on_with_its_process(tmp_path):
+    """The lifeline is the process's, not the thread's: a worker started from a thread that
+    then ends keeps running (the kernel's parent-death signal would have ended it)."""
+    queue = tmp_path / "queue.db"
+    w.open_queue(str(queue)).close()
+    started: list[procs.Proc] = []
+    thread = threading.Thread(
+        target=lambda: started.append(
+            procs.start(
+                procs.command("work", queue, "--sink", "http://127.0.0.1:9/events"),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    )
+    thread.start()
+    thread.join(30)
+    (child,) = started
+    try:
+        assert not ends_within(child.pid, 3)
+    finally:
+        procs.stop(child)
 
 
 def test_a_throwaway_postgresql_ends_and_is_removed_when_its_maker_is_sigkilled():

@@ -8,7 +8,9 @@ import itertools
 import json
 import random
 import sqlite3
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -18,6 +20,7 @@ from asnackq.core import rate as r
 from asnackq.core import worker as w
 from asnackq.dispatch import BreakerPolicy, Dispatcher
 from asnackq.dispatch.slots import SAMPLES, Slots
+from asnackq.lab import procs
 from asnackq.lab.pace import fill as pace_fill
 from asnackq.lab.pace import pace, recording_sink
 from asnackq.store import opening, pg_session
@@ -426,3 +429,69 @@ def test_work_rate_off_removes_the_queue_s_rate_and_a_worker_given_none_shows_th
     con = sqlite3.connect(queue)
     assert con.execute("SELECT count(*) FROM asnackq_rate").fetchone() == (0,)
     con.close()
+
+
+def queue_with_rate_row(path: Path, interval_us: int, burst: int) -> Path:
+    """A queue whose rate row was written by hand (or by another version)."""
+    w.open_queue(path).close()
+    con = sqlite3.connect(path)
+    w.drive(con, r.plan_rate_setup(r.check_rate(25.0, 2)))
+    with con:
+        con.execute("UPDATE asnackq_rate SET interval_us = ?, burst = ?", (interval_us, burst))
+    con.close()
+    return path
+
+
+@pytest.mark.parametrize(("interval_us", "burst"), [(0, 1), (-40_000, 1), (40_000, 0), (1, 1)])
+def test_work_on_a_queue_whose_rate_row_is_out_of_range_says_so_in_one_line(
+    tmp_path, interval_us, burst
+):
+    """A rate row with interval 0, a negative interval, a burst of 0, or a rate above
+    MAX_RATE (written by hand): a worker given no rate says so in one line and exits 1,
+    never a traceback or a run at a bogus rate."""
+    queue = queue_with_rate_row(tmp_path / "queue.db", interval_us, burst)
+    done = subprocess.run(
+        [*procs.command("work", queue, "--sink", "http://127.0.0.1:9/events", "--until-empty")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(("interval_us", "burst"), [(0, 1), (-40_000, 1), (40_000, 0)])
+def test_shared_rate_never_returns_a_rate_check_rate_refuses(tmp_path, interval_us, burst):
+    queue = queue_with_rate_row(tmp_path / "queue.db", interval_us, burst)
+    con = sqlite3.connect(queue)
+    try:
+        rate = w.drive(con, r.plan_shared_rate())
+    except ValueError:
+        return  # refused with a clear error: fine
+    finally:
+        con.close()
+    assert rate is None or rate == r.check_rate(*rate), rate
+
+
+def test_shared_rate_never_returns_a_rate_above_max_rate(tmp_path):
+    """An interval of 1 us would be 1e6 sends a second, ten times MAX_RATE: refused."""
+    queue = queue_with_rate_row(tmp_path / "queue.db", 1, 1)
+    con = sqlite3.connect(queue)
+    try:
+        with pytest.raises(ValueError, match="out of range"):
+            w.drive(con, r.plan_shared_rate())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("typed", ["OFF", "Off", " off"])
+def test_rate_off_typed_otherwise_is_named_in_the_usage_line(tmp_path, typed):
+    """``--rate OFF`` is refused in a line that names 'off' (the one word accepted) and no
+    range that would take 0."""
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    argv = ["work", queue, "--sink", "http://127.0.0.1:9/e", "--until-empty", "--rate", typed]
+    done = subprocess.run(procs.command(*argv), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "'off'" in done.stderr and "0.." not in done.stderr, done.stderr

@@ -9,9 +9,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -24,6 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from asnackq.core import worker as w
+from asnackq.lab import procs
 from asnackq.lab.pg_server import free_port
 
 from .sinks import serving
@@ -212,3 +216,46 @@ def test_with_no_collector_listening_a_command_ends_within_its_flush_time(tmp_pa
     assert child.returncode == 0 and "inserted 1" in child.stdout, child.stderr
     assert took < 5.0, took
     assert "Traceback" not in child.stderr and "already shutdown" not in child.stderr
+
+
+def test_a_collector_that_accepts_and_never_answers_delays_a_command_about_two_seconds(
+    tmp_path,
+):
+    """A collector that takes the connection and never answers: the export in flight is
+    left behind after its 2 s (it would wait out the exporter's 10 s timeout)."""
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"id": "a", "qty": 1}\n', encoding="utf-8")
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accept every connection, never answer
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    port = listener.getsockname()[1]
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+    try:
+        began = time.monotonic()
+        done = subprocess.run(
+            [*procs.command("enqueue", queue, events, "--otel-exporter", "otlp")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        thread.join(10)
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert done.returncode == 0, done.stderr
+    assert took < 2.0 + 2.5, (took, done.stderr)  # (2 s, the interpreter's start, slack)

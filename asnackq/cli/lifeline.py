@@ -1,35 +1,45 @@
 """A child of the lab ends with it.
 
-The lab (``asnackq.lab.procs``) names itself in ``ASNACKQ_PARENT_PID`` when it starts a sink
-or a worker; the child asks the kernel for a SIGTERM when its parent ends (Linux's
-``PR_SET_PDEATHSIG``), so that a lab SIGKILLed - or a test process that exits without its
-``finally`` - leaves no sink or worker running.  The SIGTERM is the usual graceful stop.
-A parent that is gone already ends the child at once.  Without the variable: nothing.
+The lab (``asnackq.lab.procs``) hands each sink and worker it starts the read end of a pipe
+whose write end only the lab's process holds (``ASNACKQ_LIFELINE_FD`` names it).  The child
+waits on it in a thread: the read returns when that process ends, however it ends (a
+SIGKILL, a test process that exits without its ``finally``), and the child then sends itself
+SIGTERM, its usual graceful stop.  It is the process that matters, not the thread that
+started the child.  Without the variable, or when it names no pipe: nothing.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
+import stat
+import threading
 
-__all__ = ["PARENT_ENV", "end_with_parent"]
+__all__ = ["LIFELINE_ENV", "end_with_parent"]
 
-PARENT_ENV = "ASNACKQ_PARENT_PID"
-PR_SET_PDEATHSIG = 1
+LIFELINE_ENV = "ASNACKQ_LIFELINE_FD"
 
 
 def end_with_parent() -> None:
-    """Arrange to be SIGTERMed when the parent named in ``PARENT_ENV`` ends (and exit now if
-    it has); the variable is not passed on to this process's own children."""
-    value = os.environ.pop(PARENT_ENV, "")
-    if not value.isdigit():
+    """Watch the lifeline named in ``LIFELINE_ENV`` (not passed on to this process's own
+    children): when its writer is gone, SIGTERM this process."""
+    value = os.environ.pop(LIFELINE_ENV, "")
+    if not (value.isascii() and value.isdigit()):
         return
-    parent = int(value)
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # it ended before the prctl (``procs`` starts its children
-        # directly, or through ``ip netns exec``, which runs them in its own process)
-        raise SystemExit(f"asnackq: the process that started this one ({parent}) is gone")
+    fd = int(value)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+    except OSError:  # no such descriptor here
+        return
+    threading.Thread(target=watch, args=(fd,), name="asnackq-lifeline", daemon=True).start()
+
+
+def watch(fd: int) -> None:
+    """Block until the pipe's writer is gone (end of file), then SIGTERM this process."""
+    try:
+        while os.read(fd, 512):
+            pass  # (nothing is ever written: a write is no reason to stop)
+    except OSError:
+        return
+    os.kill(os.getpid(), signal.SIGTERM)

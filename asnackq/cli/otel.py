@@ -71,18 +71,24 @@ def exporting(args: argparse.Namespace, service: str) -> Iterator[None]:
     )
     try:
         yield
-    finally:  # the last spans get FLUSH_S, then an export still retrying gives up
-        give_up = threading.Timer(FLUSH_S, otlp.shutdown) if otlp is not None else None
-        if give_up is not None:
-            give_up.daemon = True
-            give_up.start()
-            logging.getLogger(OTLP_LOGGER).addFilter(already_shut)
-        try:
-            provider.shutdown()
-        finally:
-            if give_up is not None:
-                give_up.cancel()
-                logging.getLogger(OTLP_LOGGER).removeFilter(already_shut)
+    finally:
+        end(provider, otlp)
+
+
+def end(provider: Any, otlp: Any) -> None:
+    """Shut the provider down, its last spans given ``FLUSH_S``: then an export still
+    retrying gives up, and one still waiting for a collector's answer is left behind (the
+    shutdown runs in a daemon thread, and the provider has no shutdown at exit)."""
+    logger = logging.getLogger(OTLP_LOGGER)
+    logger.addFilter(already_shut)
+    ending = threading.Thread(target=provider.shutdown, name="asnackq-otel-end", daemon=True)
+    ending.start()
+    ending.join(FLUSH_S)
+    if ending.is_alive() and otlp is not None:
+        otlp.shutdown()  # (a retry's wait ends at once)
+        ending.join(0.5)
+    if not ending.is_alive():
+        logger.removeFilter(already_shut)
 
 
 def already_shut(record: logging.LogRecord) -> bool:
@@ -102,7 +108,9 @@ def _provider(
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError:
         raise Usage(MISSING.format(option=option)) from None
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}), shutdown_on_exit=False
+    )
     otlp = None
     if exporter == "otlp":
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -57,9 +58,15 @@ def send_rate(text: str) -> float | str:
     ``off``."""
     if text == "off":
         return text
-    value: float = within(float, 0, MAX_RATE)(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_RATE:  # (NaN too)
+        raise argparse.ArgumentTypeError(
+            f"must be a number of sends a second above 0 and at most {MAX_RATE:g}, "
+            f"or 'off', not {text!r}"
+        )
     return value
 
 
@@ -181,7 +188,7 @@ def add_work(commands: Commands) -> None:
         metavar="R",
         help="at most R sends a second, shared by every worker of this queue (its "
         "permits live in the queue's database; the last --rate given sets it for all, and "
-        "a worker given none takes it); 'off' removes it",
+        "a worker given none takes it when it starts); 'off' removes it",
     )
     work.add_argument(
         "--burst",

@@ -59,6 +59,7 @@ __all__ = [
     "plan_rate_clear",
     "plan_rate_setup",
     "plan_shared_rate",
+    "rate_of",
 ]
 
 MAX_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
@@ -174,8 +175,25 @@ def plan_shared_rate(key: str = DEFAULT_KEY) -> w.Plan[Rate | None]:
     rows = (yield w.Sql(SQL_RATE_SHARED, (key,))) if tables and tables[0][0] else None
     if not rows:
         return None, False
-    interval_us, burst = (int(value) for value in rows[0])
-    return Rate(1_000_000 / interval_us, burst, key), False
+    return rate_of(rows[0], key), False
+
+
+def rate_of(row: tuple[Any, ...], key: str) -> Rate:
+    """The ``Rate`` of a row's ``(interval_us, burst)``; ``ValueError`` for a row out of
+    range (written by hand, or by something else): one clear line, never a division by 0."""
+    interval_us, burst = row[0], row[1]
+    if type(interval_us) is not int or interval_us < round(1_000_000 / MAX_RATE):
+        raise ValueError(
+            f"the queue's rate row {key!r} is out of range: interval_us {interval_us!r}"
+            " (set it again with work --rate R, or remove it with work --rate off)"
+        )
+    try:
+        return check_rate(1_000_000 / interval_us, burst, key)
+    except ValueError as error:
+        raise ValueError(
+            f"the queue's rate row {key!r} is out of range: {error}"
+            " (set it again with work --rate R, or remove it with work --rate off)"
+        ) from None
 
 
 def plan_rate_clear(key: str = DEFAULT_KEY) -> w.Plan[bool]:
@@ -229,6 +247,7 @@ def _paced(
     if wanted:
         rows = yield w.Sql(SQL_RATE_READ, (rate.key,))
         if rows:
+            rate_of(rows[0][:2], rate.key)  # (a row out of range: one line, not a crash)
             permits = grant(rows[0], wanted, lead_us)
         else:  # the rate was removed: every claim goes, each slot at the clock's reading
             clock = yield w.Sql(SQL_RATE_CLOCK)

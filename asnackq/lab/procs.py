@@ -11,8 +11,9 @@ through it):
   names its URL, read before its clients start.
 * ``exit_on_sigterm``: a SIGTERM to this process raises ``SystemExit``, so that every
   ``finally`` that stops children runs when an experiment is itself stopped.
-* A child ends with the thread that started it (``PARENT_ENV``: ``asnackq.cli.lifeline``):
-  a lab SIGKILLed, or a test process ended without its ``finally``, leaves none running.
+* A child ends with the process that started it: it gets the read end of a pipe only that
+  process writes to (``LIFELINE_ENV``, ``asnackq.cli.lifeline``), so a lab SIGKILLed, or a
+  test process ended without its ``finally``, leaves none running.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 STOP_S = 30  # how long a SIGTERMed child has to exit before it is SIGKILLed
-PARENT_ENV = "ASNACKQ_PARENT_PID"  # (read by the child: asnackq.cli.lifeline)
+LIFELINE_ENV = "ASNACKQ_LIFELINE_FD"  # (read by the child: asnackq.cli.lifeline)
 PIPE = subprocess.PIPE
 Stream = IO[Any] | int | None
 Proc = subprocess.Popen[str]
@@ -68,9 +69,24 @@ def start(
     argv: Sequence[str], *, stdin: Stream = None, stdout: Stream = None, stderr: Stream = None
 ) -> Proc:
     """Start ``argv`` (text pipes); the caller stops it with ``stop`` or ``kill``.  An
-    ``asnackq`` child is SIGTERMed by the kernel when this thread ends."""
-    env = {**os.environ, PARENT_ENV: str(os.getpid())}
-    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True, env=env)
+    ``asnackq`` child SIGTERMs itself when this process ends (its lifeline)."""
+    fd = lifeline()
+    env = {**os.environ, LIFELINE_ENV: str(fd)}
+    return subprocess.Popen(
+        argv, stdin=stdin, stdout=stdout, stderr=stderr, text=True, env=env, pass_fds=(fd,)
+    )
+
+
+_LIFELINE: list[int] = []  # this process's lifeline: the read end (the write end is kept)
+
+
+def lifeline() -> int:
+    """The read end of this process's lifeline, made once: its write end stays open, and
+    unshared, for as long as this process lives."""
+    if not _LIFELINE:
+        read_end, write_end = os.pipe()  # (neither inherited but where passed)
+        _LIFELINE[:] = [read_end, write_end]
+    return _LIFELINE[0]
 
 
 def reap(proc: Proc, timeout_s: float = STOP_S) -> int:
