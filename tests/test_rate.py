@@ -495,3 +495,38 @@ def test_rate_off_typed_otherwise_is_named_in_the_usage_line(tmp_path, typed):
     done = subprocess.run(procs.command(*argv), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "'off'" in done.stderr and "0.." not in done.stderr, done.stderr
+
+
+async def test_a_worker_started_before_any_rate_keeps_to_the_rate_set_later(db, tmp_path):
+    """A worker that started while the queue had no rate keeps to the one another worker
+    sets later (it looks for it every RATE_CHECK_S), also with the tickets it claimed
+    before: 60 jobs at 20 a second take about 3 s, not the 0.3 s they take unpaced."""
+    await pace_fill(db, 60)
+    first, rated = asyncio.Event(), asyncio.Event()
+    async with (
+        recording_sink(tmp_path / "sink.db") as (url, arrivals),
+        AsyncQueue.open(db) as queue,
+        AsyncQueue.open(db) as other,
+        AsyncHttpSender(url, timeout_s=1.0) as http,
+    ):
+
+        async def send(event: dict[str, object], token: int | None) -> object:
+            first.set()
+            await rated.wait()
+            return await http(event, token)
+
+        dispatcher = Dispatcher(queue, send, owner="w1", concurrency=4, lease_ms=5000)
+        run = asyncio.ensure_future(dispatcher.run(until_empty=True))
+        await asyncio.wait_for(first.wait(), 10)
+        await other.limit_rate(r.check_rate(20.0))  # another worker: work --rate 20
+        for _ in range(200):  # (looked for every RATE_CHECK_S: within a second)
+            if dispatcher.settings.rate is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert dispatcher.settings.rate == r.Rate(20.0)
+        began = time.monotonic()
+        rated.set()
+        summary = await asyncio.wait_for(run, 30)
+    assert summary.done == 60
+    judged = pace(arrivals, 20.0, skip_s=0.0)
+    assert time.monotonic() - began > 2.0 and judged.max_window <= 20 + 4 + 2, judged

@@ -188,7 +188,7 @@ def add_work(commands: Commands) -> None:
         metavar="R",
         help="at most R sends a second, shared by every worker of this queue (its "
         "permits live in the queue's database; the last --rate given sets it for all, and "
-        "a worker given none takes it when it starts); 'off' removes it",
+        "a worker given none keeps to it as well); 'off' removes it",
     )
     work.add_argument(
         "--burst",

@@ -41,7 +41,7 @@ from asnackq.dispatch.ledger import Due, Ledger
 from asnackq.dispatch.pacer import Pacer, Want
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
-from asnackq.dispatch.settings import Settings
+from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import AsyncQueue
@@ -95,6 +95,7 @@ class Committer:
         self.rate_short = False  # the shared rate's permits cut the last claim short
         self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
         self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
+        self.rate_check_at = self.clock() + RATE_CHECK_S  # (a run's start looked already)
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -198,6 +199,9 @@ class Committer:
                     waiter.set_result(None)
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
+        looking = self.phase is Phase.CLAIMING and not self.settings.shared.own
+        if looking and self.clock() >= self.rate_check_at:
+            await self._look_for_rate()
         self.kick.clear()
         now = self.now()
         want = self._want()
@@ -220,6 +224,20 @@ class Committer:
             self.drain()
         else:
             await self._sleep(wake_ms)
+
+    async def _look_for_rate(self) -> None:
+        """A run given no rate keeps to the queue's: set, changed or removed meanwhile."""
+        self.rate_check_at = self.clock() + RATE_CHECK_S
+        shared, found = self.settings.shared, await self.queue.shared_rate()
+        if found == shared.rate:
+            return
+        if found is not None and shared.rate is None:
+            await self.slots.probe(self.queue, self.clock)
+        shared.rate = found
+        if found is None:  # unpaced now: a coroutine waiting for a new slot has it now
+            while self.slot_waiters:
+                if not (waiter := self.slot_waiters.popleft()).done():
+                    waiter.set_result(self.clock())
 
     def _due(self, now: int) -> Due:
         """The held leases to extend now (see ``Ledger.due``)."""

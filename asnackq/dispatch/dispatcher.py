@@ -35,7 +35,7 @@ from asnackq.dispatch.committer import Committer
 from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.port import Claimed, Port, Sent
 from asnackq.dispatch.runclock import RunClock
-from asnackq.dispatch.settings import Settings, Trace
+from asnackq.dispatch.settings import Settings, SharedRate, Trace
 from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
 from asnackq.store.aio import NOT_AN_INTAKE, AsyncQueue, AsyncSend
@@ -183,8 +183,9 @@ class Dispatcher:
     outage.  ``clock`` is the queue's unless given.  ``rate`` (sends a second, with bursts
     of at most ``burst``) caps the sends of every worker of the queue together: its
     permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
-    than its slot; it becomes the queue's rate, which a run given none takes at its start
-    (``settings.rate``: the run's; ``AsyncQueue.clear_rate`` removes it).
+    than its slot; it becomes the queue's rate, which a run given none keeps to as well,
+    looking for it at its start and every ``RATE_CHECK_S`` (``settings.rate``: the run's
+    now; ``AsyncQueue.clear_rate`` removes it).
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -249,7 +250,7 @@ class Dispatcher:
             trace=trace,
             retry=retry,
             limits=limits,
-            rate=shared,
+            shared=SharedRate(shared, own=shared is not None),
             spans=DeliverySpans.of(owner),
         )
         self.summary = Summary()
@@ -299,8 +300,8 @@ class Dispatcher:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
         if self.rate is not None:  # the queue's row: this rate for every worker
             await self.queue.limit_rate(self.rate)
-        shared = self.rate if self.rate is not None else await self.queue.shared_rate()
-        self.settings = dataclasses.replace(self.settings, rate=shared)
+        else:  # the queue's, if it has one (looked for again as the run goes on)
+            self.settings.shared.rate = await self.queue.shared_rate()
         committer = Committer(self.queue, self.settings, max_jobs, self.breaker)
         if self.settings.rate is not None:
             await committer.slots.probe(self.queue, asyncio.get_running_loop().time)

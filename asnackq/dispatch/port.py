@@ -77,8 +77,9 @@ class Port:
         sent late in a bunch.  Whether the run still holds the lease when the slot comes
         (False: do not send)."""
         rate, slot = self.settings.rate, claimed.not_before
-        if rate is None or not (slot or again):
+        if rate is None:
             return True
+        again = again or not slot  # (claimed before the run kept to a rate: a slot now)
         clock = asyncio.get_running_loop().time
         late_s = max(LATE_S, LATE_SLOTS / rate.per_s)
         while again or clock() - slot > late_s or clock() < slot:

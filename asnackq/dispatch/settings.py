@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
@@ -12,16 +12,27 @@ from asnackq.core.rate import Rate
 if TYPE_CHECKING:
     from asnackq.dispatch.spans import DeliverySpans
 
-__all__ = ["RATE_GATHER_MS", "Settings", "Trace"]
+__all__ = ["RATE_CHECK_S", "RATE_GATHER_MS", "Settings", "SharedRate", "Trace"]
 
 # Under a shared rate, results and claims gather this long at least (a waiting coroutine
 # is not urgent: its ticket waits for a permit anyway): a paced run's sends trickle in,
 # and a cycle per result would fill the queue's database with transactions.
 RATE_GATHER_MS = 100
+# A run given no rate of its own looks for the queue's this often: a rate set (or removed)
+# by another worker binds it too.
+RATE_CHECK_S = 1.0
 
 # trace(kind, ticket, clock reading, status): kind "claim" (status None) or "finish"
 # (status: the finish's result, False when stale).  Called outside any transaction.
 Trace = Callable[[str, w.Ticket, int, "str | bool | None"], None]
+
+
+@dataclass
+class SharedRate:
+    """The run's shared send rate (None: none): its own, or the queue's."""
+
+    rate: Rate | None = None
+    own: bool = False  # given to the run: never looked up in the queue
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +50,13 @@ class Settings:
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
-    rate: Rate | None = None  # a rate shared by every worker of the queue
+    shared: SharedRate = field(default_factory=SharedRate)  # every worker's, of the queue
     spans: DeliverySpans | None = None  # None: the run is not traced
+
+    @property
+    def rate(self) -> Rate | None:
+        """The rate the run keeps to now (``shared``)."""
+        return self.shared.rate
 
     @property
     def gather_s(self) -> float:
