@@ -240,7 +240,7 @@ def run_work(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
 
-    async def main() -> tuple[Summary, bool, BaseException | None]:
+    async def main() -> tuple[Summary, Rate | None, bool, BaseException | None]:
         async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
             if clear:
                 await queue.clear_rate()
@@ -301,18 +301,16 @@ def run_work(args: argparse.Namespace) -> int:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
             stopped = running.cancelled()
-            paced.append(dispatcher.settings.rate)
-            return dispatcher.summary, stopped, None if stopped else running.exception()
+            failure = None if stopped else running.exception()
+            return dispatcher.summary, dispatcher.settings.rate, stopped, failure
 
-    paced: list[Rate | None] = []  # the run's shared rate, its own or the queue's
-    try:
-        run, stopped, failure = asyncio.run(main())
+    try:  # (shared: the run's rate at its end, its own or the queue's)
+        run, shared, stopped, failure = asyncio.run(main())
     finally:
         if tracer is not None:
             tracer.close()
     seconds = time.perf_counter() - started
     summary = run.as_dict()
-    shared = paced[0] if paced else None
     whose = " (the queue's)" if rate is None else ""
     result = {
         **summary,

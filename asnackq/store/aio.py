@@ -217,7 +217,9 @@ class AsyncQueue:
             await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
             raise
 
-    async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    async def read(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
         async with self._lock:
             return await self._db.read(sql, params)
@@ -336,9 +338,17 @@ class AsyncQueue:
         await self._run(partial(r.plan_rate_setup, rate))
 
     async def shared_rate(self) -> r.Rate | None:
-        """The queue's shared send rate, if one was set (``limit_rate``)."""
-        rate: r.Rate | None = await self._run(r.plan_shared_rate)
-        return rate
+        """The queue's shared send rate, if one was set (``limit_rate``): read outside any
+        write transaction, so a run looking for it every second takes no write lock."""
+        plan, reply = r.plan_shared_rate(), None
+        while True:  # (the plan's steps are reads only)
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                rate: r.Rate | None = stop.value[0]
+                return rate
+            assert isinstance(step, w.Sql)
+            reply = await self.read(step.sql, step.params)
 
     async def clear_rate(self) -> bool:
         """Remove the queue's shared send rate (every worker's claims go unpaced, also
