@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core import VERSION
 from asnackq.core.worker import (
     BadAck,
     Conflict,
@@ -29,23 +30,22 @@ from asnackq.core.worker import (
 )
 
 if TYPE_CHECKING:
+    from asnackq.aio import AsyncQueue, Dispatcher
     from asnackq.dispatch.breaker import BreakerPolicy
-    from asnackq.dispatch.dispatcher import Dispatcher
     from asnackq.dispatch.summary import Summary
-    from asnackq.store.aio import AsyncQueue
     from asnackq.store.outage import CommitUnknown, StoreUnavailable
     from asnackq.store.sqlite_aio import QueueBusy
     from asnackq.wire.send import AsyncHttpSender, HttpSender, Untrusted
 
-__version__ = "0.2.0"
+__version__ = VERSION
 
 # name -> the module it is loaded from on first use
 LAZY = {
-    "AsyncQueue": "asnackq.store.aio",
+    "AsyncQueue": "asnackq.aio",
     "QueueBusy": "asnackq.store.sqlite_aio",
     "StoreUnavailable": "asnackq.store.outage",
     "CommitUnknown": "asnackq.store.outage",
-    "Dispatcher": "asnackq.dispatch.dispatcher",
+    "Dispatcher": "asnackq.aio",
     "BreakerPolicy": "asnackq.dispatch.breaker",
     "Summary": "asnackq.dispatch.summary",
     "HttpSender": "asnackq.wire.send",

@@ -32,10 +32,9 @@ from statistics import median
 from core_cycle import prefill
 from sink_throughput import load, rate, start, tree_env
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 

@@ -41,10 +41,9 @@ from typing import Any
 import psycopg
 
 from asnackq import ops
-from asnackq.dispatch import Dispatcher
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.lab.pg_server import DURABLE, local_server
 from asnackq.lab.procs import sink_process
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender
 
 SETTINGS = (

@@ -29,9 +29,8 @@ from statistics import median
 from core_cycle import prefill
 from sink_throughput import start, tree_env
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender
 
 

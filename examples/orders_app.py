@@ -28,11 +28,12 @@ from functools import partial
 import aiosqlite
 from aiohttp import web
 
-import asnackq
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import check_event, epoch_ms
+from asnackq.wire.send import AsyncHttpSender
 
 DB = web.AppKey("db", aiosqlite.Connection)
-QUEUE = web.AppKey("queue", asnackq.AsyncQueue)
+QUEUE = web.AppKey("queue", AsyncQueue)
 LOCK = web.AppKey("lock", asyncio.Lock)
 ORDERS = """CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY,
   qty INTEGER NOT NULL, placed_ms INTEGER NOT NULL)"""
@@ -62,10 +63,10 @@ async def place(request: web.Request) -> web.Response:
 async def delivery(app: web.Application, path: str, sink: str) -> AsyncIterator[None]:
     """A Dispatcher delivering the shop's jobs to ``sink`` for as long as the app runs."""
     async with (
-        asnackq.AsyncQueue.open(path) as queue,  # the Dispatcher's own connection
-        asnackq.AsyncHttpSender(sink) as send,
+        AsyncQueue.open(path) as queue,  # the Dispatcher's own connection
+        AsyncHttpSender(sink) as send,
     ):
-        dispatcher = asnackq.Dispatcher(queue, send, owner="shop", concurrency=8)
+        dispatcher = Dispatcher(queue, send, owner="shop", concurrency=8)
         running = asyncio.create_task(dispatcher.run(follow=True))
         yield
         running.cancel()  # claim no more; sends in flight finish and their results commit
@@ -78,7 +79,7 @@ def shop(path: str, sink: str | None = None) -> web.Application:
         async with aiosqlite.connect(path, isolation_level=None) as db:
             await db.execute(ORDERS)
             app[DB], app[LOCK] = db, asyncio.Lock()
-            app[QUEUE] = await asnackq.AsyncQueue.within(db)  # the queue's tables, if absent
+            app[QUEUE] = await AsyncQueue.within(db)  # the queue's tables, if absent
             yield
 
     app = web.Application()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,29 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+# Tests that start processes (a child asnackq, a PostgreSQL server, a browser, curl, ...) are
+# marked ``process``: ``pytest -m "not process"`` is the quick loop.  A test that needs a
+# throwaway PostgreSQL server or the browser is marked by its fixtures; any other test that
+# starts a process without the mark fails, so the mark cannot drift.
+PROCESS_FIXTURES = frozenset({"pg_pool", "pg_server", "pg_db", "browser"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True)
+def _processes_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("process") is not None:
+        return
+    started = subprocess.Popen.__init__
+
+    def refuse(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it process")
+
+    assert started is not None
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

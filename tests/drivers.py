@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.store import opening, pg, pg_session
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import SqliteStore
 
 from .pgdb import tracing

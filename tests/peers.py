@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.sink.app import SinkConfig, make_app
+from asnackq.http_sink import SinkConfig, make_app
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 Answer = Callable[[str], tuple[int, bytes]]

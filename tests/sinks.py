@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from asnackq.sink.app import SERVER_OPTIONS, SinkConfig, make_app
+from asnackq.http_sink import SERVER_OPTIONS, SinkConfig, make_app
 from asnackq.store.targets import is_url
 
 from .pgdb import query

@@ -8,9 +8,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.store import opening
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.pg_session import AsyncStore
 
 from .conftest import T0

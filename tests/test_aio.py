@@ -13,10 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from asnackq.aio import AsyncQueue, Dispatcher, QueueBusy
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue, QueueBusy
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import T0, Clock, job, rows

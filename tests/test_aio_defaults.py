@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import aiosqlite
 import pytest
 
 from asnackq import ops
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.dispatch.dispatcher import Dispatcher
-from asnackq.store.aio import AsyncQueue
-from asnackq.store.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS, Budget
+from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS, Budget
 
 from .conftest import T0, job
 
@@ -93,3 +94,36 @@ def test_the_bulk_helper_takes_plain_events_too(db):
     with pytest.raises(ValueError, match=r"max_attempts must be an int in 1\.\.16: 0"):
         ops.enqueue_all(db, [{"id": "c", "qty": 1}], budget=Budget(60_000, 0))
     assert job(db, "c") is None
+
+
+@pytest.mark.process
+def test_the_command_line_s_intakes_get_the_queue_s_budget(db, tmp_path):
+    from .test_cli import asnackq
+
+    assert asnackq("init", str(db)).returncode == 0
+    assert asnackq("enqueue", str(db), "--id", "cli-1", "--qty", "2").returncode == 0
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"id": "cli-2", "qty": 1}\n{"id": "cli-3", "qty": 1, "max_attempts": 2}\n')
+    assert asnackq("enqueue", str(db), str(lines)).returncode == 0
+    assert budget(db, "cli-1") == budget(db, "cli-2") == (DEFAULT_TTL_MS, DEFAULT_MAX_ATTEMPTS)
+    assert budget(db, "cli-3") == (DEFAULT_TTL_MS, 2)
+
+
+async def test_a_dispatcher_given_no_owner_names_itself(db):
+    async def send(event, token):
+        return True
+
+    async with AsyncQueue.open(db, clock=lambda: T0) as q:
+        assert await q.enqueue({"id": "a", "qty": 1}) is True
+        claims = []
+
+        def trace(kind, ticket, now_ms, status):
+            claims.append((kind, ticket["owner"]))
+
+        first, second = Dispatcher(q, send, trace=trace), Dispatcher(q, send)
+        assert first.owner != second.owner  # two workers of one process never share leases
+        host, pid, part = first.owner.rsplit("-", 2)
+        assert host and pid == str(os.getpid()) and len(part) == 8
+        w.check_identifier(first.owner, "owner")
+        assert (await first.run(until_empty=True)).done == 1
+    assert claims[0] == ("claim", first.owner) and job(db, "a")["status"] == "done"

@@ -7,9 +7,9 @@ from typing import Any
 
 import aiosqlite
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA, plan_inbox
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS, SqliteStore
 
 from .conftest import T0

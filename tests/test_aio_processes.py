@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
@@ -14,8 +16,8 @@ from asnackq.store import readers
 
 WORKER = """
 import asyncio, json, sys
-from asnackq.store.aio import AsyncQueue
-from asnackq.dispatch import Dispatcher
+from asnackq.aio import AsyncQueue
+from asnackq.aio import Dispatcher
 from asnackq.wire.send import AsyncHttpSender
 
 async def main(db, url, owner):
@@ -28,6 +30,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.process
 def test_two_processes_deliver_2000_jobs_through_faults_with_every_invariant(tmp_path):
     db, sink_db = tmp_path / "queue.db", tmp_path / "sink.db"
     con = w.open_queue(db)

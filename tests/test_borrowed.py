@@ -13,9 +13,8 @@ from typing import Any
 import aiosqlite
 import pytest
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.targets import is_url
 
 from .conftest import T0, execute, job
@@ -79,6 +78,7 @@ async def queue(app):
     return await AsyncQueue.within(app.con)
 
 
+@pytest.mark.process
 async def test_the_order_and_its_job_commit_together(app, queue):
     await app.begin()
     await app.order("o1", 3)
@@ -90,6 +90,7 @@ async def test_the_order_and_its_job_commit_together(app, queue):
     assert job(app.target, "o1")["status"] == "pending" and job(app.target, "o2") is not None
 
 
+@pytest.mark.process
 async def test_a_rollback_leaves_neither(app, queue):
     await app.begin()
     await app.order("o1", 3)
@@ -98,6 +99,7 @@ async def test_a_rollback_leaves_neither(app, queue):
     assert app.orders() == [] and job(app.target, "o1") is None
 
 
+@pytest.mark.process
 async def test_an_exception_between_the_write_and_the_commit_leaves_neither(app, queue):
     async def place() -> None:
         await app.begin()
@@ -114,6 +116,7 @@ async def test_an_exception_between_the_write_and_the_commit_leaves_neither(app,
     assert app.orders() == [] and job(app.target, "o1") is None
 
 
+@pytest.mark.process
 async def test_a_failed_intake_undoes_only_its_own_part(app, queue):
     await app.begin()
     await queue.enqueue(EVENT, T0, 60_000)
@@ -130,7 +133,7 @@ async def test_a_failed_intake_undoes_only_its_own_part(app, queue):
 
 CHILD = """
 import asyncio, sys
-from asnackq.store.aio import AsyncQueue
+from asnackq.aio import AsyncQueue
 from tests.test_borrowed import open_app
 
 async def main(target):
@@ -146,6 +149,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.process
 async def test_a_sigkill_before_the_commit_leaves_neither(app, queue):
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHILD, str(app.target), stdout=subprocess.PIPE
@@ -161,6 +165,7 @@ async def test_a_sigkill_before_the_commit_leaves_neither(app, queue):
         assert await own.claim("w1", T0) is None
 
 
+@pytest.mark.process
 async def test_what_cannot_be_honoured_is_refused(app, queue):
     with pytest.raises(ValueError, match="none is open"):  # autocommit: no transaction
         await queue.enqueue(EVENT, T0, 60_000)

@@ -16,10 +16,10 @@ from rich.console import Console
 
 from asnackq.core import worker as w
 from asnackq.dispatch.traces import read_traces
+from asnackq.http_sink import SinkConfig, make_app
 from asnackq.lab import LabConfig, procs, run_lab
 from asnackq.lab.evidence import verify
 from asnackq.lab.procs import PIPE, Replicas
-from asnackq.sink.app import SinkConfig, make_app
 
 from .conftest import rows
 from .sinks import serving
@@ -75,6 +75,7 @@ def sink_proc(tmp_path):
 # --- init and enqueue --------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_help_everywhere_and_usage_errors_exit_2():
     for command in (
         "init",
@@ -94,11 +95,13 @@ def test_help_everywhere_and_usage_errors_exit_2():
     fails("stats", "q.db", "--bogus", code=2)
 
 
+@pytest.mark.process
 def test_init_is_idempotent_and_keeps_jobs(queue):
     ok("enqueue", queue, "--id", "a", "--qty", "2")
     assert ok("init", queue, "--json") == {"queue": str(queue), "created": False, "jobs": 1}
 
 
+@pytest.mark.process
 def test_enqueue_one_then_duplicate_then_conflict(queue):
     assert ok("enqueue", queue, "--id", "a", "--qty", "2", "--json")["inserted"] == 1
     assert ok("enqueue", queue, "--id", "a", "--qty", "2", "--json")["present"] == 1
@@ -107,6 +110,7 @@ def test_enqueue_one_then_duplicate_then_conflict(queue):
     assert rows(queue) == before
 
 
+@pytest.mark.process
 def test_enqueue_json_lines_from_a_file_and_stdin_with_options(queue, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text(
@@ -138,6 +142,7 @@ def test_enqueue_json_lines_from_a_file_and_stdin_with_options(queue, tmp_path):
     assert got == {"inserted": 1, "present": 1, "conflicts": 0, "conflicting": []}
 
 
+@pytest.mark.process
 def test_enqueue_reports_conflicts_with_exit_1_and_inserts_the_rest(queue):
     ok("enqueue", queue, "--id", "a", "--qty", "2")
     run = asnackq(
@@ -162,12 +167,14 @@ def test_enqueue_reports_conflicts_with_exit_1_and_inserts_the_rest(queue):
         ('{"id": "a", "qty": 1, "ttl_ms": 0}\n', "stdin:1: ttl_ms"),
     ],
 )
+@pytest.mark.process
 def test_enqueue_bad_line_changes_nothing(queue, text, why):
     before = rows(queue)
     assert why in fails("enqueue", queue, "-", stdin=text)
     assert rows(queue) == before
 
 
+@pytest.mark.process
 def test_commands_on_a_missing_or_foreign_file_fail_clearly(tmp_path):
     missing = tmp_path / "nope.db"
     assert "no queue at" in fails("enqueue", missing, "--id", "a", "--qty", "1")
@@ -198,6 +205,7 @@ def make_dead(queue):
     con.close()
 
 
+@pytest.mark.process
 def test_stats_and_dead(queue):
     make_dead(queue)
     stats = ok("stats", queue, "--json")
@@ -215,6 +223,7 @@ def test_stats_and_dead(queue):
     assert "exhausted" in ok("dead", queue) and "dead: deadline" in ok("stats", queue)
 
 
+@pytest.mark.process
 def test_stats_shows_expired_leases(queue):
     con = w.open_queue(queue)
     now = time.time_ns() // 1_000_000 - 5_000
@@ -226,6 +235,7 @@ def test_stats_shows_expired_leases(queue):
     assert stats["expired"][0]["id"] == "held" and stats["expired"][0]["owner"] == "gone"
 
 
+@pytest.mark.process
 def test_redrive_one_and_by_reason_each_audited(queue):
     make_dead(queue)
     assert ok("redrive", queue, "late", "--ttl-ms", "5000", "--note", "fixed-clock", "--json") == {
@@ -249,6 +259,7 @@ def test_redrive_one_and_by_reason_each_audited(queue):
     assert "bulk" in ok("history", queue, "e1")
 
 
+@pytest.mark.process
 def test_redrive_errors_change_nothing(queue):
     make_dead(queue)
     before = rows(queue)
@@ -271,6 +282,7 @@ def test_redrive_errors_change_nothing(queue):
 # --- work and audit, with a real sink process ------------------------------------------------
 
 
+@pytest.mark.process
 def test_work_until_empty_then_audit_is_clean(queue, sink_proc, tmp_path):
     url, sink_db = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": i % 5 + 1} for i in range(200))))
@@ -302,6 +314,7 @@ def test_work_until_empty_then_audit_is_clean(queue, sink_proc, tmp_path):
     assert "no violations" in ok("audit", queue, "--sink-db", sink_db)
 
 
+@pytest.mark.process
 def test_a_stopped_sinks_file_is_read_without_writing(queue, tmp_path):
     """While it runs, the sink's inbox is in WAL mode; stopped (SIGTERM), it leaves one file
     in the rollback journal's format: read-only readers create no -wal or -shm next to it,
@@ -318,6 +331,7 @@ def test_a_stopped_sinks_file_is_read_without_writing(queue, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["queue.db", "sink.db"]
 
 
+@pytest.mark.process
 def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc):
     url, sink_db = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"j{i}", "qty": 2} for i in range(20))))
@@ -347,6 +361,7 @@ def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc)
     assert human.returncode == 1 and "VIOLATIONS" in human.stdout and "j3" in human.stdout
 
 
+@pytest.mark.process
 def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path):
     sink_db = tmp_path / "sink.db"
     con = w.open_queue(queue)
@@ -376,6 +391,7 @@ def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path)
     assert "no sink DB at" in fails("audit", queue, "--sink-db", tmp_path / "none.db")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
     """SIGTERM or Ctrl-C while sends are in flight: stop claiming, finish them, exit 0.
@@ -418,6 +434,7 @@ async def test_work_stops_cleanly_on_a_signal(queue, tmp_path, signum):
     assert stats["by_status"]["done"] == summary["done"]
 
 
+@pytest.mark.process
 def test_work_refuses_a_timeout_longer_than_the_lease(queue):
     assert "must be below the lease" in fails(
         "work",
@@ -440,6 +457,7 @@ def test_work_refuses_a_timeout_longer_than_the_lease(queue):
         )
 
 
+@pytest.mark.process
 def test_work_without_gathering(queue, sink_proc):
     url, _ = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"g{i}", "qty": 1} for i in range(30))))
@@ -447,6 +465,7 @@ def test_work_without_gathering(queue, sink_proc):
     assert summary["done"] == summary["claimed"] == 30 and summary["commits"] >= 1
 
 
+@pytest.mark.process
 def test_work_with_a_fixed_prefetch(queue, sink_proc):
     url, _ = sink_proc
     ok("enqueue", queue, "-", stdin=lines(*({"id": f"p{i}", "qty": 1} for i in range(30))))
@@ -468,6 +487,7 @@ def test_work_with_a_fixed_prefetch(queue, sink_proc):
 # --- lab --------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -512,6 +532,7 @@ def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
     assert "violations" in run.stdout and "p50 / p99" in run.stdout
 
 
+@pytest.mark.process
 def test_lab_verification_catches_a_lost_effect(tmp_path):
     """The lab's own checks fail on corrupted evidence (and the command exits 1 then)."""
     directory = tmp_path / "lab"
@@ -540,6 +561,7 @@ def test_lab_verification_catches_a_lost_effect(tmp_path):
     assert "applied 50 times for 49 inbox rows" in text
 
 
+@pytest.mark.process
 def test_lab_refuses_bad_settings():
     assert "below the lease" in fails("lab", "--lease-ms", "500", "--send-timeout-s", "1", code=2)
     fails("lab", "--fail-rate", "2", code=2)

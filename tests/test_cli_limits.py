@@ -46,6 +46,7 @@ def queue(tmp_path):
         ("--owner", "not a name"),
     ],
 )
+@pytest.mark.process
 def test_work_options_out_of_range_are_usage_errors(queue, options):
     before = queue.read_bytes()
     said = fails("work", queue, "--sink", SINK, "--until-empty", *options, code=2)
@@ -66,6 +67,7 @@ def test_work_options_out_of_range_are_usage_errors(queue, options):
         ("--kill-after-acks", "5", "--kill-every", "1"),
     ],
 )
+@pytest.mark.process
 def test_lab_options_out_of_range_are_usage_errors(tmp_path, options):
     said = fails("lab", "--dir", tmp_path / "lab", *options, code=2)
     assert said.startswith("asnackq lab: ")
@@ -83,12 +85,14 @@ def test_lab_options_out_of_range_are_usage_errors(tmp_path, options):
         ("redrive", "--reason", "exhausted", "--ttl-ms", "1", "--note", "two words"),
     ],
 )
+@pytest.mark.process
 def test_queue_options_out_of_range_are_usage_errors(queue, args):
     before = queue.read_bytes()
     fails(args[0], queue, *args[1:], code=2, stdin="")
     assert queue.read_bytes() == before
 
 
+@pytest.mark.process
 def test_a_remote_sink_is_refused_naming_the_option(queue, tmp_path):
     remote = "http://192.0.2.1:80/events"  # TEST-NET-1: never contacted
     said = fails("work", queue, "--sink", remote, code=2)
@@ -99,6 +103,7 @@ def test_a_remote_sink_is_refused_naming_the_option(queue, tmp_path):
     assert "without --allow-remote" in said and "allow_remote=True" not in said
 
 
+@pytest.mark.process
 def test_enqueue_from_a_closed_stdin_is_one_line(queue):
     before = queue.read_bytes()
     run = subprocess.run(
@@ -140,6 +145,7 @@ def count(path):
         con.close()
 
 
+@pytest.mark.process
 def test_enqueue_stopped_by_a_full_disk_says_what_it_committed_and_where_to_resume(tmp_path):
     jobs = tmp_path / "jobs.jsonl"
     records = (json.dumps({"id": f"job-{i}", "qty": 1}) for i in range(30_000))
@@ -166,6 +172,7 @@ def fill(path):
         os.close(fd)
 
 
+@pytest.mark.process
 def test_work_prints_its_summary_when_a_full_disk_ends_the_run(tmp_path):
     with small_disk(tmp_path / "disk", "512k") as disk, sink_process(tmp_path / "s.db") as url:
         queue = disk / "q.db"

@@ -33,6 +33,7 @@ def enqueue_many(queue, count, *options):
     ok("enqueue", queue, "-", *options, "--json", stdin=text)
 
 
+@pytest.mark.process
 def test_work_outlasts_a_sink_that_is_away_then_back(queue, tmp_path):
     enqueue_many(queue, 300, "--max-attempts", "3")
     port = dead_port()
@@ -72,6 +73,7 @@ def test_work_outlasts_a_sink_that_is_away_then_back(queue, tmp_path):
     assert {(r[3], r[4]) for r in rows(queue) if len(r) > 3} == {("done", 1)}
 
 
+@pytest.mark.process
 def test_work_exits_1_when_jobs_die_unanswered_unless_accepted(queue):
     enqueue_many(queue, 5, "--ttl-ms", "400")
     url = f"http://127.0.0.1:{dead_port()}/events"
@@ -96,6 +98,7 @@ def test_work_exits_1_when_jobs_die_unanswered_unless_accepted(queue):
     assert (summary["dead"], summary["dead_deadline"], summary["done"]) == (5, 5, 0)
 
 
+@pytest.mark.process
 def test_product_ranges_on_the_command_line(queue):
     day = 24 * 3600 * 1000
     assert (
@@ -112,6 +115,7 @@ def test_product_ranges_on_the_command_line(queue):
     assert deadline - available == day
 
 
+@pytest.mark.process
 def test_lab_with_a_slow_sink_near_the_lease_ends_every_job_done(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -138,6 +142,7 @@ def test_lab_with_a_slow_sink_near_the_lease_ends_every_job_done(tmp_path):
     assert result["done_per_s"] > 0 and result["requests"] == 200
 
 
+@pytest.mark.process
 def test_lab_accepts_dead_jobs_only_when_the_faults_leave_no_way(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -167,6 +172,7 @@ def test_lab_accepts_dead_jobs_only_when_the_faults_leave_no_way(tmp_path):
     assert result["violations"] == []
 
 
+@pytest.mark.process
 def test_lab_flags_jobs_that_died_without_being_sent(tmp_path):
     directory = tmp_path / "lab"
     with open(os.devnull, "w") as devnull:

@@ -76,6 +76,7 @@ def child(script: str, *args: object) -> list[str]:
     return [sys.executable, "-B", "-c", script, *map(str, args)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("round_", range(3))
 def test_two_processes_released_together_claim_one_job_once(con, db, round_):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
@@ -96,6 +97,7 @@ def test_two_processes_released_together_claim_one_job_once(con, db, round_):
 @pytest.mark.parametrize(
     ("point", "status", "token"), [("after-claim", "pending", 0), ("after-commit", "leased", 1)]
 )
+@pytest.mark.process
 def test_exit_inside_a_claim_hook_is_atomic(con, db, point, status, token):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
     w.enqueue(con, {"id": "old", "qty": 1}, T0, 5)  # quarantined by the same transaction
@@ -112,6 +114,7 @@ def test_exit_inside_a_claim_hook_is_atomic(con, db, point, status, token):
 @pytest.mark.parametrize(
     ("point", "status"), [("after-finish", "leased"), ("after-commit", "done")]
 )
+@pytest.mark.process
 def test_exit_inside_a_finish_hook_is_atomic(con, db, point, status):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 10_000)
     ticket = w.claim(con, "w1", T0)
@@ -127,6 +130,7 @@ def test_exit_inside_a_finish_hook_is_atomic(con, db, point, status):
     ("point", "status", "audits"),
     [("after-audit", "dead", 0), ("after-redrive", "dead", 0), ("after-commit", "pending", 1)],
 )
+@pytest.mark.process
 def test_exit_inside_a_redrive_hook_is_atomic(con, db, point, status, audits):
     w.enqueue(con, {"id": "a", "qty": 1}, T0, 1)
     w.claim(con, "w1", T0 + 1)
@@ -185,6 +189,7 @@ class SinkHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+@pytest.mark.process
 def test_a_deliverer_killed_after_the_effect_is_recovered_by_another_process(con, db, tmp_path):
     w.enqueue(con, {"id": "snack-7", "qty": 7}, T0, 30_000)
     sink = KillingSink(tmp_path / "sink.db")

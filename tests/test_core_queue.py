@@ -74,6 +74,7 @@ def test_open_queue_settings_schema_and_indexes(file_db):
         con.close()
 
 
+@pytest.mark.process
 def test_open_queue_keeps_rows_across_reopen(driver, db):
     con = open_con(driver, Path(db) if driver == "sync" else db)
     put(con, "a", qty=4)
@@ -100,6 +101,7 @@ def test_claim_plan_does_not_scan_finished_rows(file_db):
 # --- enqueue ---------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_enqueue_inserts_pending_row(con, db):
     put(con, "a", qty=7, ttl=500, max_attempts=5)
     assert job(db, "a") == {
@@ -118,6 +120,7 @@ def test_enqueue_inserts_pending_row(con, db):
     }
 
 
+@pytest.mark.process
 def test_duplicate_intake_keeps_whole_row(con, db):
     put(con, "a", qty=3)
     q.claim(con, "w1", T0)
@@ -126,6 +129,7 @@ def test_duplicate_intake_keeps_whole_row(con, db):
     assert rows(db) == before
 
 
+@pytest.mark.process
 def test_conflicting_intake_raises_and_rolls_back(con, db, statements, begin):
     put(con, "a", qty=3)
     before = rows(db)
@@ -136,6 +140,7 @@ def test_conflicting_intake_raises_and_rolls_back(con, db, statements, begin):
     assert statements[0] == begin and statements[-1] == "ROLLBACK"
 
 
+@pytest.mark.process
 def test_every_operation_is_one_immediate_transaction(con, statements, begin):
     put(con, "a")
     calls = [
@@ -168,6 +173,7 @@ def test_every_operation_is_one_immediate_transaction(con, statements, begin):
 # --- claim -------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_claim_returns_exact_ticket_and_leases(con, db):
     put(con, "a", qty=5)
     got = q.claim(con, "w1", T0 + 10, 250)
@@ -189,6 +195,7 @@ def test_claim_returns_exact_ticket_and_leases(con, db):
     )
 
 
+@pytest.mark.process
 def test_claim_caps_lease_at_deadline_and_defaults_to_1000(con):
     put(con, "a", ttl=600)
     put(con, "b", ttl=5000)
@@ -196,22 +203,26 @@ def test_claim_caps_lease_at_deadline_and_defaults_to_1000(con):
     assert q.claim(con, "w1", T0)["lease_until"] == T0 + 1000
 
 
+@pytest.mark.process
 def test_claim_on_empty_queue_is_none(con):
     assert q.claim(con, "w1", T0) is None
 
 
+@pytest.mark.process
 def test_claim_takes_lowest_seq_not_lowest_id(con):
     for job_id in ("z", "a", "m"):
         put(con, job_id)
     assert [q.claim(con, "w1", T0)["id"] for _ in range(3)] == ["z", "a", "m"]
 
 
+@pytest.mark.process
 def test_claim_available_at_is_inclusive(con):
     put(con, "a", now=T0 + 5)
     assert q.claim(con, "w1", T0 + 4) is None
     assert q.claim(con, "w1", T0 + 5)["id"] == "a"
 
 
+@pytest.mark.process
 def test_claim_takes_over_an_expired_lease_at_equality(con, db):
     put(con, "a")
     first = q.claim(con, "w1", T0, 100)
@@ -221,6 +232,7 @@ def test_claim_takes_over_an_expired_lease_at_equality(con, db):
     assert first["token"] == 1
 
 
+@pytest.mark.process
 def test_claim_interleaves_pending_and_expired_leases_by_seq(con):
     put(con, "a")
     put(con, "b")
@@ -230,6 +242,7 @@ def test_claim_interleaves_pending_and_expired_leases_by_seq(con):
     assert q.claim(con, "w2", T0 + 10)["id"] == "b"
 
 
+@pytest.mark.process
 def test_claim_quarantines_deadline_before_exhausted(con, db):
     put(con, "late", ttl=100)
     put(con, "spent", ttl=10_000, max_attempts=1)
@@ -248,12 +261,14 @@ def test_claim_quarantines_deadline_before_exhausted(con, db):
     ]
 
 
+@pytest.mark.process
 def test_claim_quarantines_pending_at_deadline_equality(con, db):
     put(con, "a", ttl=10)
     assert q.claim(con, "w1", T0 + 10) is None
     assert (job(db, "a")["status"], job(db, "a")["reason"]) == ("dead", "deadline")
 
 
+@pytest.mark.process
 def test_claim_never_quarantines_a_live_lease(con, db):
     put(con, "a", ttl=100, max_attempts=1)
     q.claim(con, "w1", T0, 100)  # lease_until = deadline = T0+100, attempts = max
@@ -261,6 +276,7 @@ def test_claim_never_quarantines_a_live_lease(con, db):
     assert job(db, "a")["status"] == "leased"
 
 
+@pytest.mark.process
 def test_quarantine_commits_without_hooks_when_nothing_is_claimable(con, db):
     put(con, "a", ttl=10)
     hooks = Hooks(fail_at="after-claim")
@@ -269,6 +285,7 @@ def test_quarantine_commits_without_hooks_when_nothing_is_claimable(con, db):
     assert job(db, "a")["status"] == "dead"
 
 
+@pytest.mark.process
 def test_claim_hooks_in_order_inside_then_after_commit(con, db):
     put(con, "a")
     seen = []
@@ -281,6 +298,7 @@ class Abort(BaseException):
     """Not an Exception, like KeyboardInterrupt (which asyncio re-raises out of its loop)."""
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("error", [RuntimeError("after-claim"), Abort()])
 def test_claim_fault_before_commit_rolls_back_quarantine_too(con, db, error):
     put(con, "old", ttl=5)
@@ -296,6 +314,7 @@ def test_claim_fault_before_commit_rolls_back_quarantine_too(con, db, error):
     assert rows(db) == before
 
 
+@pytest.mark.process
 def test_claim_fault_after_commit_keeps_the_claim(con, db):
     put(con, "a")
     with pytest.raises(RuntimeError, match="after-commit"):
@@ -321,6 +340,7 @@ def leased(con):
         ("retry", 500, ("pending", "retry", T0 + 507)),
     ],
 )
+@pytest.mark.process
 def test_finish_outcomes(con, db, leased, outcome, delay, expected):
     before = job(db, "a")
     assert q.finish(con, leased, outcome, T0 + 7, delay) == expected[0]
@@ -331,6 +351,7 @@ def test_finish_outcomes(con, db, leased, outcome, delay, expected):
         assert after[kept] == before[kept]
 
 
+@pytest.mark.process
 def test_finish_retry_at_deadline_equality_is_dead(con, db):
     put(con, "d", ttl=1000)
     issued = q.claim(con, "w1", T0, 1000)
@@ -339,12 +360,14 @@ def test_finish_retry_at_deadline_equality_is_dead(con, db):
     assert job(db, "d")["available_at"] == T0 + 400
 
 
+@pytest.mark.process
 def test_finish_retry_one_before_deadline_is_pending(con, db):
     put(con, "d", ttl=1000)
     issued = q.claim(con, "w1", T0, 1000)
     assert q.finish(con, issued, "retry", T0 + 400, 599) == "pending"
 
 
+@pytest.mark.process
 def test_finish_retry_exhausted_wins_over_deadline(con, db):
     put(con, "e", ttl=1000, max_attempts=1)
     issued = q.claim(con, "w1", T0)
@@ -363,6 +386,7 @@ def test_finish_retry_exhausted_wins_over_deadline(con, db):
         ("lease_until", T0 + 999),
     ],
 )
+@pytest.mark.process
 def test_finish_rejects_any_ticket_mismatch(con, db, leased, field, value):
     put(con, "b", qty=2)
     before = rows(db)
@@ -370,6 +394,7 @@ def test_finish_rejects_any_ticket_mismatch(con, db, leased, field, value):
     assert rows(db) == before
 
 
+@pytest.mark.process
 def test_finish_rejects_at_lease_end_and_at_deadline(con, db, leased):
     before = rows(db)
     hooks = Hooks()
@@ -381,6 +406,7 @@ def test_finish_rejects_at_lease_end_and_at_deadline(con, db, leased):
     assert rows(db)[0] == before[0]
 
 
+@pytest.mark.process
 def test_stale_same_owner_cannot_finish_a_newer_lease(con, db, leased):
     newer = q.claim(con, "w1", T0 + 1000, 1000)
     assert newer["token"] == 2
@@ -389,6 +415,7 @@ def test_stale_same_owner_cannot_finish_a_newer_lease(con, db, leased):
     assert q.finish(con, newer, "ok", T0 + 1002) is False  # not leased any more
 
 
+@pytest.mark.process
 def test_finish_hooks_and_faults(con, db, leased):
     seen = []
     hooks = Hooks(action=lambda p: seen.append((p, visible_status(db, "a"))))
@@ -402,6 +429,7 @@ def test_finish_hooks_and_faults(con, db, leased):
     assert seen == []
 
 
+@pytest.mark.process
 def test_finish_hook_positions(con, db, leased):
     seen = []
     q.finish(
@@ -418,6 +446,7 @@ def test_finish_hook_positions(con, db, leased):
 # --- redrive ------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_redrive_renews_budget_keeps_token_and_audits(con, db):
     put(con, "a", qty=9, ttl=10_000, max_attempts=2)
     issued = q.claim(con, "w1", T0)
@@ -443,6 +472,7 @@ def test_redrive_renews_budget_keeps_token_and_audits(con, db):
     assert q.claim(con, "w2", T0 + 50)["token"] == 2  # never a reused generation
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("state", ["missing", "pending", "leased", "done"])
 def test_redrive_refuses_a_job_that_is_not_dead(con, db, state, statements):
     put(con, "a")
@@ -458,6 +488,7 @@ def test_redrive_refuses_a_job_that_is_not_dead(con, db, state, statements):
     assert statements[-1] == "ROLLBACK"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("point", ["after-audit", "after-redrive"])
 def test_redrive_fault_before_commit_leaves_no_half_redrive(con, db, point):
     put(con, "a", ttl=1)
@@ -468,6 +499,7 @@ def test_redrive_fault_before_commit_leaves_no_half_redrive(con, db, point):
     assert rows(db) == before
 
 
+@pytest.mark.process
 def test_redrive_hook_positions_and_after_commit_fault(con, db):
     put(con, "a", ttl=1)
     q.claim(con, "w1", T0 + 1)
@@ -492,6 +524,7 @@ def test_redrive_hook_positions_and_after_commit_fault(con, db):
 # --- additions: extend and batches ------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_extend_is_fenced_and_capped_at_the_deadline(con, db):
     put(con, "a", ttl=3000)
     issued = q.claim(con, "w1", T0, 1000)
@@ -503,6 +536,7 @@ def test_extend_is_fenced_and_capped_at_the_deadline(con, db):
     assert q.finish(con, capped, "ok", T0 + 2999) == "done"
 
 
+@pytest.mark.process
 def test_extend_never_shortens_and_refuses_expired(con):
     put(con, "a")
     issued = q.claim(con, "w1", T0, 1000)
@@ -510,6 +544,7 @@ def test_extend_never_shortens_and_refuses_expired(con):
     assert q.extend(con, issued, T0 + 1000, 1000) is False
 
 
+@pytest.mark.process
 def test_claim_many_is_identical_to_sequential_claims(driver, place):
     where = {"one": place("one"), "many": place("many")}
 
@@ -530,6 +565,7 @@ def test_claim_many_is_identical_to_sequential_claims(driver, place):
     many.close()
 
 
+@pytest.mark.process
 def test_finish_many_fences_each_ticket_on_its_own(con, db):
     for job_id in ("a", "b", "c"):
         put(con, job_id)
@@ -547,6 +583,7 @@ def test_finish_many_fences_each_ticket_on_its_own(con, db):
     assert [job(db, i)["status"] for i in "abc"] == ["done", "leased", "pending"]
 
 
+@pytest.mark.process
 def test_enqueue_many_judges_each_item_like_sequential_enqueues(con, db):
     put(con, "old", qty=5)
     items = [
@@ -565,6 +602,7 @@ def test_enqueue_many_judges_each_item_like_sequential_enqueues(con, db):
     assert job(db, "b")["max_attempts"] == 16 and job(db, "old")["qty"] == 5
 
 
+@pytest.mark.process
 def test_enqueue_many_validates_every_item_before_any_change(con, db):
     before = rows(db)
     with pytest.raises(ValueError):
@@ -574,6 +612,7 @@ def test_enqueue_many_validates_every_item_before_any_change(con, db):
     assert rows(db) == before
 
 
+@pytest.mark.process
 def test_large_batches_equal_sequential_calls(driver, place):
     where = {"one": place("one"), "many": place("many")}
     count = 211  # one set-based lease statement, whatever the count
@@ -628,6 +667,7 @@ def test_large_batches_equal_sequential_calls(driver, place):
     many.close()
 
 
+@pytest.mark.process
 def test_extend_many_is_identical_to_sequential_extends(driver, place):
     where = {"one": place("one"), "many": place("many")}
 
@@ -671,6 +711,7 @@ def test_extend_many_is_identical_to_sequential_extends(driver, place):
     many.close()
 
 
+@pytest.mark.process
 def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
     where = {"one": place("one"), "many": place("many")}
 
@@ -710,6 +751,7 @@ def test_cycle_is_finish_many_then_extend_many_then_claim_many(driver, place):
     many.close()
 
 
+@pytest.mark.process
 def test_a_cycles_claims_ahead_take_only_jobs_never_attempted(driver, place):
     where = place("q")
     con = open_con(driver, where)

@@ -327,6 +327,7 @@ def test_open_queue_closes_connection_when_initialisation_fails(tmp_path: Path, 
         opened[0].execute("SELECT 1")
 
 
+@pytest.mark.process
 def test_core_loads_by_path_with_the_standard_library_alone():
     import subprocess
     import sys

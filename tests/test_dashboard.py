@@ -106,6 +106,7 @@ def until(probe, timeout=10):
         time.sleep(0.05)
 
 
+@pytest.mark.process
 def test_the_state_is_what_stats_and_audit_say(dbs):
     queue, sink = dbs
     with dashboard(queue, "--sink-db", sink) as url:
@@ -127,6 +128,7 @@ def test_the_state_is_what_stats_and_audit_say(dbs):
     assert "script-src 'sha256-" in headers["Content-Security-Policy"]
 
 
+@pytest.mark.process
 def test_metrics_are_the_queue_gauges(dbs):
     queue, _ = dbs
     with dashboard(queue) as url:
@@ -144,6 +146,7 @@ def test_metrics_are_the_queue_gauges(dbs):
     assert shown["inbox"] is None and shown["audit"] is None  # no --sink-db
 
 
+@pytest.mark.process
 def test_only_get_on_its_own_routes(dbs):
     queue, _ = dbs
     with dashboard(queue) as url:
@@ -167,6 +170,7 @@ def test_only_get_on_its_own_routes(dbs):
         assert state(url)["error"] is None  # still serving
 
 
+@pytest.mark.process
 def test_a_web_page_elsewhere_cannot_read_it(dbs):
     queue, _ = dbs
     with dashboard(queue) as url:
@@ -177,6 +181,7 @@ def test_a_web_page_elsewhere_cannot_read_it(dbs):
             assert request(url, "/api/state", headers={"Host": host})[0] == 200, host
 
 
+@pytest.mark.process
 def test_an_auth_token_guards_every_route(dbs):
     queue, _ = dbs
     with dashboard(queue, "--auth-token", "s3cret") as url:
@@ -199,6 +204,7 @@ def test_an_auth_token_guards_every_route(dbs):
             assert request(url, "/api/state", headers={"Authorization": bad})[0] == 401, bad
 
 
+@pytest.mark.process
 def test_it_never_writes(dbs):
     queue, sink = dbs
     before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in dbs}
@@ -210,6 +216,7 @@ def test_it_never_writes(dbs):
     assert set(os.listdir(queue.parent)) == files  # no journal, no WAL
 
 
+@pytest.mark.process
 def test_it_follows_the_queue_and_says_when_it_cannot_read(dbs, tmp_path):
     queue, _ = dbs
     with dashboard(queue) as url:
@@ -240,6 +247,7 @@ def kill_mid_transaction(queue):
     assert run.returncode == -signal.SIGKILL
 
 
+@pytest.mark.process
 def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
     queue, _ = dbs
     ops.enqueue_all(queue, [({"id": f"x-{i}", "qty": 1}, 60_000, 3) for i in range(3000)])
@@ -258,6 +266,7 @@ def test_a_writer_killed_mid_transaction_is_said_and_outlived(dbs):
         assert con.execute("SELECT sum(qty) FROM jobs").fetchone()[0] == 15 + 3000
 
 
+@pytest.mark.process
 def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
     queue, sink = dbs
     garbage = tmp_path / "garbage.db"

@@ -12,6 +12,8 @@ import sys
 import time
 import urllib.parse
 
+import pytest
+
 from asnackq.lab import procs
 from asnackq.lab.procs import PIPE, sink_process
 from asnackq.wire.send import HttpSender
@@ -56,6 +58,7 @@ def get(path=b"/api/state", *headers):
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+@pytest.mark.process
 def test_a_credential_with_any_other_byte_is_a_401(dbs, tmp_path):
     queue, _ = dbs
     with dashboard(queue, "--auth-token", "s3cret", log=tmp_path / "log") as url:
@@ -73,6 +76,7 @@ def test_a_credential_with_any_other_byte_is_a_401(dbs, tmp_path):
     assert (tmp_path / "log").read_text() == ""
 
 
+@pytest.mark.process
 def test_malformed_requests_are_one_log_line_each_at_most(dbs, tmp_path):
     queue, _ = dbs
     bad = [
@@ -123,6 +127,7 @@ def locked(path):
             assert locker.wait(timeout=30) == 0
 
 
+@pytest.mark.process
 def test_a_lock_is_shown_and_the_page_is_fresh_right_after_it(dbs, tmp_path):
     queue, sink = dbs
     with dashboard(queue, "--sink-db", sink, log=tmp_path / "log") as url:

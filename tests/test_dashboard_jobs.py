@@ -45,6 +45,7 @@ def add_traces(queue, rows):
     con.close()
 
 
+@pytest.mark.process
 def test_a_job_is_its_row_redrives_inbox_verdict_and_trace(dbs, tmp_path):
     queue, sink = dbs
     add_traces(queue, [("d", f"00-{TRACE_ID}-00f067aa0ba902b7-01"), ("b", "not-a-traceparent")])
@@ -123,6 +124,7 @@ def test_a_trace_id_only_from_a_valid_traceparent(dbs, traceparent, expected):
         assert inspect.trace_id(con, "a") is None  # no row
 
 
+@pytest.mark.process
 def test_without_a_sink_or_a_trace_table_there_is_neither(dbs, tmp_path):
     queue, _ = dbs
     with dashboard(queue, log=tmp_path / "log") as url:
@@ -159,6 +161,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.process
 def test_hostile_ids_are_a_400_or_404_and_nothing_is_written(dbs, tmp_path):
     queue, sink = dbs
     before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in dbs}
@@ -189,6 +192,7 @@ def test_hostile_ids_are_a_400_or_404_and_nothing_is_written(dbs, tmp_path):
     assert set(os.listdir(queue.parent)) == files | {"log"}  # no journal, no WAL
 
 
+@pytest.mark.process
 def test_only_get_on_the_job_routes_behind_the_host_check_and_token(dbs, tmp_path):
     queue, _ = dbs
     auth = {"Authorization": "Bearer s3cret"}
@@ -221,6 +225,7 @@ def busy_queue(queue, now):
     return finished
 
 
+@pytest.mark.process
 def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
     queue, now = tmp_path / "queue.db", epoch_ms()
     finished = busy_queue(queue, now)

@@ -26,6 +26,7 @@ def table_rows(text):
     }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("entry", [("-m", "asnackq", "demo"), ("-m", "asnackq.lab.demo")])
 def test_the_demo_tells_the_story_of_a_worker_killed_after_a_send(entry):
     run = subprocess.run(
@@ -53,6 +54,7 @@ def test_the_demo_tells_the_story_of_a_worker_killed_after_a_send(entry):
     assert len(verdicts) == 13 and set(map(tuple, verdicts)) == {("0", "holds")}
 
 
+@pytest.mark.process
 def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
     """lab-w1 runs alone until its SIGKILL; the jobs it held are claimed again by the two
     workers that start then, and are the jobs that end done at a token above 1."""
@@ -80,6 +82,7 @@ def test_the_demo_is_the_labs_preset_and_its_kill_is_fixed(tmp_path):
     assert len(again) == result.evidence.done_reclaimed >= 1 and result.evidence.redelivered >= 1
 
 
+@pytest.mark.process
 def test_usage_errors_exit_2():
     run = subprocess.run(
         [sys.executable, "-m", "asnackq", "nonsense"],

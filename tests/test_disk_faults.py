@@ -93,6 +93,7 @@ def post(url: str, event_id: str) -> tuple[int, dict[str, str]]:
             return error.code, json.load(error)
 
 
+@pytest.mark.process
 def test_the_sink_answers_503_while_its_disk_is_full_and_recovers(disk):
     with sink_process(disk / "sink.db") as url:
         assert post(url, "a") == (200, {"id": "a", "status": "applied"})
@@ -109,6 +110,7 @@ def test_the_sink_answers_503_while_its_disk_is_full_and_recovers(disk):
     assert read(disk / "sink.db", "SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
 
 
+@pytest.mark.process
 def test_work_stops_with_one_line_when_the_disk_fills_and_finishes_once_freed(disk, tmp_path):
     queue = disk / "queue.db"
     qty = queue_with(queue, 300)
@@ -136,6 +138,7 @@ def test_work_stops_with_one_line_when_the_disk_fills_and_finishes_once_freed(di
     assert dict(inbox) == qty  # each effect once
 
 
+@pytest.mark.process
 def test_enqueue_on_a_full_disk_is_one_line_and_exit_1(disk):
     queue = disk / "queue.db"
     queue_with(queue, 10)
@@ -150,6 +153,7 @@ def test_enqueue_on_a_full_disk_is_one_line_and_exit_1(disk):
     assert read(queue, "SELECT count(*) FROM jobs") == [(510,)]
 
 
+@pytest.mark.process
 def test_work_and_enqueue_on_a_read_only_file_are_one_line_and_exit_1(disk, tmp_path):
     queue = disk / "queue.db"
     queue_with(queue, 5)

@@ -7,8 +7,7 @@ from collections.abc import Awaitable
 
 import pytest
 
-from asnackq.dispatch.dispatcher import Dispatcher
-from asnackq.store.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Dispatcher
 
 from .conftest import job
 

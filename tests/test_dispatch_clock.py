@@ -12,12 +12,11 @@ import sys
 
 import pytest
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.runclock import RunClock
 from asnackq.lab import procs
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import rows
@@ -176,6 +175,7 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("step_ms", [100, 10_000])
 def test_asnackq_work_outlasts_an_ntp_step_back(tmp_path, step_ms):
     """A real ``asnackq work`` whose wall clock steps back mid-run (time.time_ns patched in

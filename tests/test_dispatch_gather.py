@@ -8,9 +8,8 @@ import time
 
 import pytest
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue
 
 from .conftest import rows
 

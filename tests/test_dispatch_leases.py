@@ -13,11 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.lab.procs import kill, sink_process, start
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import execute, rows
@@ -143,6 +142,7 @@ def lease_ms():
     return 200
 
 
+@pytest.mark.process
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(concurrency=st.integers(1, 6), prefetch=st.sampled_from([None, 0, 1, 3, 12]), data=st.data())
 def test_random_send_durations_up_to_three_leases_every_job_done_once(
@@ -184,8 +184,8 @@ async def test_the_summary_is_new_for_each_run(queue, db):
 
 WORKER = """
 import asyncio, sys
-from asnackq.store.aio import AsyncQueue
-from asnackq.dispatch import Dispatcher
+from asnackq.aio import AsyncQueue
+from asnackq.aio import Dispatcher
 from asnackq.wire.send import AsyncHttpSender
 
 async def main(db, url):
@@ -218,6 +218,7 @@ def wait_for_an_extension(db, seconds):
     return False
 
 
+@pytest.mark.process
 def test_a_killed_dispatcher_holding_extended_tickets_is_recovered(tmp_path):
     db, sink_db = tmp_path / "queue.db", tmp_path / "sink.db"
     con = w.open_queue(db)

@@ -8,12 +8,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.breaker import BreakerPolicy
-from asnackq.sink.app import SinkConfig, make_app
-from asnackq.store.aio import AsyncQueue
+from asnackq.http_sink import SinkConfig, make_app
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import job, rows

@@ -7,12 +7,12 @@ import collections
 import json
 import signal
 
+import pytest
 from aiohttp import web
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.lab import procs
-from asnackq.store.aio import AsyncQueue
 
 from .conftest import rows
 from .sinks import peer, serving
@@ -39,6 +39,7 @@ class Hanging:
             await asyncio.wait_for(self.arrived.wait(), 60)
 
 
+@pytest.mark.process
 async def test_sigkilled_workers_spend_no_attempt_of_a_job_more_than_once_unsent(tmp_path):
     """Four ``asnackq work`` processes in turn (2 coroutines, 6 tickets ahead), each
     SIGKILLed once both coroutines are sending: a job's attempts never exceed the requests

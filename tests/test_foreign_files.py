@@ -10,10 +10,10 @@ import sqlite3
 
 import pytest
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.sink.inbox import open_sink_db
-from asnackq.store.aio import AsyncQueue
 
 from .test_cli import fails, ok
 
@@ -85,6 +85,7 @@ CASES = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("kind", "writer"), CASES)
 def test_no_command_writes_into_a_file_that_is_not_its_own(files, tmp_path, kind, writer):
     before = snapshot(tmp_path)
@@ -104,6 +105,7 @@ async def test_the_library_refuses_the_same_files(files, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.process
 def test_new_and_empty_databases_and_its_own_kind_still_work(files, tmp_path):
     empty = tmp_path / "empty.db"
     empty.touch()

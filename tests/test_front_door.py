@@ -9,9 +9,10 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import asnackq
-from asnackq.dispatch.dispatcher import Dispatcher
-from asnackq.store.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Dispatcher
 
 ROOT = Path(__file__).parents[1]
 PROGRAM = """
@@ -79,24 +80,27 @@ def mypy(tmp_path, source):
     )
 
 
+@pytest.mark.process
 def test_mypy_strict_accepts_a_program_using_the_front_door(tmp_path):
     done = mypy(tmp_path, PROGRAM)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Success: no issues found in 1 source file" in done.stdout
 
 
+@pytest.mark.process
 def test_mypy_strict_rejects_a_wrong_program(tmp_path):
     done = mypy(tmp_path, WRONG)
     assert done.returncode == 1, done.stdout + done.stderr
     assert 'Incompatible types in assignment (expression has type "bool"' in done.stdout
 
 
+@pytest.mark.process
 def test_the_names_are_the_product_objects_and_load_on_first_use():
     assert asnackq.AsyncQueue is AsyncQueue and asnackq.Dispatcher is Dispatcher
     assert set(asnackq.__all__) <= set(dir(asnackq))
     for name in asnackq.__all__:
         assert getattr(asnackq, name) is not None
-    heavy = ("aiohttp", "aiosqlite", "asnackq.dispatch.dispatcher", "asnackq.store.aio")
+    heavy = ("aiohttp", "aiosqlite", "asnackq.aio", "asnackq.aio")
     code = f"import sys, asnackq; print(sorted(m for m in sys.modules if m in {heavy}))"
     done = subprocess.run(
         [sys.executable, "-c", code + "; asnackq.Dispatcher"],

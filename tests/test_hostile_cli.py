@@ -36,6 +36,7 @@ def queue(tmp_path):
     return path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999/events", "http://127.0.0.1:abc/events"])
 def test_work_refuses_a_bad_sink_url_before_anything_is_claimed(queue, url):
     before = digest(queue)
@@ -43,6 +44,7 @@ def test_work_refuses_a_bad_sink_url_before_anything_is_claimed(queue, url):
     assert digest(queue) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("count", ["-1", "0"])
 def test_work_max_jobs_must_be_at_least_one(queue, count):
     before = digest(queue)
@@ -52,6 +54,7 @@ def test_work_max_jobs_must_be_at_least_one(queue, count):
     assert digest(queue) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("number", [" 5", "+5", "1_0", "\u0665", "0x10", "5 ", "1e3"])
 @pytest.mark.parametrize("option", ["--concurrency", "--gather-ms", "--max-jobs"])
 def test_work_takes_plain_ascii_ints_only(queue, option, number):
@@ -64,6 +67,7 @@ def test_work_takes_plain_ascii_ints_only(queue, option, number):
     assert digest(queue) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("seconds", [" 1", "1_0", "\u0661", "inf", "nan", "0x1"])
 def test_a_timeout_is_a_plain_ascii_number(queue, seconds):
     assert "argument --timeout-s: must be a number" in fails(
@@ -71,6 +75,7 @@ def test_a_timeout_is_a_plain_ascii_number(queue, seconds):
     )
 
 
+@pytest.mark.process
 def test_enqueue_of_deeply_nested_json_is_one_line_and_writes_nothing(queue, tmp_path):
     deep = tmp_path / "deep.jsonl"
     deep.write_text('{"id": "b", "qty": 1}\n' + "[" * 100_000 + "\n")
@@ -79,12 +84,14 @@ def test_enqueue_of_deeply_nested_json_is_one_line_and_writes_nothing(queue, tmp
     assert digest(queue) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("port", ["70000", "-1"])
 def test_sink_port_out_of_range_is_usage_and_creates_no_db(tmp_path, port):
     assert "argument --port:" in fails("sink", "--db", tmp_path / "s.db", "--port", port, code=2)
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.process
 def test_sink_on_a_port_in_use_fails_and_creates_no_db(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -94,17 +101,20 @@ def test_sink_on_a_port_in_use_fails_and_creates_no_db(tmp_path):
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.process
 def test_sink_refuses_a_token_that_no_header_could_carry(tmp_path):
     assert "auth_token" in fails("sink", "--db", tmp_path / "s.db", "--auth-token", "tök", code=2)
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("option", [("--delay-ms", "-1"), ("--fail-rate", "nan")])
 def test_lab_refuses_bad_fault_options_in_one_line(tmp_path, option):
     assert f"argument {option[0]}:" in fails("lab", "--dir", tmp_path / "lab", *option, code=2)
     assert not (tmp_path / "lab").exists()
 
 
+@pytest.mark.process
 def test_outbox_pending_and_dispatch_never_add_tables(queue):
     before = digest(queue)
     assert "argument --limit:" in fails("outbox", "pending", queue, "--limit", "0", code=2)
@@ -115,6 +125,7 @@ def test_outbox_pending_and_dispatch_never_add_tables(queue):
     assert digest(queue) == before
 
 
+@pytest.mark.process
 def test_outbox_commands_with_bad_input_create_no_file(tmp_path):
     new = tmp_path / "new.db"
     assert "event id" in fails("outbox", "accept", new, "--id", "bad id", "--qty", "1")
@@ -125,11 +136,13 @@ def test_outbox_commands_with_bad_input_create_no_file(tmp_path):
     assert not new.exists()
 
 
+@pytest.mark.process
 def test_audit_names_a_file_that_is_not_a_sink_db_once(queue):
     error = fails("audit", queue, "--sink-db", queue)
     assert "is not a sink DB (no inbox table)" in error and "DB DB" not in error
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [("--id", "b"), ("-", "--id", "b", "--qty", "2")])
 def test_enqueue_needs_either_id_and_qty_or_an_input(queue, args):
     before = digest(queue)
@@ -150,6 +163,7 @@ def opens(pid, path, within_s):
     return False
 
 
+@pytest.mark.process
 def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_path):
     """``work`` started while the file is locked waits with the bounded backoff of BEGIN
     (about 9 s in all) instead of failing after a second; a lock held 1.3 s after the worker

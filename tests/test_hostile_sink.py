@@ -95,6 +95,7 @@ JSON = b"Content-Type: application/json"
 EVENT = b'{"id": "a", "qty": 2}'
 
 
+@pytest.mark.process
 def test_a_body_that_is_not_in_its_content_encoding_is_a_json_400(tmp_path):
     with running_sink(tmp_path) as sink:
         for encoding in (b"deflate", b"gzip"):
@@ -115,6 +116,7 @@ def test_a_body_that_is_not_in_its_content_encoding_is_a_json_400(tmp_path):
     assert sink_state(tmp_path / "sink.db") == (2, [("a", 2, 1)])
 
 
+@pytest.mark.process
 def test_with_a_token_every_route_needs_it_and_a_non_ascii_header_is_a_401(tmp_path):
     with running_sink(tmp_path, "--auth-token", "s3cret") as sink:
         good = b"Authorization: Bearer s3cret"
@@ -146,6 +148,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.process
 def test_malformed_requests_and_mid_body_hang_ups_log_one_line_each(tmp_path):
     with running_sink(tmp_path) as sink:
         for data in MALFORMED:
@@ -165,6 +168,7 @@ def test_malformed_requests_and_mid_body_hang_ups_log_one_line_each(tmp_path):
     assert sum("the body cannot be read" in line for line in lines) == 5
 
 
+@pytest.mark.process
 def test_an_unknown_expectation_is_a_417_on_every_path_even_with_a_non_utf8_byte(tmp_path):
     """(aiohttp's default expect handler echoes the header: a non-UTF-8 byte made a 500.)"""
     with running_sink(tmp_path) as sink:
@@ -210,6 +214,7 @@ def closed_by_peer(s, timeout):
         return False
 
 
+@pytest.mark.process
 def test_idle_and_half_sent_connections_are_closed_after_the_idle_timeout(tmp_path):
     with running_sink(tmp_path, "--idle-timeout-s", "0.3") as sink:
         socks = idle_sockets(sink.port, 20)
@@ -234,6 +239,7 @@ def descriptor_limit(soft):
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sent", [HALF_HEADERS, HALF_BODY], ids=["headers", "body"])
 def test_a_flood_of_half_sent_requests_beyond_the_descriptor_limit_cannot_starve_a_request(
     tmp_path, sent
@@ -254,6 +260,7 @@ def test_a_flood_of_half_sent_requests_beyond_the_descriptor_limit_cannot_starve
     assert sink_state(tmp_path / "sink.db") == (3, [("real", 3, 1)])
 
 
+@pytest.mark.process
 def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
     with running_sink(tmp_path, "--body-timeout-s", "0.3") as sink:
         started = time.monotonic()

@@ -21,6 +21,7 @@ def post(url, job_id, qty=1):
         return json.load(answer)["status"]
 
 
+@pytest.mark.process
 def test_replicas_sum_the_counters_of_a_sigkilled_incarnation_and_its_successor(tmp_path):
     with Replicas(tmp_path / "sink.db", 1) as sinks:
         (url,) = sinks.urls
@@ -34,6 +35,7 @@ def test_replicas_sum_the_counters_of_a_sigkilled_incarnation_and_its_successor(
     assert (counts["requests"], counts["applied"], counts["duplicates"]) == (10, 6, 4)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(220)
 def test_the_lab_with_sink_kills_counts_every_incarnation_and_says_how_far(tmp_path):
     out = tmp_path / "lab.json"

@@ -43,6 +43,7 @@ def reaches(made: hosts.Hosts, host: int, addr: str, port: int) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.process
 @needs_root
 def test_hosts_reach_the_root_namespace_on_their_link_and_a_partition_cuts_one_side():
     with (
@@ -68,6 +69,7 @@ def test_hosts_reach_the_root_namespace_on_their_link_and_a_partition_cuts_one_s
     assert namespaces(os.getpid()) == [] and links(os.getpid()) == []
 
 
+@pytest.mark.process
 @needs_root
 def test_a_dead_labs_leftovers_are_swept_at_the_next_start():
     gone = start([sys.executable, "-c", "pass"])
@@ -86,6 +88,7 @@ def test_hosts_without_root_is_one_line_and_exit_1(monkeypatch, capsys):
     assert err.strip() == "asnackq lab: --hosts needs root (it makes network namespaces)"
 
 
+@pytest.mark.process
 @needs_root
 def test_fault_options_refused_without_what_they_need():
     for args, why in (
@@ -100,6 +103,7 @@ def test_fault_options_refused_without_what_they_need():
         assert len(run.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.process
 @needs_root
 def test_a_sigtermed_lab_removes_its_namespaces_and_links(tmp_path):
     lab = start(
@@ -165,6 +169,7 @@ def of_kind(result, kind):
     return faults
 
 
+@pytest.mark.process
 @needs_root
 @pytest.mark.timeout(300)
 def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
@@ -176,18 +181,21 @@ def test_lab_partitions_hosts_and_every_job_ends_done(tmp_path):
     assert {f["detail"].split(" from ")[1] for f in partitions} <= {"db", "sinks", "both"}
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_lab_restarts_the_server_fast_and_immediate_and_every_job_ends_done(tmp_path):
     restarts = of_kind(lab_with(tmp_path, "--pg-restart-every", "1"), "pg-restart")
     assert [f["detail"] for f in restarts[:2]] == ["fast", "immediate"][: len(restarts)]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_lab_kills_the_backends_and_every_job_ends_done(tmp_path):
     kills = of_kind(lab_with(tmp_path, "--pg-kill-backends-every", "0.5"), "pg-kill-backends")
     assert max(int(f["detail"].split()[0]) for f in kills) >= 2  # workers' and sinks'
 
 
+@pytest.mark.process
 @needs_root
 @pytest.mark.timeout(300)
 def test_lab_skews_each_hosts_clock_and_every_job_ends_done(tmp_path):
@@ -195,6 +203,7 @@ def test_lab_skews_each_hosts_clock_and_every_job_ends_done(tmp_path):
     assert result["config"]["clock_skew_ms"] == 300 and result["faults"] == []
 
 
+@pytest.mark.process
 def test_work_reads_the_clock_offset_it_is_given(tmp_path):
     queue, trace = tmp_path / "q.db", tmp_path / "trace"
     assert main(["init", str(queue)]) == 0

@@ -61,6 +61,7 @@ def sigkill(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+@pytest.mark.process
 def test_a_lab_s_sink_and_worker_end_when_the_lab_is_sigkilled(tmp_path):
     """A sink and a worker started through ``procs`` end once their parent is SIGKILLed; a
     sink the same parent started without ``procs`` (no lifeline) lives on."""
@@ -88,6 +89,7 @@ def test_a_lab_s_sink_and_worker_end_when_the_lab_is_sigkilled(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.process
 def test_a_child_whose_lifeline_is_cut_already_stops_at_once(tmp_path):
     """A child handed a lifeline whose writer is gone before it starts stops itself."""
     read_end, write_end = os.pipe()
@@ -111,6 +113,7 @@ def test_a_child_whose_lifeline_is_cut_already_stops_at_once(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1", "0", "abc", "999999", ""])
 def test_a_lifeline_variable_naming_no_pipe_changes_nothing(value):
     """Digits of other scripts, a descriptor that is no pipe (0: stdin here is /dev/null) or
@@ -127,6 +130,7 @@ def test_a_lifeline_variable_naming_no_pipe_changes_nothing(value):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.process
 def test_a_child_started_from_a_thread_that_ends_lives_on_with_its_process(tmp_path):
     """The lifeline is the process's, not the thread's: a worker started from a thread that
     then ends keeps running (the kernel's parent-death signal would have ended it)."""
@@ -151,6 +155,7 @@ def test_a_child_started_from_a_thread_that_ends_lives_on_with_its_process(tmp_p
         procs.stop(child)
 
 
+@pytest.mark.process
 def test_a_throwaway_postgresql_ends_and_is_removed_when_its_maker_is_sigkilled():
     if find_binaries() is None:
         if REQUIRED:

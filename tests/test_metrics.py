@@ -14,12 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asnackq import ops
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.breaker import BreakerPolicy
 from asnackq.lab.procs import PIPE, Replicas, kill, worker
 from asnackq.store import readers
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.metrics import Family, Histogram, queue_families, render
 from asnackq.wire.send import AsyncHttpSender
 
@@ -145,6 +144,7 @@ def worker_metrics_url(work):
     return line.split()[-1]
 
 
+@pytest.mark.process
 def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow_sink):
     queue = tmp_path / "q.db"
     ok("init", queue)
@@ -243,6 +243,7 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
     )
 
 
+@pytest.mark.process
 def test_work_refuses_bad_metrics_options_before_touching_anything(tmp_path):
     queue = tmp_path / "q.db"
     ok("init", queue)

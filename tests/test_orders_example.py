@@ -15,10 +15,10 @@ import aiohttp
 import aiosqlite
 import pytest
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import outbox
 from asnackq.core.worker import epoch_ms
 from asnackq.lab import procs
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.borrowed import Source
 
 from .conftest import execute, job
@@ -27,6 +27,7 @@ from .sinks import sink_state
 EXAMPLE = Path(__file__).parents[1] / "examples" / "orders_app.py"
 
 
+@pytest.mark.process
 async def test_the_example_commits_each_order_with_its_delivery_job(tmp_path):
     shop = tmp_path / "shop.db"
     child = await asyncio.create_subprocess_exec(
@@ -88,6 +89,7 @@ def post(url: str, order: dict[str, object]) -> int:
         return int(answer.status)
 
 
+@pytest.mark.process
 def test_the_app_delivers_every_order_once_across_a_graceful_restart(tmp_path):
     shop, stock = tmp_path / "shop.db", tmp_path / "stock.db"
     orders = [{"id": f"o{i}", "qty": i % 7 + 1} for i in range(40)]

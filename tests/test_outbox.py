@@ -142,6 +142,7 @@ print(outbox.dispatch(con, HttpSender(sys.argv[2]), hook=hook))
 """
 
 
+@pytest.mark.process
 def test_seed_final_check_a_publisher_dies_after_the_ack_and_another_resends(source, tmp_path):
     outbox.accept(source, {"id": "snack-7", "qty": 7})
     with sink_process(tmp_path / "sink.db") as url:
@@ -165,6 +166,7 @@ def test_seed_final_check_a_publisher_dies_after_the_ack_and_another_resends(sou
     assert unsent(source) == []
 
 
+@pytest.mark.process
 def test_a_dropped_ack_keeps_the_item_unsent_and_a_resend_is_a_duplicate(source, tmp_path):
     outbox.accept(source, {"id": "a", "qty": 4})
     with sink_process(tmp_path / "sink.db", "--drop-rate", "1") as url, pytest.raises(Retryable):
@@ -200,6 +202,7 @@ async def test_no_false_evidence_marks_an_item_sent(source, tmp_path, answer):
     assert unsent(source) == ["a"]
 
 
+@pytest.mark.process
 def test_outbox_commands(tmp_path):
     def run(*args):
         return subprocess.run(

@@ -11,14 +11,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from asnackq.aio import AsyncQueue, Dispatcher, Summary
 from asnackq.cli.render import progress_line
 from asnackq.core.worker import Overloaded, Retry, epoch_ms
-from asnackq.dispatch import Dispatcher, Summary
 from asnackq.dispatch.adaptive import CUBIC, DECREASE, Aimd
 from asnackq.dispatch.gate import Gate, depth
-from asnackq.sink.app import CAPACITY
+from asnackq.http_sink import CAPACITY
 from asnackq.sink.capacity import Capacity
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import RETRY_AFTER_MAX_S, AsyncHttpSender, retry_after
 
 from .conftest import rows

@@ -27,12 +27,14 @@ from .test_cli import asnackq, fails, ok
         ("--max-rate", "nan"),
     ],
 )
+@pytest.mark.process
 def test_a_sink_capacity_out_of_range_is_one_usage_line(tmp_path, option, value):
     stderr = fails("sink", "--db", tmp_path / "s.db", option, value, code=2)
     assert option in stderr
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("value", ["0", "many", "1025"])
 def test_work_concurrency_is_auto_or_an_int_in_range(tmp_path, value):
     queue = tmp_path / "q.db"
@@ -41,6 +43,7 @@ def test_work_concurrency_is_auto_or_an_int_in_range(tmp_path, value):
     fails("work", queue, "--sink", url, "--concurrency", value, "--until-empty", code=2)
 
 
+@pytest.mark.process
 def test_work_auto_against_a_capacity_limited_sink_process(tmp_path):
     queue = tmp_path / "q.db"
     ok("init", queue)
@@ -73,6 +76,7 @@ def test_work_auto_against_a_capacity_limited_sink_process(tmp_path):
     assert {(r[3], r[4]) for r in rows(queue) if len(r) > 3} == {("done", 1)}
 
 
+@pytest.mark.process
 def test_the_lab_runs_auto_workers_against_a_capacity_limited_sink(tmp_path):
     config = LabConfig(
         jobs=400,

@@ -12,9 +12,8 @@ import asyncio
 import aiohttp
 import pytest
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import rows
@@ -32,6 +31,7 @@ def places(request, tmp_path):
     return tmp_path / "queue.db", tmp_path / "sink.db"
 
 
+@pytest.mark.process
 async def test_a_worker_clock_ahead_by_more_than_a_lease_duplicates_at_most(places):
     db, sink_db = places
     qty = {f"job-{i}": i % 9 + 1 for i in range(40)}

@@ -25,7 +25,7 @@ LEASE_MS = 400
 WORKER = """
 import asyncio, json, random, sys
 from asnackq.core.worker import epoch_ms
-from asnackq.store.aio import AsyncQueue
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.wire.send import AsyncHttpSender
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from asnackq.aio import Dispatcher
 from asnackq.core import worker as w
-from asnackq.dispatch import Dispatcher
 from asnackq.dispatch.committer import CLOSE_WAIT_S
 from asnackq.dispatch.traces import read_traces
 from asnackq.lab import evidence
@@ -134,6 +134,7 @@ def line_within(stream: object, timeout_s: float) -> str:
     return str(stream.readline())  # type: ignore[attr-defined]
 
 
+@pytest.mark.process
 def test_work_and_a_sink_started_while_the_server_is_down_wait_for_it(server, url, tmp_path):
     qty = fill(url)
     port = free_port()  # (the worker names the sink before the sink can listen)
@@ -167,6 +168,7 @@ def test_work_and_a_sink_started_while_the_server_is_down_wait_for_it(server, ur
     assert result.violations == [] and result.statuses == {"done": JOBS}
 
 
+@pytest.mark.process
 def test_a_server_down_past_db_wait_s_is_one_line_and_exit_1(server, url):
     server.halt("fast")
     try:
@@ -182,6 +184,7 @@ def test_a_server_down_past_db_wait_s_is_one_line_and_exit_1(server, url):
     assert lines[1].startswith("asnackq sink: cannot connect to postgresql://")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_work_and_sink_ride_out_a_server_restart(server, url, tmp_path, monkeypatch, mode):
     summary, stats = run_through(lambda s, _: s.restart(mode), server, url, tmp_path, monkeypatch)
@@ -189,6 +192,7 @@ def test_work_and_sink_ride_out_a_server_restart(server, url, tmp_path, monkeypa
     assert stats["db_outages"] >= 1
 
 
+@pytest.mark.process
 def test_work_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
     summary, stats = run_through(
         lambda s, _: terminate(s, "fault-worker"), server, url, tmp_path, monkeypatch
@@ -197,6 +201,7 @@ def test_work_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
     assert stats["db_outages"] == 0
 
 
+@pytest.mark.process
 def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatch):
     summary, stats = run_through(
         lambda s, _: terminate(s, "fault-sink"), server, url, tmp_path, monkeypatch
@@ -205,6 +210,7 @@ def test_the_sink_rides_out_its_session_killed(server, url, tmp_path, monkeypatc
     assert stats["db_outages"] == 1
 
 
+@pytest.mark.process
 def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path, monkeypatch):
     def away(s: LocalServer, sink: str) -> None:
         s.halt("fast")
@@ -229,6 +235,7 @@ def test_work_and_sink_ride_out_a_server_away_for_seconds(server, url, tmp_path,
     assert stats["db_outages"] >= 1 and stats["db_down_ms"] >= 1500
 
 
+@pytest.mark.process
 def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(server, url, tmp_path):
     qty = fill(url)
     with sink_process(url, "--delay-ms", "2") as sink:
@@ -257,6 +264,7 @@ def test_work_stopped_while_the_server_is_away_ends_in_time_with_its_summary(ser
     assert result.violations == [] and result.statuses == {"done": JOBS}
 
 
+@pytest.mark.process
 async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(server, url):
     async with slow_queue(url) as (queue, store):
         claiming = asyncio.ensure_future(queue.claim("w1", T0 + 1, 5000))
@@ -272,6 +280,7 @@ async def test_a_commit_cut_by_a_crash_is_unconfirmed_and_the_store_goes_on(serv
         assert (counts["db_outages"], counts["db_cut_commits"]) == (1, 1)
 
 
+@pytest.mark.process
 async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(server, url):
     async with slow_queue(url, w.epoch_ms()) as (queue, store):
         sent = asyncio.Event()
@@ -292,6 +301,7 @@ async def test_a_cycle_cut_by_a_crash_lets_its_ticket_go_and_the_job_ends_done(s
     assert job_row(url) == ("done", 2)
 
 
+@pytest.mark.process
 async def test_a_run_stopped_while_its_cut_commit_is_unresolved_ends_in_its_closing_wait(
     server, url
 ):
@@ -321,6 +331,7 @@ async def test_a_run_stopped_while_its_cut_commit_is_unresolved_ends_in_its_clos
     assert job_row(url) == ("leased", 1)  # left to its lease, reclaimed later
 
 
+@pytest.mark.process
 def test_a_command_s_session_lost_between_its_transactions_is_opened_again(server, url):
     sessions.init(url)
     intake = [({"id": "a", "qty": 1}, 60_000, 3)]
@@ -343,6 +354,7 @@ FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
 )
 
 
+@pytest.mark.process
 def test_a_command_whose_commit_is_cut_says_so_in_one_line(server, url, monkeypatch):
     sessions.init(url)
     for sql in SLOW_INSERT:

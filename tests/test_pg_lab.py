@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .pgdb import query
 from .test_cli import asnackq, fails
 
@@ -54,6 +56,7 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
     assert "must hold no jobs" in fails("lab", "--db", url, "--jobs", "10")  # used: refused
 
 
+@pytest.mark.process
 def test_lab_on_a_throwaway_local_server(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -75,6 +78,7 @@ def test_lab_on_a_throwaway_local_server(tmp_path):
     assert result["config"]["db"].startswith("postgresql://")
 
 
+@pytest.mark.process
 def test_lab_refuses_replicas_without_postgresql():
     assert "give --db or --pg-local" in fails("lab", "--sinks", "2", code=2)
     stderr = fails("lab", "--db", "postgresql:me:hunter2@typo", code=2)

@@ -16,10 +16,10 @@ from functools import partial
 import psycopg
 import pytest
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.lab.pg_server import free_port
 from asnackq.store import pg, pg_sql, sessions
-from asnackq.store.aio import AsyncQueue
 
 from .conftest import T0
 from .pgdb import query
@@ -195,6 +195,7 @@ async def test_concurrent_async_intakes_of_the_same_ids_insert_each_once(url):
     assert query(url, "SELECT count(*) FROM jobs") == [(300,)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("required", [False, True])
 def test_without_binaries_the_pg_tests_skip_or_fail_when_required(required, tmp_path):
     env = {

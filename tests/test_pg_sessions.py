@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.store import pg_session
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.outage import Backoff, StoreUnavailable
 
 from .conftest import T0

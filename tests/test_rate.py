@@ -16,15 +16,15 @@ import pytest
 from aiohttp import web
 
 from asnackq import cli
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import rate as r
 from asnackq.core import worker as w
-from asnackq.dispatch import BreakerPolicy, Dispatcher
+from asnackq.dispatch import BreakerPolicy
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab import procs
 from asnackq.lab.pace import fill as pace_fill
 from asnackq.lab.pace import pace, recording_sink
 from asnackq.store import opening, pg_session
-from asnackq.store.aio import AsyncQueue
 from asnackq.store.sqlite_aio import HOPS
 from asnackq.wire.send import AsyncHttpSender
 
@@ -442,12 +442,13 @@ def queue_with_rate_row(path: Path, interval_us: int, burst: int) -> Path:
     return path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("interval_us", "burst"), [(0, 1), (-40_000, 1), (40_000, 0), (1, 1)])
 def test_work_on_a_queue_whose_rate_row_is_out_of_range_says_so_in_one_line(
     tmp_path, interval_us, burst
 ):
     """A rate row with interval 0, a negative interval, a burst of 0, or a rate above
-    MAX_RATE (written by hand): a worker given no rate says so in one line and exits 1,
+    MAX_SEND_RATE (written by hand): a worker given no rate says so in one line and exits 1,
     never a traceback or a run at a bogus rate."""
     queue = queue_with_rate_row(tmp_path / "queue.db", interval_us, burst)
     done = subprocess.run(
@@ -475,7 +476,7 @@ def test_shared_rate_never_returns_a_rate_check_rate_refuses(tmp_path, interval_
 
 
 def test_shared_rate_never_returns_a_rate_above_max_rate(tmp_path):
-    """An interval of 1 us would be 1e6 sends a second, ten times MAX_RATE: refused."""
+    """An interval of 1 us would be 1e6 sends a second, ten times MAX_SEND_RATE: refused."""
     queue = queue_with_rate_row(tmp_path / "queue.db", 1, 1)
     con = sqlite3.connect(queue)
     try:
@@ -485,6 +486,7 @@ def test_shared_rate_never_returns_a_rate_above_max_rate(tmp_path):
         con.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("typed", ["OFF", "Off", " off"])
 def test_rate_off_typed_otherwise_is_named_in_the_usage_line(tmp_path, typed):
     """``--rate OFF`` is refused in a line that names 'off' (the one word accepted) and no

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from asnackq.lab.pace import fill, paced_run
 
 from .conftest import rows
@@ -18,6 +20,7 @@ def assert_paced(run, jobs: int = JOBS) -> None:
     assert judged.kept, judged  # and at least 90 a second on average
 
 
+@pytest.mark.process
 async def test_three_workers_one_sigkilled_holding_permits_keep_the_rate_on_sqlite(tmp_path):
     queue = tmp_path / "queue.db"
     await fill(queue, JOBS)

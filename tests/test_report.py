@@ -133,6 +133,7 @@ def test_every_plot_draws_the_numbers_of_the_json(lab_run):
     assert series["sink"]["applied"][-1] == 300
 
 
+@pytest.mark.process
 def test_a_traced_run_shows_the_attempts_of_re_delivered_jobs(tmp_path):
     """``lab --spans``: every process's spans in one file; a re-delivered job's attempts and
     the sink's decisions are all in its one trace, begun by the lab's intake."""
@@ -174,6 +175,7 @@ def test_the_tables_show_the_numbers_of_the_json(lab_run):
     ]
 
 
+@pytest.mark.process
 def test_without_plotly_report_fails_at_once_with_what_to_install(tmp_path):
     blocked = (
         "import sys; sys.modules['plotly'] = None; from asnackq.cli import main; "
@@ -188,6 +190,7 @@ def test_without_plotly_report_fails_at_once_with_what_to_install(tmp_path):
     assert not (tmp_path / "lab").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_a_report_target_that_cannot_be_one_is_refused_before_the_run(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("not a directory")

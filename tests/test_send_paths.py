@@ -13,11 +13,10 @@ import pytest
 import trustme
 from rich.console import Console
 
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import outbox
 from asnackq.core import worker as w
-from asnackq.dispatch import Dispatcher
 from asnackq.lab import LabConfig, procs, run_lab
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .conftest import rows
@@ -77,6 +76,7 @@ def outbox_with_ids(path):
     con.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["http10", "close", "chunked", "gzip", "sink"])
 def test_outbox_dispatch_delivers_to_ordinary_servers(kind, tmp_path):
     outbox_with_ids(tmp_path / "source.db")
@@ -86,6 +86,7 @@ def test_outbox_dispatch_delivers_to_ordinary_servers(kind, tmp_path):
     assert peer.ids == IDS
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["http10", "close", "until-close", "continue"])
 def test_work_delivers_to_ordinary_servers(kind, tmp_path):
     filled_queue(tmp_path / "q.db").close()
@@ -113,6 +114,7 @@ def pki(tmp_path_factory):
     return root
 
 
+@pytest.mark.process
 def test_work_and_outbox_dispatch_over_tls_to_the_sink_requiring_client_certs(pki, tmp_path):
     filled_queue(tmp_path / "q.db").close()
     outbox_with_ids(tmp_path / "source.db")
@@ -130,6 +132,7 @@ def test_work_and_outbox_dispatch_over_tls_to_the_sink_requiring_client_certs(pk
     assert {status for _, status in statuses(tmp_path / "q.db")} == {"done"}
 
 
+@pytest.mark.process
 def test_the_system_trust_store_is_the_default(pki, tmp_path):
     outbox_with_ids(tmp_path / "source.db")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -157,6 +160,7 @@ def trusting(pki):
         (("--sink-key", "not.pem"), "--sink-key needs --sink-cert"),
     ],
 )
+@pytest.mark.process
 @pytest.mark.parametrize("command", ["work", "outbox dispatch"])
 def test_tls_files_that_cannot_be_used_are_one_line_and_exit_2(
     command, options, why, tmp_path, monkeypatch
@@ -180,6 +184,7 @@ def test_tls_files_that_cannot_be_used_are_one_line_and_exit_2(
         (("--tls-cert", "not.pem"), "--tls-cert and --tls-key go together"),
     ],
 )
+@pytest.mark.process
 def test_the_sink_refuses_tls_files_that_cannot_be_used(options, why, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not.pem").write_text("hello\n")
@@ -188,6 +193,7 @@ def test_the_sink_refuses_tls_files_that_cannot_be_used(options, why, tmp_path, 
     assert err.count("\n") == 1 and not (tmp_path / "sink.db").exists()
 
 
+@pytest.mark.process
 def test_the_lab_runs_its_sinks_on_https(pki, tmp_path):
     tls = {"tls_cert": pki / "server.pem", "tls_key": pki / "server.key", "sink_ca": pki / "ca.pem"}
     config = LabConfig(jobs=40, processes=1, concurrency=4, directory=tmp_path / "lab", **tls)

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asnackq.core.worker import Permanent, Retryable
+from asnackq.http_sink import CONFIG, INBOX
 from asnackq.lab.procs import command, start_sink, stop
-from asnackq.sink.app import CONFIG, INBOX
 from asnackq.sink.inbox import Inbox, open_sink_db
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
@@ -295,6 +295,7 @@ def test_fuzzed_requests_never_get_a_500_and_keep_the_stock_consistent(
     assert (status == 200) == (len(inbox) == 1)
 
 
+@pytest.mark.process
 def test_sink_command_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path):
     proc, url = start_sink(tmp_path / "s.db")  # its first line: "... listening on URL"
     try:
@@ -305,6 +306,7 @@ def test_sink_command_prints_its_address_and_stops_cleanly_on_sigterm(tmp_path):
     assert sink_state(tmp_path / "s.db") == (2, [("a", 2, 1)])
 
 
+@pytest.mark.process
 def test_sink_command_refuses_a_non_loopback_host_without_the_flag(tmp_path):
     run = subprocess.run(
         command("sink", "--db", tmp_path / "s.db", "--host", "0.0.0.0"),

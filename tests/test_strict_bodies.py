@@ -30,6 +30,7 @@ AMBIGUOUS = [
 ]
 
 
+@pytest.mark.process
 def test_the_sink_refuses_ambiguous_json_and_applies_nothing(tmp_path):
     with running_sink(tmp_path) as sink:
         for body in AMBIGUOUS:
@@ -70,6 +71,7 @@ CODED = [
 ]
 
 
+@pytest.mark.process
 def test_the_sink_decodes_a_body_whole_or_refuses_it_as_json(tmp_path):
     with running_sink(tmp_path) as sink:
         for body, coding, expected in CODED:
@@ -85,6 +87,7 @@ def test_the_sink_decodes_a_body_whole_or_refuses_it_as_json(tmp_path):
     assert sink_state(tmp_path / "sink.db") == (3, [("a", 2, 4), ("after", 1, 1)])
 
 
+@pytest.mark.process
 def test_two_content_encoding_headers_are_refused(tmp_path):
     with running_sink(tmp_path) as sink:
         headers = [JSON, b"Content-Encoding: identity", b"Content-Encoding: gzip"]
@@ -113,6 +116,7 @@ def web_response(text):
     return web.Response(text=text, content_type="application/json")
 
 
+@pytest.mark.process
 def test_enqueue_refuses_an_ambiguous_line_and_writes_nothing(tmp_path):
     queue = tmp_path / "q.db"
     ok("init", queue)

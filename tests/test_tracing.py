@@ -16,12 +16,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from asnackq import ops
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.dispatch import Dispatcher
 from asnackq.store import sessions
-from asnackq.store.aio import AsyncQueue
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .pgdb import query

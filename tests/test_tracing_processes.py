@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -86,6 +87,7 @@ async def finished(process: asyncio.subprocess.Process) -> int:
     return await asyncio.wait_for(process.wait(), 30)
 
 
+@pytest.mark.process
 async def test_a_killed_workers_job_is_redelivered_in_its_enqueues_trace(tmp_path: Path):
     queue, jobs = tmp_path / "q.db", tmp_path / "jobs.jsonl"
     jobs.write_text("".join(f'{{"id": "job-{i}", "qty": {i + 1}}}\n' for i in range(4)))
@@ -160,6 +162,7 @@ async def test_a_killed_workers_job_is_redelivered_in_its_enqueues_trace(tmp_pat
     assert len(redelivered) == 1
 
 
+@pytest.mark.process
 def test_without_the_sdk_an_exporter_is_one_line_and_exit_2(tmp_path: Path):
     """The SDK hidden from the child (``sys.modules``): one line, exit 2, no file made."""
     hide = "import sys; sys.modules['opentelemetry.sdk'] = None; from asnackq.cli import main; "
@@ -180,6 +183,7 @@ def test_without_the_sdk_an_exporter_is_one_line_and_exit_2(tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_the_console_exporter_prints_spans_on_stderr_and_leaves_stdout_alone(tmp_path: Path):
     queue = tmp_path / "q.db"
     command = [sys.executable, "-m", "asnackq"]
@@ -200,6 +204,7 @@ def test_the_console_exporter_prints_spans_on_stderr_and_leaves_stdout_alone(tmp
     assert row[0] == "a" and row[1][3:35] == span["context"]["trace_id"][2:]
 
 
+@pytest.mark.process
 def test_with_no_collector_listening_a_command_ends_within_its_flush_time(tmp_path: Path):
     """``enqueue --otel-exporter otlp`` with nothing on the endpoint's port enqueues, exits 0,
     and gives its last spans ``FLUSH_S`` (2 s), not the exporter's retries (about 7 s)."""
@@ -218,6 +223,7 @@ def test_with_no_collector_listening_a_command_ends_within_its_flush_time(tmp_pa
     assert "Traceback" not in child.stderr and "already shutdown" not in child.stderr
 
 
+@pytest.mark.process
 def test_a_collector_that_accepts_and_never_answers_delays_a_command_about_two_seconds(
     tmp_path,
 ):

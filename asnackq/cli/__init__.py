@@ -20,7 +20,7 @@ from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
 from asnackq.cli.work import add_work
 from asnackq.core import worker as w
-from asnackq.store import sessions
+from asnackq.store.outage import database_error
 from asnackq.store.targets import one_line
 
 __all__ = ["main", "parser"]
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asnackq {args.command}: {error}", file=sys.stderr)
         return 1
     except Exception as error:
-        if not sessions.database_error(error):
+        if not database_error(error):
             raise
         print(f"asnackq {args.command}: database error: {one_line(error)}", file=sys.stderr)
         return 1

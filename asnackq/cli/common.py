@@ -22,7 +22,6 @@ __all__ = [
     "QUEUE_HELP",
     "RATE",
     "TIMEOUT",
-    "TTL_MS",
     "Command",
     "Commands",
     "Failure",
@@ -66,7 +65,6 @@ class Parser(argparse.ArgumentParser):
 Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
-TTL_MS = 60_000  # the default ttl for intakes (up to 30 days: worker.PRODUCT)
 QUEUE_HELP = "a queue file, or a postgresql:// URL"
 
 
@@ -124,7 +122,7 @@ RATE = within(float, *faults.RATE)  # a sink's fault rate
 DELAY_MS = within(int, *faults.DELAY_MS)  # a sink's delay before each answer
 TIMEOUT = within(float, 0.001, 600)  # a sender's timeout_s
 MAX_INFLIGHT = within(int, *capacity.MAX_INFLIGHT)  # a sink's events in a handler at once
-MAX_RATE = within(float, 0.001, capacity.MAX_RATE[1])  # a sink's events per second
+SINK_RATE = within(float, 0.001, capacity.SINK_RATES[1])  # a sink's events per second
 
 
 def check_sink(url: str, allow_remote: bool) -> None:

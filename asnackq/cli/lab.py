@@ -13,8 +13,8 @@ from rich.console import Console
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    MAX_RATE,
     RATE,
+    SINK_RATE,
     TIMEOUT,
     Commands,
     Usage,
@@ -67,7 +67,7 @@ def add_lab(commands: Commands) -> None:
     lab.add_argument(
         "--sink-max-rate",
         metavar="R",
-        type=MAX_RATE,
+        type=SINK_RATE,
         default=None,
         help="the sink handles at most R events a second (429 past it; see sink --max-rate)",
     )

@@ -14,7 +14,6 @@ from rich.table import Table
 from asnackq import ops
 from asnackq.cli.common import (
     QUEUE_HELP,
-    TTL_MS,
     Commands,
     Failure,
     Usage,
@@ -25,7 +24,9 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, rows_table
 from asnackq.core import worker as w
+from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS
 from asnackq.store import readers, sessions
+from asnackq.store.outage import database_error
 from asnackq.store.targets import Target, one_line, shown
 from asnackq.wire import strict_json
 
@@ -66,9 +67,17 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=exact_int)
     enqueue.add_argument(
-        "--ttl-ms", type=exact_int, default=TTL_MS, help="1..2592000000, 30 days (default 60000)"
+        "--ttl-ms",
+        type=exact_int,
+        default=DEFAULT_TTL_MS,
+        help=f"1..2592000000, 30 days (default {DEFAULT_TTL_MS}: a day, as AsyncQueue's)",
     )
-    enqueue.add_argument("--max-attempts", type=exact_int, default=3, help="1..16 (default 3)")
+    enqueue.add_argument(
+        "--max-attempts",
+        type=exact_int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"1..16 (default {DEFAULT_MAX_ATTEMPTS}, as AsyncQueue's)",
+    )
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
     add_otel(enqueue, spans=False)
     enqueue.set_defaults(run=run_enqueue)
@@ -174,7 +183,7 @@ def intake(queue: Target, numbered: Numbered, source: str | None) -> list[bool |
         try:
             return ops.enqueue_all(queue, [item for _, item in numbered], advance)
         except Exception as error:
-            if not (isinstance(error, OSError) or sessions.database_error(error)):
+            if not (isinstance(error, OSError) or database_error(error)):
                 raise
             raise Failure(stopped(error, committed, numbered, source)) from None
 

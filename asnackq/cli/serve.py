@@ -15,8 +15,8 @@ from typing import cast
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    MAX_RATE,
     RATE,
+    SINK_RATE,
     TIMEOUT,
     Commands,
     Failure,
@@ -79,7 +79,7 @@ def add_sink(commands: Commands) -> None:
     sink.add_argument(
         "--max-rate",
         metavar="R",
-        type=MAX_RATE,
+        type=SINK_RATE,
         default=None,
         help="handle at most R events a second (a token bucket, bursts of R/10); "
         "answer 429 with Retry-After past it",
@@ -119,8 +119,7 @@ def add_sink(commands: Commands) -> None:
 
 
 def run_sink(args: argparse.Namespace) -> int:
-    from asnackq.sink.app import SinkConfig
-    from asnackq.sink.server import serve
+    from asnackq.http_sink import SinkConfig, serve
 
     if not args.allow_remote and not is_loopback(args.host):
         raise Failure(f"refusing to bind non-loopback host {args.host!r} without --allow-remote")

@@ -8,9 +8,7 @@ import asyncio
 import dataclasses
 import math
 import os
-import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -41,20 +39,20 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, progress_line
 from asnackq.core import worker as w
-from asnackq.core.rate import MAX_BURST, MAX_RATE, Rate
+from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import one_line
 
 __all__ = ["add_work"]
 
 if TYPE_CHECKING:
-    from asnackq.store.aio import AsyncSend
+    from asnackq.wire.send import AsyncSend
 
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
 def send_rate(text: str) -> float | str:
-    """An argparse type: sends per second, a number above 0 and at most ``MAX_RATE``; or
+    """An argparse type: sends per second, a number above 0 and at most ``MAX_SEND_RATE``; or
     ``off``."""
     if text == "off":
         return text
@@ -62,17 +60,12 @@ def send_rate(text: str) -> float | str:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= MAX_RATE:  # (NaN too)
+    if not 0 < value <= MAX_SEND_RATE:  # (NaN too)
         raise argparse.ArgumentTypeError(
-            f"must be a number of sends a second above 0 and at most {MAX_RATE:g}, "
+            f"must be a number of sends a second above 0 and at most {MAX_SEND_RATE:g}, "
             f"or 'off', not {text!r}"
         )
     return value
-
-
-def default_owner() -> str:
-    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "worker"
-    return f"{name}-{os.getpid()}"
 
 
 def add_work(commands: Commands) -> None:
@@ -99,7 +92,7 @@ def add_work(commands: Commands) -> None:
         default=256,
         help="with --concurrency auto: the most sends in flight (default 256)",
     )
-    work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID)")
+    work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID-RANDOM)")
     work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
     work.add_argument(
         "--prefetch",
@@ -210,10 +203,9 @@ def offset_clock(offset_ms: int) -> Callable[[], int]:
 
 
 def run_work(args: argparse.Namespace) -> int:
-    from asnackq.dispatch import Dispatcher, Summary
+    from asnackq.aio import AsyncQueue, Dispatcher, Summary, default_owner
     from asnackq.dispatch.breaker import BreakerPolicy
     from asnackq.dispatch.metrics import WorkerMetrics
-    from asnackq.store.aio import AsyncQueue
     from asnackq.wire.send import AsyncHttpSender
 
     tls = sink_tls(args)

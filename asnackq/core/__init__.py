@@ -7,3 +7,5 @@ Rules of this wing:
 * ``outbox`` and ``inbox`` are the other two sets of plans (ordered delivery from an
   application's DB; each effect once at the sink). Drivers in ``asnackq.store`` run them all.
 """
+
+VERSION = "0.3.0"  # the package's (``asnackq.__version__``), and its spans' instrumentation

@@ -41,7 +41,7 @@ __all__ = [
     "HORIZON_US",
     "MAX_BURST",
     "MAX_LEAD_US",
-    "MAX_RATE",
+    "MAX_SEND_RATE",
     "SQL_RATE_CLEAR",
     "SQL_RATE_CLOCK",
     "SQL_RATE_EXISTS",
@@ -62,7 +62,7 @@ __all__ = [
     "rate_of",
 ]
 
-MAX_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
+MAX_SEND_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
 MAX_BURST = 100_000
 HORIZON_US = 250_000  # how far past its lead a claim may take slots (0.25 s)
 MAX_LEAD_US = 250_000  # the longest lead a claim may ask for
@@ -102,16 +102,16 @@ class Rate(NamedTuple):
 
 
 def check_rate(per_s: object, burst: object = 1, key: object = DEFAULT_KEY) -> Rate:
-    """A valid ``Rate``: ``per_s`` a finite number in (0, MAX_RATE], ``burst`` an int in
+    """A valid ``Rate``: ``per_s`` a finite number in (0, MAX_SEND_RATE], ``burst`` an int in
     1..MAX_BURST, ``key`` an identifier; ``ValueError`` otherwise."""
     if not (
         isinstance(per_s, int | float)
         and type(per_s) is not bool
         and math.isfinite(per_s)
-        and 0 < per_s <= MAX_RATE
+        and 0 < per_s <= MAX_SEND_RATE
     ):
         raise ValueError(
-            f"rate must be a number of sends per second in (0, {MAX_RATE:g}]: {per_s!r}"
+            f"rate must be a number of sends per second in (0, {MAX_SEND_RATE:g}]: {per_s!r}"
         )
     return Rate(
         float(per_s),
@@ -182,7 +182,7 @@ def rate_of(row: tuple[Any, ...], key: str) -> Rate:
     """The ``Rate`` of a row's ``(interval_us, burst)``; ``ValueError`` for a row out of
     range (written by hand, or by something else): one clear line, never a division by 0."""
     interval_us, burst = row[0], row[1]
-    if type(interval_us) is not int or interval_us < round(1_000_000 / MAX_RATE):
+    if type(interval_us) is not int or interval_us < round(1_000_000 / MAX_SEND_RATE):
         raise ValueError(
             f"the queue's rate row {key!r} is out of range: interval_us {interval_us!r}"
             " (set it again with work --rate R, or remove it with work --rate off)"

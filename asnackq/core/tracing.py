@@ -22,6 +22,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core import VERSION
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
@@ -66,9 +68,7 @@ def tracer() -> Tracer | None:
     provider = _provider if _provider is not None else trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from asnackq import __version__
-
-    found: Tracer = provider.get_tracer("asnackq", __version__)
+    found: Tracer = provider.get_tracer("asnackq", VERSION)
     return found
 
 

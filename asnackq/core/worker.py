@@ -6,7 +6,7 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
 * Every state transition is a *plan*: a generator that yields ``Sql`` steps (and
   receives their rows) and ``Hook`` points, and returns ``(result, changed)``.
   Plans contain no I/O.  ``drive`` below runs a plan on ``sqlite3``; the asyncio
-  layer (``asnackq.store.aio``) runs the very same plans through ``aiosqlite``.  There is no
+  layer (``asnackq.aio``) runs the very same plans through ``aiosqlite``.  There is no
   second copy of the state machine anywhere.
 * A plan's statements do not grow with its batch: a set of jobs is one JSON array
   parameter, a batch of fenced writes one ``SqlMany`` step.

@@ -11,7 +11,6 @@ Rules of this wing:
 """
 
 from asnackq.dispatch.breaker import BreakerPolicy
-from asnackq.dispatch.dispatcher import Dispatcher
 from asnackq.dispatch.summary import Summary
 
-__all__ = ["BreakerPolicy", "Dispatcher", "Summary"]
+__all__ = ["BreakerPolicy", "Summary"]

@@ -37,14 +37,16 @@ from typing import NamedTuple
 
 from asnackq.core import worker as w
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
+from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.ledger import Due, Ledger
 from asnackq.dispatch.pacer import Pacer, Want
-from asnackq.dispatch.port import Claimed, Port, Sent
+from asnackq.dispatch.port import Port
 from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.seam import Queue
 from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
-from asnackq.store.aio import AsyncQueue
+from asnackq.dispatch.tickets import Claimed, Sent
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 
 __all__ = ["CLOSE_WAIT_S", "Committer", "Finish", "Phase"]
@@ -74,15 +76,22 @@ class Committer:
     """Finishes in; claims, extensions and tickets out - one transaction per cycle."""
 
     def __init__(
-        self, queue: AsyncQueue, settings: Settings, budget: int | None, breaker: BreakerPolicy
+        self,
+        queue: Queue,
+        settings: Settings,
+        budget: int | None,
+        breaker: BreakerPolicy,
+        gate: Gate | None = None,
     ) -> None:
+        """``gate``: concurrency "auto"'s (None: ``settings.concurrency`` sends at once)."""
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
         self.now = RunClock(settings.clock, settings.limits)  # the run's readings
         self.breaker = Breaker(breaker, self.kick_now)
         self.ledger = Ledger(settings.lease_ms)
         self.clock = asyncio.get_running_loop().time
-        self.pacer = Pacer(settings, self.clock)
+        self.gate = gate
+        self.pacer = Pacer(settings, self.clock, gate)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
         self.ready: collections.deque[Claimed] = collections.deque()
@@ -112,6 +121,7 @@ class Committer:
             breaker=self.breaker,
             summary=self.summary,
             settings=self.settings,
+            gate=self.gate,
         )
 
     async def take(self) -> Claimed | None:

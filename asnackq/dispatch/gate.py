@@ -25,7 +25,7 @@ from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.dispatch.adaptive import Aimd, Outcome
-from asnackq.store.aio import AsyncSend
+from asnackq.wire.send import AsyncSend
 
 __all__ = ["Gate", "depth"]
 
@@ -84,6 +84,11 @@ class Gate:
     @property
     def limit(self) -> int:
         return self.rule.limit
+
+    @property
+    def cuts(self) -> int:
+        """How many times the adaptive limit was cut."""
+        return self.rule.cuts
 
     @property
     def sending(self) -> int:

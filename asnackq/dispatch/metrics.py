@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asnackq.wire import logs
 from asnackq.wire.metrics import (
@@ -26,10 +26,21 @@ from asnackq.wire.metrics import (
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from asnackq.dispatch.dispatcher import Dispatcher
-    from asnackq.store.aio import AsyncSend
+    from asnackq.wire.send import AsyncSend
 
-__all__ = ["WORKER_COUNTERS", "TimedSend", "WorkerMetrics", "dispatcher_families"]
+__all__ = ["WORKER_COUNTERS", "TimedSend", "Watched", "WorkerMetrics", "dispatcher_families"]
+
+
+class Watched(Protocol):
+    """What the metrics read of a run (``asnackq.aio.Dispatcher``)."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, int]: ...
 
 
 # Summary field -> (metric name without prefix and ``_total``, help).
@@ -133,13 +144,13 @@ class WorkerMetrics:
             check_host(host, allow_remote)
         self.host, self.port = host, port
         self.latency = Histogram()
-        self.dispatcher: Dispatcher | None = None
+        self.dispatcher: Watched | None = None
         self._stack = contextlib.AsyncExitStack()
 
     def timed(self, send: AsyncSend) -> AsyncSend:
         return send if self.port is None else TimedSend(send, self.latency)
 
-    def watch(self, dispatcher: Dispatcher) -> None:
+    def watch(self, dispatcher: Watched) -> None:
         self.dispatcher = dispatcher
 
     def render(self) -> str:
@@ -148,7 +159,7 @@ class WorkerMetrics:
             return render([])
         return render(
             dispatcher_families(
-                dispatcher.snapshot(), dispatcher.settings.owner, dispatcher.paused, self.latency
+                dispatcher.snapshot(), dispatcher.owner, dispatcher.paused, self.latency
             )
         )
 

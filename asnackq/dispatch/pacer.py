@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.settings import Settings
 
 __all__ = ["Pacer", "Want"]
@@ -38,7 +39,9 @@ class Want(NamedTuple):
 class Pacer:
     """The pace of a run's cycles: the take rate, the last cycle's timings, dry claims."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, settings: Settings, clock: Callable[[], float], gate: Gate | None = None
+    ) -> None:
         self.settings, self.clock = settings, clock
         self.taken = 0  # tickets taken since the last cycle began
         self.rate = 0.0  # tickets taken per second, over the last cycle
@@ -47,8 +50,11 @@ class Pacer:
         self.dry = False  # the last claim for waiting coroutines came up short
         self.dry_ahead = False  # the last claim ahead of demand did (no job never attempted)
         # the sends let in flight: the concurrency, or (concurrency "auto") the gate's limit
-        self.concurrency: Callable[[], int] = lambda: settings.concurrency
-        self.per_send = 8  # the most ready tickets per send let in flight
+        self.concurrency: Callable[[], int] = (
+            (lambda: settings.concurrency) if gate is None else (lambda: gate.limit)
+        )
+        # the most ready tickets per send let in flight (a gate lets its holders wait instead)
+        self.per_send = 8 if gate is None else 0
 
     def took(self) -> None:
         """A coroutine took a ticket."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from asnackq.core import worker as w
 from asnackq.dispatch.breaker import Breaker
@@ -23,32 +22,14 @@ from asnackq.dispatch.ledger import Ledger
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
 from asnackq.dispatch.summary import Summary
+from asnackq.dispatch.tickets import Claimed, Sent
 
-__all__ = ["LATE_S", "LATE_SLOTS", "Claimed", "Port", "Sent"]
+__all__ = ["LATE_S", "LATE_SLOTS", "Port"]
 
 # A send more than this late for its slot takes a new one: at most LATE_S, or LATE_SLOTS
 # slots' worth if longer, of sends ever go out late at once.
 LATE_S = 0.02
 LATE_SLOTS = 2
-
-
-class Claimed(NamedTuple):
-    """A ticket as claimed, the clock reading of its claim (the delivery's first), and its
-    send slot under a shared rate (the event loop's clock; 0: none)."""
-
-    ticket: w.Ticket
-    first: int
-    not_before: float = 0.0
-
-
-class Sent(NamedTuple):
-    """What a coroutine hands back: the outcome of one send, or why there is none."""
-
-    claimed: Claimed
-    outcome: str | None  # ok / retry / permanent; None: nothing to finish
-    now_ms: int = 0  # the second clock reading
-    delay_ms: int = 0
-    failure: str | None = None  # "bad_acks" or "errors" when outcome is None
 
 
 @dataclass(frozen=True, kw_only=True)

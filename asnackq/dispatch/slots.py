@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable
 
 from asnackq.core.rate import MAX_LEAD_US, SQL_RATE_CLOCK, Paced
-from asnackq.store.aio import AsyncQueue
+from asnackq.dispatch.seam import Queue
 
 __all__ = ["SAMPLES", "Slots"]
 
@@ -49,7 +49,7 @@ class Slots:
             return MAX_LEAD_US
         return min(MAX_LEAD_US, round(statistics.median(self.took) * 1e6))
 
-    async def probe(self, queue: AsyncQueue, clock: Callable[[], float]) -> None:
+    async def probe(self, queue: Queue, clock: Callable[[], float]) -> None:
         """Read the database's clock ``PROBES`` times (a round trip each, no transaction):
         slots are placed right from the first cycle."""
         for _ in range(PROBES):

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from asnackq.core import tracing
 from asnackq.core import worker as w
-from asnackq.store.aio import AsyncQueue
+from asnackq.dispatch.seam import Queue
 from asnackq.store.job_traces import SQL_PARENTS, SQL_REASONS
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from asnackq.dispatch.port import Claimed, Sent
+    from asnackq.dispatch.tickets import Claimed, Sent
 
 __all__ = ["DeliverySpans"]
 
@@ -55,7 +55,7 @@ class DeliverySpans:
 
     async def cycled(
         self,
-        queue: AsyncQueue,
+        queue: Queue,
         finished: Sequence[w.Ticket],
         statuses: Sequence[str | bool],
         claimed: Sequence[w.Ticket],
@@ -70,7 +70,7 @@ class DeliverySpans:
         for ticket, status in ends:
             self.end(ticket, RESULTS.get(status, str(status)), reasons.get(ticket["id"]))
 
-    async def _read(self, queue: AsyncQueue, sql: str, ids: str) -> dict[str, Any]:
+    async def _read(self, queue: Queue, sql: str, ids: str) -> dict[str, Any]:
         try:
             return dict(await queue.read(sql, (ids,)))
         except asyncio.CancelledError:

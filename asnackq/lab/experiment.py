@@ -50,7 +50,7 @@ from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
 from asnackq.sink.capacity import options_given
 from asnackq.store import readers
-from asnackq.store.sessions import database_error
+from asnackq.store.outage import database_error
 from asnackq.store.targets import Target, shown
 
 __all__ = ["run_lab"]

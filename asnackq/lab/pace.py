@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from asnackq.aio import AsyncQueue
+from asnackq.http_sink import SERVER_OPTIONS, SinkConfig, make_app
 from asnackq.lab.procs import command
-from asnackq.sink.app import SERVER_OPTIONS, SinkConfig, make_app
-from asnackq.store.aio import AsyncQueue
 
 __all__ = ["CAP_SHARE", "KEEP_SHARE", "Pace", "Run", "fill", "pace", "paced_run", "recording_sink"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from asnackq.core import tracing
 from asnackq.core import worker as w
-from asnackq.store import job_traces, sessions
-from asnackq.store.budget import Budget, Intake, Item, intakes
+from asnackq.core.budget import Budget, Intake, Item, intakes
+from asnackq.store import job_traces, readers, sessions
 from asnackq.store.readers import read_only
 from asnackq.store.sessions import Reader, Session
 from asnackq.store.targets import Target, is_url
@@ -52,7 +52,7 @@ def enqueue_all(
     budget: Budget = DEFAULT_BUDGET,
 ) -> list[bool | w.Conflict]:
     """Enqueue plain events (``budget``: a day, 5 attempts by default; see
-    ``asnackq.store.budget``) or ``(event, ttl_ms, max_attempts)`` items, mixed as needed,
+    ``asnackq.core.budget``) or ``(event, ttl_ms, max_attempts)`` items, mixed as needed,
     ``CHUNK`` per transaction.
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
@@ -305,7 +305,7 @@ def audit(
 ) -> Audit:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
-        with sessions.local_copies(queue, sink_db) as (queue_copy, sink_copy):
+        with readers.local_copies(queue, sink_db) as (queue_copy, sink_copy):
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
     with (

@@ -33,7 +33,8 @@ from typing import Any
 from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.ops import inspect
-from asnackq.store import readers, sessions
+from asnackq.store import readers
+from asnackq.store.outage import database_error
 from asnackq.store.sessions import Reader
 from asnackq.store.targets import Target, one_line, shown
 
@@ -79,7 +80,7 @@ def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
                 ) from None
             if isinstance(error, ValueError):
                 raise
-            if not sessions.database_error(error):
+            if not database_error(error):
                 raise
             raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
 

@@ -8,32 +8,7 @@ Rules of this wing:
 * A request the sink will not act on changes nothing and gets a JSON 4xx with its reason;
   a DB that cannot commit is a 503 until it can.
 * Imports: ``asnackq.store``, ``asnackq.wire``, ``asnackq.core``.
-* The names below load on first use (PEP 562): a command that only checks a sink's options
-  (``asnackq.sink.faults``, ``asnackq.sink.capacity``) does not import aiohttp.
+* The aiohttp application and its serving are ``asnackq.http_sink``; this wing holds
+  its parts, none of which imports aiohttp at import time: ``inbox`` (the group commit),
+  ``capacity``, ``faults``, ``spans``.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from asnackq.sink.app import SinkConfig, make_app
-    from asnackq.sink.server import serve
-
-LAZY = {
-    "SinkConfig": "asnackq.sink.app",
-    "make_app": "asnackq.sink.app",
-    "serve": "asnackq.sink.server",
-}
-
-__all__ = ["SinkConfig", "make_app", "serve"]
-
-
-def __getattr__(name: str) -> Any:
-    """Load a name on first use and keep it in the package's namespace."""
-    if name not in LAZY:
-        raise AttributeError(f"module 'asnackq.sink' has no attribute {name!r}")
-    value = getattr(importlib.import_module(LAZY[name]), name)
-    globals()[name] = value
-    return value

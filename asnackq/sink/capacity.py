@@ -13,7 +13,7 @@ Rules of this module:
   (a slot frees within it: ``0`` for a service under a second, which the header cannot
   say more finely); past ``max_rate``, when a token is sure to be there (at least one).
 * Both are off (None) by default; the values are checked here, once, for the sink and the
-  command line (``MAX_INFLIGHT``, ``MAX_RATE``).
+  command line (``MAX_INFLIGHT``, ``SINK_RATES``).
 
 No I/O: the clock (seconds, monotonic) is injected.
 """
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from asnackq.core.worker import check_int
 from asnackq.wire.send import check_number
 
-__all__ = ["MAX_INFLIGHT", "MAX_RATE", "Capacity", "burst", "options_given"]
+__all__ = ["MAX_INFLIGHT", "SINK_RATES", "Capacity", "burst", "options_given"]
 
 MAX_INFLIGHT = (1, 65_536)
-MAX_RATE = (0, 1_000_000)  # (open low: a rate of 0 would refuse everything)
+SINK_RATES = (0, 1_000_000)  # (open low: a rate of 0 would refuse everything)
 
 
 def options_given(*options: tuple[str, object]) -> tuple[object, ...]:
@@ -61,7 +61,7 @@ class Capacity:
         if self.max_inflight is not None:
             check_int(self.max_inflight, "max_inflight", *MAX_INFLIGHT)
         if self.max_rate is not None:
-            self.max_rate = check_number(self.max_rate, "max_rate", *MAX_RATE, open_low=True)
+            self.max_rate = check_number(self.max_rate, "max_rate", *SINK_RATES, open_low=True)
             self._tokens, self._filled_at = burst(self.max_rate), self.clock()
 
     def admit(self) -> int | None:

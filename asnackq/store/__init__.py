@@ -12,7 +12,6 @@ Rules of this wing:
 * Imports: ``asnackq.core`` only.
 """
 
-from asnackq.store.aio import AsyncQueue, QueueBusy
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 
-__all__ = ["AsyncQueue", "CommitUnknown", "QueueBusy", "StoreUnavailable"]
+__all__ = ["CommitUnknown", "StoreUnavailable"]

@@ -27,17 +27,13 @@ import aiosqlite
 
 from asnackq.core import outbox
 from asnackq.core import worker as w
+from asnackq.store.outage import BUSY, NO_TRANSACTION
 from asnackq.store.sqlite_aio import Make, drive, steps
 
 __all__ = ["BUSY", "NO_TRANSACTION", "BorrowedSqlite", "Source", "adopt", "check_journal"]
 
 # What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
 JOURNAL = {"journal_mode": "delete", "synchronous": 2}
-NO_TRANSACTION = (
-    "an intake on the application's connection runs inside its open transaction, "
-    "and none is open: begin one first (BEGIN IMMEDIATE on SQLite, a transaction on psycopg)"
-)
-BUSY = "the application's connection has a transaction open: build the queue before beginning one"
 
 
 async def check_journal(db: aiosqlite.Connection) -> None:

@@ -156,7 +156,7 @@ def redrive(session: Any, tracer: Tracer, job_id: str, make: Make, note: str) ->
 
 def stored_parent(session: Any, job_id: str) -> str | None:
     """A job's stored ``traceparent`` (None: none, or no table yet)."""
-    from asnackq.store.sessions import database_error
+    from asnackq.store.outage import database_error
 
     try:
         row = session.execute(SQL_PARENT, (job_id,)).fetchone()

@@ -16,10 +16,37 @@ Rules of this module:
 from __future__ import annotations
 
 import random
+import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["HEALTH_FIELDS", "Backoff", "CommitUnknown", "Health", "StoreUnavailable"]
+__all__ = [
+    "BUSY",
+    "HEALTH_FIELDS",
+    "NO_TRANSACTION",
+    "Backoff",
+    "CommitUnknown",
+    "Health",
+    "StoreUnavailable",
+    "database_error",
+]
+
+# An application's borrowed connection (``asnackq.store.borrowed``) in the wrong state.
+NO_TRANSACTION = (
+    "an intake on the application's connection runs inside its open transaction, "
+    "and none is open: begin one first (BEGIN IMMEDIATE on SQLite, a transaction on psycopg)"
+)
+BUSY = "the application's connection has a transaction open: build the queue before beginning one"
+
+
+def database_error(error: BaseException) -> bool:
+    """Whether ``error`` is a database error (SQLite's or, when in use, psycopg's)."""
+    if isinstance(error, sqlite3.Error):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.Error)
+
 
 # Health's counters as they appear in a worker's Summary and a sink's /stats.
 HEALTH_FIELDS = ("db_outages", "db_down_ms", "db_reruns", "db_cut_commits")

@@ -21,7 +21,13 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.store.outage import CommitUnknown, Health, StoreUnavailable
+from asnackq.store.outage import (
+    BUSY,
+    NO_TRANSACTION,
+    CommitUnknown,
+    Health,
+    StoreUnavailable,
+)
 from asnackq.store.pg import (
     SQL_XACT_STATUS,
     CommitCut,
@@ -190,8 +196,6 @@ class BorrowedStore:
     ) -> BorrowedStore:
         """Check (or create) ``schema`` in a transaction of its own."""
         if con.info.transaction_status != TransactionStatus.IDLE:
-            from asnackq.store.borrowed import BUSY
-
             raise ValueError(BUSY)
         async with con.transaction():
             await asteps(con, plan_open(SCHEMAS[schema], True), None, call_plain)
@@ -204,8 +208,6 @@ class BorrowedStore:
     async def run(self, make: Make, fault: w.Fault = None) -> Any:
         plan = make()
         if self.con.info.transaction_status != TransactionStatus.INTRANS:
-            from asnackq.store.borrowed import NO_TRANSACTION
-
             raise ValueError(NO_TRANSACTION)
         for attempt in range(self.attempts):
             try:

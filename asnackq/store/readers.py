@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from asnackq.core import worker as w
+from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.store import sessions
 from asnackq.store.sessions import Reader
 from asnackq.store.targets import Target, is_url
 
-__all__ = ["Locked", "hint", "locked", "read_only"]
+__all__ = ["Locked", "hint", "local_copies", "locked", "read_only"]
 
 
 def hint(error: sqlite3.Error) -> str:
@@ -74,3 +77,38 @@ def read_only(
         yield con
     finally:
         con.close()
+
+
+@contextlib.contextmanager
+def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
+    """Temporary SQLite copies of a queue's jobs and a sink's inbox and stock.
+
+    The audit joins the two with SQLite's ATTACH; when either lives in PostgreSQL (or both,
+    in different databases) it runs, unchanged, on these copies.
+    """
+    with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
+        copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
+        for (source, table, what), target, schema in zip(
+            [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")],
+            copies,
+            [w.SCHEMA, SINK_SCHEMA],
+            strict=True,
+        ):
+            copy = w.open_db(target, schema)
+            try:
+                with read_only(source, table, what) as con:
+                    for name in (table, "stock") if table == "inbox" else (table,):
+                        _copy(con, copy, name)
+            finally:
+                copy.close()
+        yield copies
+
+
+def _copy(source: Reader, copy: sqlite3.Connection, table: str) -> None:
+    rows = [tuple(row) for row in source.execute(f"SELECT * FROM {table}")]
+    if rows:
+        marks = ",".join("?" * len(rows[0]))
+        copy.execute("BEGIN IMMEDIATE")
+        copy.execute(f"DELETE FROM {table}")
+        copy.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        copy.execute("COMMIT")

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import sys
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from asnackq.core import worker as w
@@ -30,9 +27,7 @@ from asnackq.store.targets import Target, is_url, shown
 __all__ = [
     "Reader",
     "Session",
-    "database_error",
     "init",
-    "local_copies",
     "open_session",
     "pg_read_only",
     "require",
@@ -176,48 +171,3 @@ def _sink_schema() -> tuple[str, ...]:
     from asnackq.core.inbox import SINK_SCHEMA
 
     return SINK_SCHEMA
-
-
-@contextlib.contextmanager
-def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
-    """Temporary SQLite copies of a queue's jobs and a sink's inbox and stock.
-
-    The audit joins the two with SQLite's ATTACH; when either lives in PostgreSQL (or both,
-    in different databases) it runs, unchanged, on these copies.
-    """
-    from asnackq.store import readers
-
-    with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
-        copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
-        for (source, table, what), target, schema in zip(
-            [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")],
-            copies,
-            [w.SCHEMA, _sink_schema()],
-            strict=True,
-        ):
-            copy = w.open_db(target, schema)
-            try:
-                with readers.read_only(source, table, what) as con:
-                    for name in (table, "stock") if table == "inbox" else (table,):
-                        _copy(con, copy, name)
-            finally:
-                copy.close()
-        yield copies
-
-
-def _copy(source: Reader, copy: sqlite3.Connection, table: str) -> None:
-    rows = [tuple(row) for row in source.execute(f"SELECT * FROM {table}")]
-    if rows:
-        marks = ",".join("?" * len(rows[0]))
-        copy.execute("BEGIN IMMEDIATE")
-        copy.execute(f"DELETE FROM {table}")
-        copy.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
-        copy.execute("COMMIT")
-
-
-def database_error(error: BaseException) -> bool:
-    """Whether ``error`` is a database error (SQLite's or, when in use, psycopg's)."""
-    if isinstance(error, sqlite3.Error):
-        return True
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(error, psycopg.Error)

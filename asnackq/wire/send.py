@@ -31,6 +31,7 @@ import ssl
 import time
 import urllib.parse
 import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ __all__ = [
     "RETRY_AFTER_MAX_S",
     "TOKEN_HEADER",
     "AsyncHttpSender",
+    "AsyncSend",
     "HttpSender",
     "Untrusted",
     "check_number",
@@ -66,6 +68,10 @@ __all__ = [
     "judge",
     "retry_after",
 ]
+
+# What a Dispatcher sends with: ``await send(event, token)``, an ACK (True) or an exception
+# (``AsyncHttpSender`` is one; an application may give its own).
+AsyncSend = Callable[..., Awaitable[object]]
 
 TOKEN_HEADER = "X-Asnackq-Token"
 MAX_ACK_BYTES = 4096

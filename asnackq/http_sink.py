@@ -1,4 +1,5 @@
-"""The HTTP sink: an inbox that applies each event's effect once, however often it arrives.
+"""The HTTP sink: an aiohttp application that applies each event's effect once, however often
+it arrives, and its serving (``serve``; ``python -m asnackq.http_sink`` is ``asnackq sink``).
 
 Rules of this module:
 
@@ -6,16 +7,27 @@ Rules of this module:
   the effect (stock += qty) are written in one transaction; the ACK leaves only after
   COMMIT.  The same id and qty again is a ``duplicate`` (no effect); another qty is a
   ``conflict`` (nothing changes).
-* Group commit (``inbox``): the ACK leaves only after the COMMIT of the batch that decided
-  it; a failed batch answers 503 to each of its requests and changes nothing.
+* Group commit (``asnackq.sink.inbox``): the ACK leaves only after the COMMIT of the batch
+  that decided it; a failed batch answers 503 to each of its requests and changes nothing.
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
 * A capacity (``max_inflight``, ``max_rate``: ``asnackq.sink.capacity``) is off by default;
   an event past it is answered ``429`` with ``Retry-After`` before its body is read, and
   changes nothing.
-* A body must arrive within ``body_timeout_s``; the connection limit and the idle
-  timeout live with the listening socket (``sink_server``), which reads ``BUSY``: the
-  connections whose request is in a handler.
+* A body must arrive within ``body_timeout_s``.
+* The port is bound before the DB is opened: an address that cannot be had creates no file.
+* At most ``max_connections`` live connections (lowered to fit the descriptor limit, so
+  ``accept()`` never runs out): past it a newcomer first closes the oldest idle ones -
+  no request in a handler, or one still waiting for its body (``BUSY`` says which);
+  only when every one is busy does it get a 503.
+* A connection with no request in a handler is closed after ``idle_timeout_s``
+  (aiohttp's keep-alive timer, which also runs while headers arrive); an unread body is
+  drained for ``LINGER_S`` at most.  Headers are small (``MAX_LINE``, ``MAX_HEADERS``):
+  a connection's buffered headers cost little memory even at the connection limit.
+* Every log record is one line on stderr, never a traceback.
+* An ``Expect`` other than ``100-continue`` is refused before the application runs.
+* Embedding: ``make_app(SinkConfig(db=...))`` is an ``aiohttp.web.Application`` to run or
+  to add as a sub-application; ``serve`` listens the way ``asnackq sink`` does.
 """
 
 from __future__ import annotations
@@ -26,6 +38,9 @@ import hmac
 import json
 import random
 import re
+import resource
+import ssl
+import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -44,13 +59,13 @@ from asnackq.core.worker import (
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
 from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
-from asnackq.store.outage import StoreUnavailable
-from asnackq.store.sessions import database_error
+from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
-from asnackq.wire import strict_json
+from asnackq.wire import logs, strict_json
+from asnackq.wire.metrics import screen_expect
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
-__all__ = ["BUSY", "SERVER_OPTIONS", "STATS", "SinkConfig", "as_json", "make_app"]
+__all__ = ["BUSY", "SERVER_OPTIONS", "STATS", "SinkConfig", "as_json", "make_app", "serve"]
 
 COUNTERS = (
     "requests",
@@ -393,3 +408,137 @@ def make_app(config: SinkConfig) -> web.Application:
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/metrics", get_metrics)
     return app
+
+
+BACKLOG = 128  # asyncio accepts up to this many sockets before admitting any
+FD_RESERVE = 64  # descriptors kept for the DB, its journal and the listening socket
+LINGER_S = 2.0  # how long an unread request body is drained before the close
+MAX_LINE = 4096  # bytes in the request line, and in each header line
+MAX_HEADERS = 32
+
+TOO_MANY_BODY = b'{"status": "too many connections"}'
+TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(TOO_MANY_BODY), TOO_MANY_BODY)
+)
+
+
+class Refused(asyncio.Protocol):
+    """A connection past the limit while every other one is busy: a 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(TOO_MANY)
+        transport.close()
+
+
+class ConnectionLimit:
+    """The listening socket's protocol factory: at most ``limit`` live connections.
+
+    Past the limit a newcomer first closes the oldest idle connections (idle keep-alive,
+    headers or a body still arriving): a flood of half-sent requests only churns itself,
+    and a real request finds a place unless every connection has a whole request in a
+    handler (then it gets a 503).
+    """
+
+    def __init__(self, app: web.Application, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.server: web.Server | None = None  # set once the runner is set up
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        assert self.server is not None
+        if len(self.server.connections) >= self.limit and not self._make_room():
+            self.app[STATS]["refused"] += 1
+            return Refused()
+        return self.server()
+
+    def _make_room(self) -> bool:
+        assert self.server is not None
+        live = [handler for handler in self.server.connections if handler.transport is not None]
+        excess = len(live) + 1 - self.limit
+        idle = [handler for handler in live if handler not in self.app[BUSY]][: max(excess, 0)]
+        for handler in idle:
+            handler.force_close()
+        self.app[STATS]["evicted"] += len(idle)
+        return len(idle) >= excess
+
+
+def connection_limit(wanted: int) -> int:
+    """``wanted``, lowered so that the live connections, one accept batch and the DB's
+    files stay within the process's descriptor limit (no ``accept()`` failures)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - BACKLOG - FD_RESERVE))
+
+
+def log_to_stderr() -> None:
+    """The sink's own log and aiohttp's server errors go to stderr, one line each."""
+    logs.to_stderr(LOG, "asnackq sink")
+
+
+def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's OS errors (``accept()`` out of descriptors, ...) as one line each."""
+    error = context.get("exception")
+    if isinstance(error, OSError):
+        LOG.error("%s", context.get("message", "event loop error"), exc_info=error)
+    else:
+        loop.default_exception_handler(context)
+
+
+async def serve(
+    config: SinkConfig,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    tls: ssl.SSLContext | None = None,
+) -> None:
+    """Serve until ``stop`` is set (https with ``tls``); print the listening line first.
+
+    The port is bound before the DB is opened: an address that cannot be had creates no file.
+    """
+    log_to_stderr()
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(log_loop_error)
+    app = make_app(config)
+    gate = ConnectionLimit(app, connection_limit(config.max_connections))
+    listener = await loop.create_server(
+        gate, host, port, backlog=BACKLOG, start_serving=False, ssl=tls
+    )
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        logger=LOG,
+        keepalive_timeout=config.idle_timeout_s,
+        lingering_time=LINGER_S,
+        max_line_size=MAX_LINE,
+        max_field_size=MAX_LINE,
+        max_headers=MAX_HEADERS,
+        **SERVER_OPTIONS,
+    )
+    try:
+        await runner.setup()  # opens (or creates) the DB
+    except BaseException:
+        listener.close()
+        raise
+    assert runner.server is not None
+    runner.server.request_handler = screen_expect(runner.server.request_handler, as_json)
+    gate.server = runner.server
+    try:
+        await listener.start_serving()
+        bound = listener.sockets[0].getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        scheme = "http" if tls is None else "https"
+        print(f"asnackq sink listening on {scheme}://{shown}:{bound[1]}/events", flush=True)
+        await stop.wait()
+    finally:
+        listener.close()
+        await runner.cleanup()  # in-flight requests are answered, then the DB closes
+
+
+if __name__ == "__main__":  # python -m asnackq.http_sink: the command line's ``asnackq sink``
+    from asnackq.cli import main
+
+    sys.exit(main(["sink", *sys.argv[1:]]))

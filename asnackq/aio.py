@@ -1,0 +1,821 @@
+"""The asyncio layer: a queue driven through aiosqlite (or psycopg) and many concurrent delivery
+coroutines that send through aiohttp outside any transaction.
+
+Two classes, the layer's whole public face: ``AsyncQueue`` runs the core's plans off the
+event loop; the ``Dispatcher`` runs ``concurrency`` delivery coroutines (``deliver``) over
+one queue, with one committer (``asnackq.dispatch.committer``) doing every transaction.
+
+Rules of this layer:
+
+1. **No second state machine.** Every transition is a ``worker.plan_*`` plan (or
+   ``core.rate``'s paced cycle), run whole in one transaction by a store's driver: on a
+   file aiosqlite's (``asnackq.store.sqlite_aio``), on a ``postgresql://`` URL psycopg's
+   (``asnackq.store.pg_session``); the same plans, the same results, the same hooks.
+2. **One connection and one ``asyncio.Lock`` per queue**: two coroutines' transactions
+   never interleave.  A transaction runs in its own task under ``asyncio.shield``: a
+   cancelled caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
+3. **No transaction is open across a network await.**  Delivery coroutines never touch
+   the queue: each takes a claimed ticket, sends it (``await send(event, token)``; aiohttp
+   in ``asnackq.wire.send``), and hands back what it saw; the committer finishes it.
+4. **The contract's two clock readings.**  The reading at the claim is a delivery's first;
+   the coroutine takes the second when the send returns, exactly as ``run_once`` does,
+   both from the run's ``RunClock`` (a wall clock stepped back holds the run's time).
+5. **Leases are kept while a send lasts**; a ticket is sent only while the run holds its
+   lease, and finished under the exact lease it was claimed with (the fence).  A lost
+   ticket is never sent again and its result is dropped.
+6. **The delivery path runs one way**: a coroutine gets its ticket, the send and a
+   read-only view of its lease (``Port``), and returns a ``Sent`` (outcome, requests,
+   re-sends, overloads, breaker samples); only the committer changes the run's state.
+7. **On the application's connection** (``AsyncQueue.within``) a queue runs its intakes
+   inside the application's open transaction (``asnackq.store.borrowed``) and refuses
+   the rest.
+8. Every task a run creates is awaited and its exception retrieved, on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import random
+import re
+import secrets
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+from asnackq.core import rate as r
+from asnackq.core import tracing
+from asnackq.core import worker as w
+from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
+from asnackq.dispatch.breaker import Breaker, BreakerPolicy
+from asnackq.dispatch.committer import Committer
+from asnackq.dispatch.gate import Gate
+from asnackq.dispatch.port import Port
+from asnackq.dispatch.runclock import RunClock
+from asnackq.dispatch.settings import Settings, SharedRate, Trace
+from asnackq.dispatch.spans import DeliverySpans
+from asnackq.dispatch.summary import Summary
+from asnackq.dispatch.tickets import Claimed, Sent
+from asnackq.store import job_traces
+from asnackq.store.opening import Store, open_store
+from asnackq.store.outage import Health
+from asnackq.store.sqlite_aio import QueueBusy
+from asnackq.store.targets import is_url
+from asnackq.wire.send import AsyncSend
+
+__all__ = [
+    "NOT_AN_INTAKE",
+    "AsyncQueue",
+    "Clock",
+    "Dispatcher",
+    "QueueBusy",
+    "Summary",
+    "default_owner",
+]
+
+T = TypeVar("T")
+Clock = Callable[[], int]
+NOT_AN_INTAKE = (
+    "on the application's connection a queue only enqueues: claims, finishes and the "
+    "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
+)
+
+
+def check_async_fault(fault: object) -> w.Fault:
+    """A fault hook must be a plain callable: one returning a coroutine is refused."""
+    if inspect.iscoroutinefunction(fault):
+        raise TypeError("fault must be a plain callable, not a coroutine function")
+    return w.check_fault(fault)
+
+
+class AsyncQueue:
+    """A queue driven through a ``Store``: the same validation, results and hooks as the core.
+
+    The queue keeps a clock and a budget for the calls that name none: ``clock`` (wall time,
+    ``epoch_ms``, by default; the Dispatcher's too unless it is given its own) is read for
+    a missing ``now_ms``; ``ttl_ms`` (a day, or the ``limits``' longest ttl if shorter) and
+    ``max_attempts`` (5) are a new job's budget when its intake names none.  A day outlasts
+    an overnight outage of the partner within ``PRODUCT``'s limits; five attempts suffice
+    because the Dispatcher's breaker keeps a sink outage from spending attempts, so
+    attempts count only real refusals and timeouts (``asnackq.core.budget``).
+    """
+
+    def __init__(
+        self,
+        db: Store,
+        limits: w.Limits = w.PRODUCT,
+        intakes_only: bool = False,
+        *,
+        clock: Clock = w.epoch_ms,
+        budget: Budget | None = None,
+    ) -> None:
+        """A queue on an open ``Store``; ``connect``, ``open`` and ``within`` make one.
+        ``budget``: as checked by ``check_defaults`` (None: the default ttl and attempts)."""
+        if budget is None:
+            budget = check_defaults(clock, None, DEFAULT_MAX_ATTEMPTS, limits)
+        self.budget = budget
+        self._db = db
+        self._lock = asyncio.Lock()
+        self.limits = limits
+        self.clock = clock
+        self.intakes_only = intakes_only  # on the application's connection: see ``within``
+        self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
+
+    @classmethod
+    async def connect(
+        cls,
+        path: Any,
+        *,
+        busy_s: float = 1.0,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> AsyncQueue:
+        """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
+        (``asnackq.store.pg``: the same tables in that database); close it with ``close()``.
+
+        ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
+        delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
+        ``clock``, ``ttl_ms``, ``max_attempts``: the time and budget of calls that name
+        none (see the class), checked here against ``limits``.
+
+        A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
+        is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
+        """
+        target = path if is_url(path) else w.check_queue_path(path)
+        if not 0 < busy_s <= 60:
+            raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
+        w.check_int(attempts, "attempts", 1, 100)
+        defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
+        store = await open_store(target, w.SCHEMA, busy_s, attempts)
+        return cls(store, limits, False, clock=clock, budget=defaults)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        path: Any,
+        *,
+        busy_s: float = 1.0,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> AsyncIterator[AsyncQueue]:
+        """``async with AsyncQueue.open(path) as q:`` - ``connect``, closed on exit."""
+        queue = await cls.connect(
+            path,
+            busy_s=busy_s,
+            attempts=attempts,
+            limits=limits,
+            clock=clock,
+            ttl_ms=ttl_ms,
+            max_attempts=max_attempts,
+        )
+        try:
+            yield queue
+        finally:
+            await queue.close()
+
+    @classmethod
+    async def within(
+        cls,
+        con: object,
+        *,
+        attempts: int = 8,
+        limits: w.Limits = w.PRODUCT,
+        clock: Clock = w.epoch_ms,
+        ttl_ms: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> AsyncQueue:
+        """A queue on a connection the application owns: an ``aiosqlite.Connection`` on the
+        queue's file or a psycopg ``AsyncConnection`` (``asnackq.store.borrowed``).
+
+        ``enqueue`` and ``enqueue_many`` run inside the application's open transaction and
+        commit with it; claims, finishes and the Dispatcher are refused (they are the
+        queue's own transactions: open the queue with ``connect`` for them).  The tables are
+        created here, in a transaction of their own.  ``clock``, ``ttl_ms``,
+        ``max_attempts``: as ``connect``'s.
+        """
+        from asnackq.store import borrowed
+
+        w.check_int(attempts, "attempts", 1, 100)
+        defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
+        store = await borrowed.adopt(con, w.SCHEMA, attempts)
+        return cls(store, limits, True, clock=clock, budget=defaults)
+
+    async def close(self) -> None:
+        """Close the queue's connection (on the application's connection: nothing)."""
+        async with self._lock:
+            await self._db.close()
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._db.in_transaction)
+
+    def give_up_after(self, seconds: float) -> None:
+        """Wait for an absent database ``seconds`` from now at most: a COMMIT whose answer
+        was lost is looked up until then (``CommitUnknown`` after; a file: nothing to do)."""
+        give_up = getattr(self._db, "give_up_after", None)
+        if give_up is not None:
+            give_up(seconds)
+
+    @property
+    def health(self) -> Health | None:
+        """The store's session and its outages (a ``postgresql://`` store's; None for a file)."""
+        return getattr(self._db, "health", None)
+
+    async def _run(
+        self, make: Callable[[], w.Plan[T]], fault: w.Fault = None, intake: bool = False
+    ) -> T:
+        """Run one plan under the lock, shielded: cancellation never splits the transaction.
+
+        ``make`` builds the plan, validating it before any I/O (a store may build it again
+        to retry a transaction that met a concurrent one).
+        """
+        built = [make()]  # the first try runs the plan validated here
+        if self.intakes_only and not intake:
+            raise ValueError(NOT_AN_INTAKE)
+
+        def again() -> w.Plan[T]:
+            return built.pop() if built else make()
+
+        async def locked() -> T:
+            async with self._lock:
+                result: T = await self._db.run(again, fault)
+                return result
+
+        task = asyncio.ensure_future(locked())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
+            raise
+
+    async def read(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        """A read-only query outside any write transaction."""
+        async with self._lock:
+            return await self._db.read(sql, params)
+
+    def _now(self, now_ms: int | None = None) -> int:
+        """``now_ms``, or the queue's clock's reading when it is None."""
+        return self.clock() if now_ms is None else now_ms
+
+    async def enqueue(
+        self,
+        event: dict[str, Any],
+        now_ms: int | None = None,
+        ttl_ms: int | None = None,
+        max_attempts: int | None = None,
+    ) -> bool:
+        """Enqueue ``event`` (True inserted, False already there); None: the queue's clock
+        and budget."""
+        ttl, tries = self.budget.fill(ttl_ms, max_attempts)
+        make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
+        if self.tracer is not None:
+            return bool((await self._traced(make, [(event, ttl, tries)]))[0])
+        return bool(await self._run(make, intake=True))
+
+    async def enqueue_many(
+        self, items: Sequence[Item], now_ms: int | None = None
+    ) -> list[bool | w.Conflict]:
+        """Enqueue plain events (the queue's budget) or ``(event, ttl_ms, max_attempts)``
+        triples, mixed as needed, in one transaction."""
+        triples = intakes(items, self.budget)
+        make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
+        if self.tracer is not None:
+            return await self._traced(make, triples)
+        results: list[bool | w.Conflict] = await self._run(make, intake=True)
+        return results
+
+    async def _traced(
+        self, make: Callable[[], w.Plan[Any]], triples: list[tuple[object, object, object]]
+    ) -> list[Any]:
+        """An intake with a PRODUCER span per job, each span's context stored with its job
+        in the intake's transaction (``asnackq.store.job_traces``)."""
+        make()  # validated before any span
+        assert self.tracer is not None
+        with job_traces.producing(self.tracer, job_traces.event_ids(triples)) as spans:
+            result = await self._run(spans.plan(make), intake=True)
+            results = result if isinstance(result, list) else [result]
+            spans.settled(results)
+        return results
+
+    async def claim(
+        self, owner: str, now_ms: int, lease_ms: int = 1000, fault: w.Fault = None
+    ) -> w.Ticket | None:
+        make = partial(w.plan_claim, owner, now_ms, lease_ms, limits=self.limits)
+        result: w.Ticket | None = await self._run(make, check_async_fault(fault))
+        return result
+
+    async def claim_many(
+        self, owner: str, now_ms: int, lease_ms: int, count: int
+    ) -> list[w.Ticket]:
+        make = partial(w.plan_claim_many, owner, now_ms, lease_ms, count, limits=self.limits)
+        result: list[w.Ticket] = await self._run(make)
+        return result
+
+    async def finish(
+        self, ticket: w.Ticket, outcome: str, now_ms: int, delay_ms: int = 0, fault: w.Fault = None
+    ) -> str | bool:
+        make = partial(w.plan_finish, ticket, outcome, now_ms, delay_ms, limits=self.limits)
+        result: str | bool = await self._run(make, check_async_fault(fault))
+        return result
+
+    async def finish_many(self, results: list[tuple[w.Ticket, str, int, int]]) -> list[str | bool]:
+        make = partial(w.plan_finish_many, results, limits=self.limits)
+        statuses: list[str | bool] = await self._run(make)
+        return statuses
+
+    async def extend(
+        self, ticket: w.Ticket, now_ms: int, lease_ms: int, fault: w.Fault = None
+    ) -> w.Ticket | bool:
+        make = partial(w.plan_extend, ticket, now_ms, lease_ms, limits=self.limits)
+        result: w.Ticket | bool = await self._run(make, check_async_fault(fault))
+        return result
+
+    async def extend_many(
+        self, tickets: list[w.Ticket], now_ms: int, lease_ms: int
+    ) -> list[w.Ticket | bool]:
+        extended: list[w.Ticket | bool] = await self._run(
+            partial(w.plan_extend_many, tickets, now_ms, lease_ms, limits=self.limits)
+        )
+        return extended
+
+    async def cycle(
+        self,
+        results: Sequence[tuple[w.Ticket, str, int, int]],
+        held: Sequence[w.Ticket],
+        owner: str,
+        now_ms: int,
+        lease_ms: int,
+        count: int,
+        fresh: int = 0,
+    ) -> w.Cycle:
+        make = partial(
+            w.plan_cycle,
+            results,
+            held,
+            owner,
+            now_ms,
+            lease_ms,
+            count,
+            fresh,
+            limits=self.limits,
+        )
+        outcome: w.Cycle = await self._run(make)
+        return outcome
+
+    async def limit_rate(self, rate: r.Rate) -> None:
+        """Make ``rate`` the queue's shared send rate (its table, when absent, too)."""
+        await self._run(partial(r.plan_rate_setup, rate))
+
+    async def shared_rate(self) -> r.Rate | None:
+        """The queue's shared send rate, if one was set (``limit_rate``): read outside any
+        write transaction, so a run looking for it every second takes no write lock."""
+        plan, reply = r.plan_shared_rate(), None
+        while True:  # (the plan's steps are reads only)
+            try:
+                step = plan.send(reply)
+            except StopIteration as stop:
+                rate: r.Rate | None = stop.value[0]
+                return rate
+            assert isinstance(step, w.Sql)
+            reply = await self.read(step.sql, step.params)
+
+    async def clear_rate(self) -> bool:
+        """Remove the queue's shared send rate (every worker's claims go unpaced, also
+        those of runs paced so far); whether there was one."""
+        cleared: bool = await self._run(r.plan_rate_clear)
+        return cleared
+
+    async def paced_cycle(
+        self,
+        rate: r.Rate,
+        results: Sequence[tuple[w.Ticket, str, int, int]],
+        held: Sequence[w.Ticket],
+        owner: str,
+        now_ms: int,
+        lease_ms: int,
+        count: int,
+        fresh: int = 0,
+        *,
+        again: int = 0,
+        lead_us: int = 0,
+    ) -> r.Paced:
+        """``cycle`` whose claims take permits of the shared ``rate`` in its transaction
+        (``core.rate.plan_paced_cycle``)."""
+        claim = (owner, now_ms, lease_ms, count, fresh)
+        make = partial(r.plan_paced_cycle, rate, results, held, *claim, again=again)
+        make = partial(make, lead_us=lead_us, limits=self.limits)
+        outcome: r.Paced = await self._run(make)
+        return outcome
+
+    async def redrive(
+        self,
+        job_id: str,
+        now_ms: int | None = None,
+        ttl_ms: int | None = None,
+        note: str | None = None,
+        fault: w.Fault = None,
+    ) -> bool:
+        """Give a dead job a new life (``note``, required, says why); None: the queue's clock
+        and ttl."""
+        ttl = self.budget.ttl_ms if ttl_ms is None else ttl_ms
+        make = partial(w.plan_redrive, job_id, self._now(now_ms), ttl, note, limits=self.limits)
+        return bool(await self._run(make, check_async_fault(fault)))
+
+    async def run_once(
+        self,
+        owner: str,
+        clock: Callable[[], int],
+        send: AsyncSend,
+        jitter: float,
+        lease_ms: int = 1000,
+    ) -> dict[str, Any] | None:
+        """The core's ``run_once`` with an async ``send``, awaited outside any transaction."""
+        w.check_run_args(owner, clock, send, jitter, lease_ms, self.limits)
+        first = w.check_now(clock(), "first clock reading", self.limits)
+        ticket = await self.claim(owner, first, lease_ms)
+        if ticket is None:
+            return None
+        mine = ticket.copy()
+        outcome, delay = await classify(send, mine, jitter)
+        now = w.second_reading(clock, first, self.limits)
+        return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
+
+
+def check_defaults(clock: object, ttl_ms: object, max_attempts: object, limits: w.Limits) -> Budget:
+    """The defaults given at open: a ValueError names the argument and its range."""
+    w.check_callable(clock, "clock")
+    return Budget.of(ttl_ms, max_attempts, limits)
+
+
+async def classify(
+    send: AsyncSend, ticket: w.Ticket, jitter: float, *extra: Any
+) -> tuple[str, int]:
+    """The async twin of ``worker.classify``: the judgement itself is ``worker.judge_send``."""
+    try:
+        ack = await send(w.fresh_event(ticket), *extra)
+    except (w.Retryable, w.Permanent) as error:
+        return w.judge_send(ticket, jitter, error=error)
+    return w.judge_send(ticket, jitter, ack)
+
+
+DEFAULT_BREAKER = BreakerPolicy()
+FLOOR_WAIT_MAX_S = 1.0  # a latency floor above this is no pace for a sink that asked none
+
+
+async def deliver(port: Port, send: AsyncSend) -> None:
+    """One delivery coroutine: take a ticket, wait for its slot of a shared rate, send it,
+    hand the result back; until None.  With a gate (concurrency "auto"), a slot of the gate
+    is held from the take to the hand-back."""
+    spans = port.settings.spans
+    while True:
+        if port.gate is not None:
+            await port.gate.acquire()
+        try:
+            if (claimed := await port.take()) is None:
+                return
+            if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
+                port.hand_back(Sent(claimed, None))
+                continue
+            attached = None if spans is None else spans.begin(claimed)
+            try:
+                sent = await send_until_answered(port, send, claimed)
+            except Exception:  # a bad clock or jitter: the run fails, the job
+                port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
+                port.drain()
+                raise
+            finally:
+                if spans is not None:
+                    spans.detach(attached)
+        finally:
+            if port.gate is not None:
+                port.gate.release()
+        if spans is not None:
+            spans.sent(sent)
+        port.hand_back(sent)
+
+
+async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> Sent:
+    """Send a ticket, and again under the same lease while the sink is not there.
+
+    Classified like ``run_once``; an ``Unavailable`` failure is not an outcome: the send
+    goes again (paced by the retry policy, gated by the breaker) for as long as the run
+    keeps the lease - up to the job's deadline.  Nor is an ``Overloaded`` answer: the send
+    goes again under the same lease once the wait the sink asked for is over (see
+    ``wait_overload``).  Under a shared rate every send takes a slot: a re-send a new one.
+    """
+    gate = port.gate
+    settings, breaker, summary = port.settings, port.breaker, port.summary
+    ticket, again = claimed.ticket, 0
+    while True:
+        probe = await breaker.admit(port.lease_left_s(ticket)) if breaker.is_open else False
+        if (again or probe is not False) and not port.keeps(ticket):
+            breaker.record(probe, None)  # (a first send's ticket was just checked)
+            return Sent(claimed, None)  # lost, or at its deadline: no answer
+        if probe is None:
+            continue  # the lease was extended meanwhile
+        if again and not await port.slot(claimed, again=True):  # a shared rate's new slot
+            breaker.record(probe, None)
+            return Sent(claimed, None)  # lost while it waited
+        summary.requests += 1
+        if again:
+            summary.resent += 1
+        again += 1
+        jitter = w.check_jitter(settings.jitter())
+        try:
+            event = w.fresh_event(ticket)
+            sending = (
+                send(event, ticket["token"])
+                if gate is None
+                else gate.send(send, event, ticket["token"])
+            )
+            outcome = w.judge_send(
+                ticket, jitter, await sending, None, settings.retry, settings.limits
+            )
+        except w.Overloaded as error:
+            breaker.record(probe, False)  # the sink is there
+            summary.overloaded += 1
+            if not await wait_overload(port, claimed, error, again, jitter):
+                return Sent(claimed, None)  # the lease ended meanwhile: no answer
+            continue
+        except w.Unavailable:
+            breaker.record(probe, True)
+            if not breaker.is_open:
+                await asyncio.sleep(
+                    settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
+                )
+            continue
+        except (w.Retryable, w.Permanent) as error:
+            outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
+        except Exception as error:  # stays leased; reclaimed after the lease
+            breaker.record(probe, False if isinstance(error, w.BadAck) else None)
+            return Sent(
+                claimed, None, failure="bad_acks" if isinstance(error, w.BadAck) else "errors"
+            )
+        breaker.record(probe, False)
+        return Sent(claimed, *outcome_at(port, claimed, outcome))
+
+
+async def wait_overload(
+    port: Port, claimed: Claimed, error: w.Overloaded, again: int, jitter: float
+) -> bool:
+    """Wait out an overload under the ticket's lease; False if the lease ended first.
+
+    The wait is what the sink asked for.  A sink that asked for none (no ``Retry-After``,
+    or ``0``: a slot frees within a second) is sent again after the retry policy's delay;
+    under concurrency "auto", after about one latency floor (the sink's quickest answer so
+    far, times 0.5 to 1.5, doubled for each overload of the same ticket, at most the retry
+    policy's cap), and then through the gate, whose limit the overload has just cut.  The
+    coroutine keeps its place meanwhile: under "auto" a sink refusing every request meets
+    no more tickets than the gate's bound.
+    """
+    settings, gate = port.settings, port.gate
+    wait_s = error.retry_after_s
+    if wait_s:
+        return await port.hold(claimed.ticket, wait_s)
+    if gate is not None and gate.rule.floor_s < FLOOR_WAIT_MAX_S:
+        backoff = gate.rule.floor_s * (0.5 + jitter) * 2 ** min(again - 1, 16)
+        return await port.hold(claimed.ticket, min(backoff, settings.retry.cap_ms / 1000))
+    delay_ms = settings.retry.delay(min(again, 16), jitter, settings.limits)
+    return await port.hold(claimed.ticket, delay_ms / 1000)
+
+
+def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
+    """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
+    now = w.second_reading(port.now, claimed.first, port.settings.limits)
+    return outcome[0], now, outcome[1]
+
+
+class Dispatcher:
+    """Many delivery coroutines over one AsyncQueue, each job following ``run_once``'s contract.
+
+    One committer task runs every transaction (see ``Committer``); ``concurrency``
+    coroutines only send.  ``concurrency="auto"``: ``max_concurrency`` coroutines, of which
+    as many send at once as an adaptive limit lets (``asnackq.dispatch.adaptive``).
+    ``prefetch`` fixes how many tickets are kept claimed ahead of demand (default:
+    adaptive).  ``gather_ms`` (at most a tenth of the lease is used) is
+    how long results may wait for more while every coroutine is busy; 0 settles each
+    batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
+    attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
+    outage.  ``clock`` is the queue's unless given.  ``rate`` (sends a second, with bursts
+    of at most ``burst``) caps the sends of every worker of the queue together: its
+    permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
+    than its slot; it becomes the queue's rate, which a run given none keeps to as well,
+    looking for it at its start and every ``RATE_CHECK_S`` (``settings.rate``: the run's
+    now; ``AsyncQueue.clear_rate`` removes it).
+    Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
+    """
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        send: AsyncSend,
+        *,
+        owner: str | None = None,
+        concurrency: int | Literal["auto"] = 64,
+        max_concurrency: int = 256,
+        lease_ms: int = 5000,
+        clock: Callable[[], int] | None = None,
+        jitter: Callable[[], float] = random.random,
+        grace_s: float = 5.0,
+        idle_ms: int = 20,
+        gather_ms: int = 10,
+        trace: Trace | None = None,
+        prefetch: int | None = None,
+        retry: w.Retry = w.RUN_ONCE_RETRY,
+        breaker: BreakerPolicy = DEFAULT_BREAKER,
+        rate: float | None = None,
+        burst: int = 1,
+    ) -> None:
+        limits = queue.limits
+        if queue.intakes_only:
+            raise ValueError(NOT_AN_INTAKE)
+        if clock is None:
+            clock = queue.clock
+        if owner is None:
+            owner = default_owner()
+        w.check_run_args(owner, clock, send, 0.5, lease_ms, limits)
+        check_send(send)
+        w.check_int(max_concurrency, "max_concurrency", 1, 1024)
+        self.adaptive = concurrency == "auto"
+        if not self.adaptive:
+            w.check_int(concurrency, "concurrency", 1, 1024)
+        w.check_int(idle_ms, "idle_ms", 1, 60_000)
+        w.check_int(gather_ms, "gather_ms", 0, 1000)
+        if type(grace_s) not in (int, float) or not 0 <= grace_s <= 3600:
+            raise ValueError(f"grace_s must be a number of seconds in 0..3600: {grace_s!r}")
+        retry.check(limits)
+        breaker.check()
+        shared = None if rate is None else r.check_rate(rate, burst)
+        if prefetch is not None:
+            w.check_int(prefetch, "prefetch", 0, 1024)
+        timeout_s = getattr(send, "timeout_s", None)
+        if timeout_s is not None and timeout_s * 1000 >= lease_ms:
+            raise ValueError(
+                f"the sender's timeout ({timeout_s}s) must be below the lease "
+                f"({lease_ms}ms): a late ACK would arrive after the lease ended"
+            )
+        self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
+        self.rate = shared  # None: the queue's, if it has one, at each run's start
+        self.settings = Settings(
+            owner=owner,
+            concurrency=max_concurrency if concurrency == "auto" else concurrency,
+            lease_ms=lease_ms,
+            clock=clock,
+            jitter=jitter,
+            idle_ms=idle_ms,
+            gather_ms=gather_ms,
+            prefetch=prefetch,
+            trace=trace,
+            retry=retry,
+            limits=limits,
+            shared=SharedRate(shared, own=shared is not None),
+            spans=DeliverySpans.of(owner),
+        )
+        self.summary = Summary()
+        self._breaker: Breaker | None = None
+        self._committer: Committer | None = None
+        self._clock: RunClock | None = None
+        self._gate: Gate | None = None
+
+    @property
+    def owner(self) -> str:
+        """The name the run's leases are claimed under."""
+        return self.settings.owner
+
+    @property
+    def paused(self) -> bool:
+        """Whether the current run is paused by its circuit breaker (the sink is away)."""
+        return self._breaker is not None and self._breaker.is_open
+
+    @property
+    def db_down(self) -> bool:
+        """Whether the queue's database is away right now (its store is reconnecting)."""
+        return self.queue.health is not None and self.queue.health.down
+
+    def snapshot(self) -> dict[str, int]:
+        """The current (or last) run's counts so far; the circuit breaker's and the clock's
+        are live too (``summary`` gets them when the run ends)."""
+        counts = self.summary.as_dict()
+        if self._committer is not None:
+            counts.update(self._committer.db_counts())
+        if self._breaker is not None:
+            live = self._breaker.counts
+            counts.update(
+                outages=live.outages, probes=live.probes, paused_ms=self._breaker.paused_ms_so_far()
+            )
+        if self._clock is not None:
+            counts.update(clock_steps=self._clock.steps, clock_step_ms=self._clock.largest_ms)
+        if self._gate is not None:
+            counts.update(concurrency=self._gate.limit, concurrency_cuts=self._gate.cuts)
+        return counts
+
+    async def run(
+        self, *, until_empty: bool = True, max_jobs: int | None = None, follow: bool = False
+    ) -> Summary:
+        """Deliver until the queue holds no pending or leased job (or ``max_jobs`` claims).
+
+        ``until_empty=False``: stop as soon as nothing is claimable.  ``follow=True``: never
+        stop on an empty queue; poll until cancelled (or ``max_jobs`` claims).  On
+        cancellation: claim nothing more, let sends in flight (and tickets held) finish
+        within ``grace_s``, commit their results, and re-raise.
+        """
+        if max_jobs is not None:
+            w.check_int(max_jobs, "max_jobs", 0, 10**12)
+        if self.rate is not None:  # the queue's row: this rate for every worker
+            await self.queue.limit_rate(self.rate)
+        else:  # the queue's, if it has one (looked for again as the run goes on)
+            self.settings.shared.rate = await self.queue.shared_rate()
+        self._gate = Gate(self.settings.concurrency) if self.adaptive else None
+        committer = Committer(self.queue, self.settings, max_jobs, self.breaker, self._gate)
+        if self.settings.rate is not None:
+            await committer.slots.probe(self.queue, asyncio.get_running_loop().time)
+        self.summary, self._breaker, self._clock = (
+            committer.summary,
+            committer.breaker,
+            committer.now,
+        )
+        self._committer = committer
+        loop = asyncio.ensure_future(committer.run(until_empty, follow))
+        port = committer.port()
+        self.summary.concurrency = self.settings.concurrency
+        workers = [
+            asyncio.ensure_future(deliver(port, self.send))
+            for _ in range(self.settings.concurrency)
+        ]
+        try:
+            await asyncio.wait(workers)  # unlike gather, a cancelled wait spares the workers
+        except asyncio.CancelledError:
+            self._limit_in_summary()
+            committer.drain()
+            _, late = await asyncio.wait(workers, timeout=self.grace_s)
+            for task in late:  # abandoned jobs stay leased and are reclaimed later
+                task.cancel()
+            await asyncio.wait(workers)
+            await committer.close(loop)
+            first_failure([loop, *workers])
+            raise
+        await committer.close(loop)
+        self._limit_in_summary()
+        failure = first_failure([loop, *workers]) or committer.failure
+        if failure is not None:  # a coroutine's unexpected failure is the run's
+            raise failure
+        return self.summary
+
+    def _limit_in_summary(self) -> None:
+        """Concurrency "auto": the summary's concurrency is the adaptive limit (a run
+        stopped by cancellation included)."""
+        if self._gate is not None:
+            self.summary.concurrency = self._gate.limit
+            self.summary.concurrency_cuts = self._gate.cuts
+
+
+def default_owner() -> str:
+    """A worker's name when none is given: ``host-pid-random`` (the contract's owner
+    characters only, at most 64), unique to this Dispatcher among the queue's workers."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname() or "host")[:40].strip("-")
+    return f"{host or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def check_send(send: object) -> None:
+    """Refuse a ``send`` the run could not await as ``await send(event, token)``: one that
+    does not take two positional arguments, or is not async (a coroutine function, an
+    object with an async ``__call__``, or a function annotated to return an awaitable)."""
+    try:
+        signature = inspect.signature(send)  # type: ignore[arg-type]  # (checked callable)
+    except (TypeError, ValueError):  # a builtin without one: judged by its first send
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ValueError(
+            f"send must accept (event, token) positionally; its signature is {signature}"
+        ) from None
+    call = getattr(send, "__call__", None)  # noqa: B004  # (its own __call__, if an object)
+    annotation = str(signature.return_annotation)
+    if not (
+        inspect.iscoroutinefunction(send)
+        or inspect.iscoroutinefunction(call)
+        or any(kind in annotation for kind in ("Awaitable", "Coroutine", "Future"))
+    ):
+        raise ValueError(
+            f"send must be async (async def, or an object with an async __call__): {send!r}"
+        )
+
+
+def first_failure(tasks: list[asyncio.Future[None]]) -> BaseException | None:
+    """The first exception of these finished tasks; every task's is retrieved, so none is
+    ever reported as "never retrieved"."""
+    failures = [task.exception() for task in tasks if not task.cancelled()]
+    return next((failure for failure in failures if failure is not None), None)
