@@ -744,7 +744,7 @@ class Dispatcher:
         self.summary, self._breaker, self._clock = (
             committer.summary,
             committer.breaker,
-            committer.now,
+            committer.run_clock,
         )
         self._committer = committer
         loop = asyncio.ensure_future(committer.run(until_empty, follow))

@@ -86,17 +86,17 @@ class Committer:
         """``gate``: concurrency "auto"'s (None: ``settings.concurrency`` sends at once)."""
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
-        self.now = RunClock(settings.clock, settings.limits)  # the run's readings
+        self.run_clock = RunClock(settings.clock, settings.limits)  # the run's readings
         self.breaker = Breaker(breaker, self.kick_now)
         self.ledger = Ledger(settings.lease_ms)
-        self.clock = asyncio.get_running_loop().time
+        self.loop_time = asyncio.get_running_loop().time
         self.gate = gate
-        self.pacer = Pacer(settings, self.clock, gate)
+        self.pacer = Pacer(settings, self.loop_time, gate)
         self.phase = Phase.CLAIMING
         self.failure: BaseException | None = None
         self.ready: collections.deque[Claimed] = collections.deque()
         self.waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
-        self.inbox: list[Sent] = []
+        self.returned: list[Sent] = []  # results handed back, not yet finished
         self.kick = asyncio.Event()
         self.cycling = False  # a transaction is in flight
         self.gathering = False  # results are let gather (no kick per result)
@@ -104,7 +104,7 @@ class Committer:
         self.rate_short = False  # the shared rate's permits cut the last claim short
         self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
         self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
-        self.rate_check_at = self.clock() + RATE_CHECK_S  # (a run's start looked already)
+        self.rate_check_at = self.loop_time() + RATE_CHECK_S  # (a run's start looked already)
         self.db_before = {} if queue.health is None else queue.health.counts()
 
     # --- the coroutines' side ----------------------------------------------------------
@@ -117,7 +117,7 @@ class Committer:
             hand_back=self.hand_back,
             drain=self.drain,
             ledger=self.ledger,
-            now=self.now,
+            now=self.run_clock,
             breaker=self.breaker,
             summary=self.summary,
             settings=self.settings,
@@ -149,7 +149,7 @@ class Committer:
         return await waiter
 
     def hand_back(self, sent: Sent) -> None:
-        self.inbox.append(sent)
+        self.returned.append(sent)
         if not self.gathering:
             self.kick.set()
 
@@ -169,7 +169,7 @@ class Committer:
     async def close(self, task: asyncio.Future[None]) -> None:
         """Every coroutine is done: let the committer settle the last results and end."""
         self.phase = Phase.CLOSING
-        self.closing_at = self.clock()
+        self.closing_at = self.loop_time()
         self.queue.give_up_after(CLOSE_WAIT_S)  # (a cut COMMIT's lookup too)
         self.kick.set()
         await asyncio.wait([task])
@@ -179,7 +179,10 @@ class Committer:
         counts = self.breaker.counts
         self.summary.outages, self.summary.probes = counts.outages, counts.probes
         self.summary.paused_ms = counts.paused_ms
-        self.summary.clock_steps, self.summary.clock_step_ms = self.now.steps, self.now.largest_ms
+        self.summary.clock_steps, self.summary.clock_step_ms = (
+            self.run_clock.steps,
+            self.run_clock.largest_ms,
+        )
         for name, value in self.db_counts().items():
             setattr(self.summary, name, value)
 
@@ -210,13 +213,13 @@ class Committer:
 
     async def _step(self, until_empty: bool, follow: bool) -> None:
         looking = self.phase is Phase.CLAIMING and not self.settings.shared.own
-        if looking and self.clock() >= self.rate_check_at:
+        if looking and self.loop_time() >= self.rate_check_at:
             await self._look_for_rate()
         self.kick.clear()
-        now = self.now()
+        now = self.run_clock()
         want = self._want()
         due, wake_ms, pressing = self._due(now)
-        if self.inbox or due or self.pacer.claims(want) or self.slot_waiters:
+        if self.returned or due or self.pacer.claims(want) or self.slot_waiters:
             waiting = bool(self.waiters) and self.settings.rate is None  # (paced: see Settings)
             urgent = bool(due or pressing or waiting) or self.phase is not Phase.CLAIMING
             pause = self.pacer.pause(urgent, wake_ms)
@@ -237,27 +240,27 @@ class Committer:
 
     async def _look_for_rate(self) -> None:
         """A run given no rate keeps to the queue's: set, changed or removed meanwhile."""
-        self.rate_check_at = self.clock() + RATE_CHECK_S
+        self.rate_check_at = self.loop_time() + RATE_CHECK_S
         shared, found = self.settings.shared, await self.queue.shared_rate()
         if found == shared.rate:
             return
         if found is not None and shared.rate is None:
-            await self.slots.probe(self.queue, self.clock)
+            await self.slots.probe(self.queue, self.loop_time)
         shared.rate = found
         if found is None:  # unpaced now: a coroutine waiting for a new slot has it now
             while self.slot_waiters:
                 if not (waiter := self.slot_waiters.popleft()).done():
-                    waiter.set_result(self.clock())
+                    waiter.set_result(self.loop_time())
 
     def _due(self, now: int) -> Due:
         """The held leases to extend now (see ``Ledger.due``)."""
         if self.phase is Phase.CLOSING:
             return Due([], None, False)  # what the coroutines left is abandoned
-        return self.ledger.due(now, {sent.claimed.ticket["id"] for sent in self.inbox})
+        return self.ledger.due(now, {sent.claimed.ticket["id"] for sent in self.returned})
 
     async def _outage(self, error: StoreUnavailable) -> None:
         """Wait for the store's next reconnection attempt (a closing run: up to a bound)."""
-        if self.clock() - self.closing_at > CLOSE_WAIT_S:
+        if self.loop_time() - self.closing_at > CLOSE_WAIT_S:
             self.phase = Phase.CLOSED  # what it holds stays leased, reclaimed later
             return
         await asyncio.sleep(max(error.retry_in_s, 0.01))
@@ -298,7 +301,7 @@ class Committer:
 
     async def _cycle(self, now: int, due: list[w.Ticket], want: Want) -> None:
         """One transaction: settle what came back, keep what is held, claim ``want``."""
-        sent, self.inbox = self.inbox, []
+        sent, self.returned = self.returned, []
         finishes = self._finishes(sent)
         started = self.pacer.begin()
         self.cycling = True
@@ -313,7 +316,7 @@ class Committer:
             self._unconfirmed([finish.ticket for finish in finishes] + due)
             raise
         except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
-            self.inbox[:0] = [item for item in sent if item.outcome is not None]
+            self.returned[:0] = [item for item in sent if item.outcome is not None]
             raise
         finally:
             self.cycling = False
@@ -338,13 +341,13 @@ class Committer:
         rate = self.settings.rate
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim), []
-        began, lead = self.clock(), self.slots.lead_us()
+        began, lead = self.loop_time(), self.slots.lead_us()
         waiting = [waiter for waiter in self.slot_waiters if not waiter.done()]
         paced = await self.queue.paced_cycle(
             rate, finishes, due, *claim, again=len(waiting), lead_us=lead
         )
         self.rate_short = paced.short
-        placed = self.slots.place(paced, began, self.clock())
+        placed = self.slots.place(paced, began, self.loop_time())
         for waiter, slot in zip(waiting, placed[: paced.again], strict=False):
             self.slot_waiters.remove(waiter)
             if not waiter.done():  # (cancelled meanwhile: its slot passes unused)

@@ -28,7 +28,7 @@ import aiosqlite
 from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.store.outage import BUSY, NO_TRANSACTION
-from asnackq.store.sqlite_aio import Make, drive, steps
+from asnackq.store.sqlite_aio import Make, adrive, steps
 
 __all__ = ["BUSY", "NO_TRANSACTION", "BorrowedSqlite", "Source", "adopt", "check_journal"]
 
@@ -62,7 +62,7 @@ class BorrowedSqlite:
         await check_journal(db)
         if db.in_transaction:
             raise ValueError(BUSY)
-        await drive(db, w.plan_schema(schema))
+        await adrive(db, w.plan_schema(schema))
         return cls(db)
 
     @property

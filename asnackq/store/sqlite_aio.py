@@ -35,7 +35,7 @@ import aiosqlite
 
 from asnackq.core import worker as w
 
-__all__ = ["HOPS", "Make", "QueueBusy", "SqliteStore", "call_fault", "drive", "steps"]
+__all__ = ["HOPS", "Make", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
 
 T = TypeVar("T")
 Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries it)
@@ -149,7 +149,7 @@ async def rollback(db: aiosqlite.Connection) -> None:
             await db.rollback()
 
 
-async def drive(
+async def adrive(
     db: aiosqlite.Connection,
     plan: w.Plan[T],
     fault: w.Fault = None,
@@ -201,7 +201,7 @@ class SqliteStore:
         db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
         busy_ms = max(1, round(busy_s * 1000))
         try:
-            await drive(db, w.plan_schema(schema), None, attempts, busy_ms)
+            await adrive(db, w.plan_schema(schema), None, attempts, busy_ms)
             for pragma in pragmas:
                 await db.execute_fetchall(pragma)
         except BaseException:
@@ -216,7 +216,7 @@ class SqliteStore:
     async def run(self, make: Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan in one transaction (made once: SQLite serialises writers,
         so a plan never meets a concurrent one)."""
-        return await drive(self.db, make(), fault, self.attempts, self.busy_ms)
+        return await adrive(self.db, make(), fault, self.attempts, self.busy_ms)
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
