@@ -166,10 +166,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _processes_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("process") is not None:
         return
-    started = subprocess.Popen.__init__
 
     def refuse(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"{request.node.nodeid} starts a process: mark it process")
 
-    assert started is not None
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
