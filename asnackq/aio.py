@@ -44,7 +44,7 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from asnackq.core import rate as r
 from asnackq.core import tracing
@@ -58,7 +58,7 @@ from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, SharedRate, Trace
 from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Claimed, Sent
+from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import job_traces
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health
@@ -491,9 +491,8 @@ async def deliver(port: Port, send: AsyncSend) -> None:
             attached = None if spans is None else spans.begin(claimed)
             try:
                 sent = await send_until_answered(port, send, claimed)
-            except Exception:  # a bad clock or jitter: the run fails, the job
-                port.hand_back(Sent(claimed, None, failure="errors"))  # stays leased
-                port.drain()
+            except Exception:  # a bad clock or jitter: the run fails, the job stays leased
+                port.hand_back(Sent(claimed, None, failure="errors", fatal=True))
                 raise
             finally:
                 if spans is not None:
@@ -514,57 +513,65 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
     keeps the lease - up to the job's deadline.  Nor is an ``Overloaded`` answer: the send
     goes again under the same lease once the wait the sink asked for is over (see
     ``wait_overload``).  Under a shared rate every send takes a slot: a re-send a new one.
+    Each pass of the loop is reported (``Port.report``) as an ``Attempt``.
     """
-    gate = port.gate
-    settings, breaker, summary = port.settings, port.breaker, port.summary
     ticket, again = claimed.ticket, 0
     while True:
+        breaker = port.breaker
         probe = await breaker.admit(port.lease_left_s(ticket)) if breaker.is_open else False
         if (again or probe is not False) and not port.keeps(ticket):
-            breaker.record(probe, None)  # (a first send's ticket was just checked)
+            port.report(Attempt(probe, None))  # (a first send's ticket was just checked)
             return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
             continue  # the lease was extended meanwhile
         if again and not await port.slot(claimed, again=True):  # a shared rate's new slot
-            breaker.record(probe, None)
+            port.report(Attempt(probe, None))
             return Sent(claimed, None)  # lost while it waited
-        summary.requests += 1
-        if again:
-            summary.resent += 1
+        jitter = w.check_jitter(port.settings.jitter())
+        seen, result = await send_once(port, send, claimed, jitter)
+        port.report(Attempt(probe, seen.unavailable, True, again > 0, seen.overloaded is not None))
         again += 1
-        jitter = w.check_jitter(settings.jitter())
-        try:
-            event = w.fresh_event(ticket)
-            sending = (
-                send(event, ticket["token"])
-                if gate is None
-                else gate.send(send, event, ticket["token"])
-            )
-            outcome = w.judge_send(
-                ticket, jitter, await sending, None, settings.retry, settings.limits
-            )
-        except w.Overloaded as error:
-            breaker.record(probe, False)  # the sink is there
-            summary.overloaded += 1
-            if not await wait_overload(port, claimed, error, again, jitter):
+        if result is not None:
+            return result
+        if seen.overloaded:
+            if not await wait_overload(port, claimed, seen.overloaded, again, jitter):
                 return Sent(claimed, None)  # the lease ended meanwhile: no answer
-            continue
-        except w.Unavailable:
-            breaker.record(probe, True)
-            if not breaker.is_open:
-                await asyncio.sleep(
-                    settings.retry.delay(min(again, 16), jitter, settings.limits) / 1000
-                )
-            continue
-        except (w.Retryable, w.Permanent) as error:
-            outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
-        except Exception as error:  # stays leased; reclaimed after the lease
-            breaker.record(probe, False if isinstance(error, w.BadAck) else None)
-            return Sent(
-                claimed, None, failure="bad_acks" if isinstance(error, w.BadAck) else "errors"
-            )
-        breaker.record(probe, False)
-        return Sent(claimed, *outcome_at(port, claimed, outcome))
+        elif not port.breaker.is_open:  # the sink is away: after the retry policy's delay
+            delay_ms = port.settings.retry.delay(min(again, 16), jitter, port.settings.limits)
+            await asyncio.sleep(delay_ms / 1000)
+
+
+class Seen(NamedTuple):
+    """What one request showed of the sink: no sink (``unavailable``: True), an answer
+    (False), neither (None: the send failed on our side); the overload it answered with."""
+
+    unavailable: bool | None
+    overloaded: w.Overloaded | None = None
+
+
+async def send_once(
+    port: Port, send: AsyncSend, claimed: Claimed, jitter: float
+) -> tuple[Seen, Sent | None]:
+    """One request for the ticket: what it showed of the sink, and the ticket's result
+    (None: no outcome, the ticket is sent again under its lease)."""
+    ticket, settings, gate = claimed.ticket, port.settings, port.gate
+    try:
+        event = w.fresh_event(ticket)
+        token = ticket["token"]
+        sending = send(event, token) if gate is None else gate.send(send, event, token)
+        outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
+    except w.Overloaded as error:
+        return Seen(False, error), None  # the sink is there
+    except w.Unavailable:
+        return Seen(True), None
+    except (w.Retryable, w.Permanent) as error:
+        outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
+    except Exception as error:  # stays leased; reclaimed after the lease
+        bad = isinstance(error, w.BadAck)
+        return Seen(False if bad else None), Sent(
+            claimed, None, failure="bad_acks" if bad else "errors"
+        )
+    return Seen(False), Sent(claimed, *outcome_at(port, claimed, outcome))
 
 
 async def wait_overload(

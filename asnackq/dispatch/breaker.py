@@ -48,7 +48,8 @@ class BreakerCounts:
 
 
 class Breaker:
-    """Gate each send with ``probe = await admit()``, then report with ``record``."""
+    """Gate each send with ``probe = await admit()``, then report with ``record`` (the
+    committer's alone: a coroutine's samples reach it as values)."""
 
     def __init__(self, policy: BreakerPolicy, on_close: Callable[[], None]) -> None:
         self.policy = policy.check()
@@ -88,7 +89,6 @@ class Breaker:
         if not self.is_open or loop.time() >= give_up:
             self._turn.release()  # closed meanwhile, or no time left to probe
             return False if not self.is_open else None
-        self.counts.probes += 1
         return True
 
     def record(self, probe: bool | None, unavailable: bool | None) -> None:
@@ -105,6 +105,7 @@ class Breaker:
             if self.is_open:
                 self._close()
         if probe:
+            self.counts.probes += 1
             self._turn.release()
 
     def paused_ms_so_far(self) -> int:

@@ -24,6 +24,8 @@ Rules of this module:
 * Its parts: the held leases are a ``Ledger``, the claims ahead and the gathering a
   ``Pacer``; the committer keeps the loop, the phase and the hand-out of tickets, and gives
   each delivery coroutine a ``Port``.
+* Only the committer changes the run's state: the coroutines' counts of requests and the
+  breaker's samples come in as values (``Attempt``), their results as ``Sent``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from asnackq.dispatch.seam import Queue
 from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Claimed, Sent
+from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 
 __all__ = ["CLOSE_WAIT_S", "Committer", "Finish", "Phase"]
@@ -115,11 +117,10 @@ class Committer:
             take=self.take,
             again=self.again,
             hand_back=self.hand_back,
-            drain=self.drain,
-            ledger=self.ledger,
+            report=self.report,
+            leases=self.ledger,
             now=self.run_clock,
             breaker=self.breaker,
-            summary=self.summary,
             settings=self.settings,
             gate=self.gate,
         )
@@ -149,9 +150,21 @@ class Committer:
         return await waiter
 
     def hand_back(self, sent: Sent) -> None:
+        """A ticket's result, settled by the next cycle; a fatal one drains the run."""
         self.returned.append(sent)
-        if not self.gathering:
+        if sent.fatal:
+            self.drain()
+        elif not self.gathering:
             self.kick.set()
+
+    def report(self, attempt: Attempt) -> None:
+        """What one pass of a coroutine's send loop saw: the run's counts of requests and
+        the breaker's sample change here, and nowhere else."""
+        if attempt.sent:
+            self.summary.requests += 1
+            self.summary.resent += attempt.resent
+            self.summary.overloaded += attempt.overloaded
+        self.breaker.record(attempt.probe, attempt.unavailable)
 
     def kick_now(self) -> None:
         self.kick.set()
@@ -357,7 +370,7 @@ class Committer:
     def _finishes(self, sent: list[Sent]) -> list[Finish]:
         """Finishes on the current leases; results of lost tickets or failed sends drop."""
         finishes = []
-        for claimed, outcome, now_ms, delay_ms, failure in sent:
+        for claimed, outcome, now_ms, delay_ms, failure, _ in sent:
             if failure is not None:
                 self.summary.fail(failure)
             if not self.ledger.holds(claimed.ticket):

@@ -1,12 +1,14 @@
-"""What a delivery coroutine sees of its run: tickets in, results out, the leases it sends under.
+"""What a delivery coroutine sees of its run: tickets in, what it saw out, its leases read only.
 
 Rules of this module:
 
-* A coroutine never sees the committer: it takes tickets and hands results back through a
-  ``Port``, asks whether the run still keeps a lease, and shares the run's breaker, clock
-  and counts of sends.
-* Values that travel between the coroutines and the committer are named here:
-  ``Claimed`` out, ``Sent`` back.
+* A coroutine never sees the committer: it takes tickets through a ``Port``, reads whether
+  the run still keeps a lease, waits at the breaker's gate, and passes values back - an
+  ``Attempt`` for each pass of its send loop (the request, re-send, overload and breaker
+  sample it saw), a ``Sent`` for each ticket.  Only the committer applies them: the run's
+  counts and its breaker change nowhere else.
+* The run's state reaches a coroutine through read-only views (``Leases``, ``Admission``):
+  no method of theirs changes what the committer decides.
 """
 
 from __future__ import annotations
@@ -14,17 +16,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from asnackq.core import worker as w
-from asnackq.dispatch.breaker import Breaker
 from asnackq.dispatch.gate import Gate
-from asnackq.dispatch.ledger import Ledger
 from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
-from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Claimed, Sent
+from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 
-__all__ = ["LATE_S", "LATE_SLOTS", "Port"]
+__all__ = ["LATE_S", "LATE_SLOTS", "Admission", "Leases", "Port"]
 
 # A send more than this late for its slot takes a new one: at most LATE_S, or LATE_SLOTS
 # slots' worth if longer, of sends ever go out late at once.
@@ -32,24 +32,40 @@ LATE_S = 0.02
 LATE_SLOTS = 2
 
 
+class Leases(Protocol):
+    """Which leases the run keeps, read only (the committer's ``Ledger``)."""
+
+    def keeps(self, ticket: w.Ticket, now: int) -> bool: ...
+
+    def lease_until(self, ticket: w.Ticket) -> int | None: ...
+
+
+class Admission(Protocol):
+    """The breaker's gate, as a coroutine waits at it (the committer's ``Breaker``)."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    async def admit(self, within_s: float) -> bool | None: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Port:
-    """A delivery coroutine's narrow view of its run."""
+    """A delivery coroutine's narrow view of its run: channels in, read-only views."""
 
     take: Callable[[], Awaitable[Claimed | None]]  # the next ticket; None: no more
     again: Callable[[], Awaitable[float | None]]  # a new send slot (None: the run ended)
-    hand_back: Callable[[Sent], None]
-    drain: Callable[[], None]  # claim nothing more (the coroutine fails the run)
-    ledger: Ledger  # read only: which leases the run keeps
+    hand_back: Callable[[Sent], None]  # a ticket's result (``Sent.fatal``: the run fails)
+    report: Callable[[Attempt], None]  # what one pass of the send loop saw
+    leases: Leases
     now: RunClock
-    breaker: Breaker
-    summary: Summary  # the coroutine counts its requests
+    breaker: Admission
     settings: Settings
     gate: Gate | None = None  # concurrency "auto": the slots a coroutine takes
 
     def keeps(self, ticket: w.Ticket) -> bool:
         """Whether the run still holds this lease now (a send may go under it)."""
-        return self.ledger.keeps(ticket, self.now())
+        return self.leases.keeps(ticket, self.now())
 
     async def slot(self, claimed: Claimed, again: bool = False) -> bool:
         """Wait for the ticket's send slot under a shared rate (``again``: a new one, for a
@@ -75,7 +91,7 @@ class Port:
 
     def lease_left_s(self, ticket: w.Ticket) -> float:
         """Seconds until the run's current lease on this ticket ends (0: not held)."""
-        until = self.ledger.lease_until(ticket)
+        until = self.leases.lease_until(ticket)
         return 0.0 if until is None else max(0.0, (until - self.now()) / 1000)
 
     async def hold(self, ticket: w.Ticket, seconds: float) -> bool:

@@ -1,6 +1,6 @@
 """The values that travel between a run's delivery coroutines and its committer: ``Claimed``
-out (a ticket with its first clock reading and send slot), ``Sent`` back (what the
-coroutine saw)."""
+out (a ticket with its first clock reading and send slot); ``Attempt`` (one pass of a send
+loop) and ``Sent`` (a ticket's result) back: what the coroutine saw."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from asnackq.core import worker as w
 
-__all__ = ["Claimed", "Sent"]
+__all__ = ["Attempt", "Claimed", "Sent"]
 
 
 class Claimed(NamedTuple):
@@ -28,3 +28,17 @@ class Sent(NamedTuple):
     now_ms: int = 0  # the second clock reading
     delay_ms: int = 0
     failure: str | None = None  # "bad_acks" or "errors" when outcome is None
+    fatal: bool = False  # the coroutine fails the run: claim nothing more
+
+
+class Attempt(NamedTuple):
+    """One pass of a coroutine's send loop: whether a request went out (and again under the
+    same lease, or answered with an overload), and the breaker's sample - the admission
+    it passed with (``probe``: True, False, or None for none) and what the sink showed
+    (``unavailable``: True no sink, False an answer, None no send)."""
+
+    probe: bool | None
+    unavailable: bool | None
+    sent: bool = False
+    resent: bool = False
+    overloaded: bool = False
