@@ -536,6 +536,7 @@ Cycle = tuple[list[str | bool], list[Ticket | bool], list[Ticket], dict[str, int
 Reply = list[tuple[Any, ...]] | None
 # A plan yields steps, receives their rows, and returns ``(result, changed)``.
 Plan = Generator[Step, Reply, tuple[T, bool]]
+Make = Callable[[], Plan[Any]]  # builds a plan (again, when a driver retries it)
 AFTER_COMMIT = "after-commit"
 
 

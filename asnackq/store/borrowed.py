@@ -28,7 +28,7 @@ import aiosqlite
 from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.store.outage import BUSY, NO_TRANSACTION
-from asnackq.store.sqlite_aio import Make, adrive, steps
+from asnackq.store.sqlite_aio import adrive, steps
 
 __all__ = ["BUSY", "NO_TRANSACTION", "BorrowedSqlite", "Source", "adopt", "check_journal"]
 
@@ -69,7 +69,7 @@ class BorrowedSqlite:
     def in_transaction(self) -> bool:
         return self.db.in_transaction
 
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan under a savepoint of the application's open transaction."""
         plan = make()
         if not self.db.in_transaction:

@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Make = Callable[[], w.Plan[Any]]
 
 SQL_CREATE = """CREATE TABLE IF NOT EXISTS asnackq_job_traces (job_id TEXT PRIMARY KEY,
   traceparent TEXT NOT NULL)"""
@@ -74,7 +73,7 @@ class Producing:
         pairs = zip(ids, spans, strict=True)
         self.rows = [(job_id, tracing.traceparent(span)) for job_id, span in pairs]
 
-    def plan(self, make: Make) -> Make:
+    def plan(self, make: w.Make) -> w.Make:
         """``make``'s plan, writing these spans' contexts with the jobs it inserts."""
         return lambda: _recorded(make(), self.rows, self.replace)
 
@@ -129,7 +128,7 @@ def event_ids(triples: Sequence[tuple[object, object, object]]) -> list[str]:
     return [w.check_event(event)[0] for event, _, _ in triples]
 
 
-def intake(run: Callable[[Make], Any], tracer: Tracer, make: Make, triples: Any) -> list[Any]:
+def intake(run: Callable[[w.Make], Any], tracer: Tracer, make: w.Make, triples: Any) -> list[Any]:
     """A synchronous session's intake (``run`` runs a plan) with a PRODUCER span per job."""
     make()  # validated before any span
     with producing(tracer, event_ids(triples)) as spans:
@@ -139,7 +138,7 @@ def intake(run: Callable[[Make], Any], tracer: Tracer, make: Make, triples: Any)
     return results
 
 
-def redrive(session: Any, tracer: Tracer, job_id: str, make: Make, note: str) -> None:
+def redrive(session: Any, tracer: Tracer, job_id: str, make: w.Make, note: str) -> None:
     """A synchronous redrive in the job's trace: the operator's action is a span of its own
     (its note attached), linked from the redrive's span, whose context the job keeps."""
     from opentelemetry.trace import Link

@@ -40,7 +40,6 @@ __all__ = [
     "SQL_XACT_STATUS",
     "CommitCut",
     "Hooks",
-    "Make",
     "SessionLost",
     "Unreachable",
     "aconnect",
@@ -57,7 +56,6 @@ __all__ = [
     "wait_until_reachable",
 ]
 
-Make = Callable[[], w.Plan[Any]]
 Hooks = Callable[[w.Fault, str], None]  # how an async layer calls a fault hook
 
 
@@ -191,7 +189,7 @@ def drive(
     plan: w.Plan[Any],
     fault: w.Fault = None,
     *,
-    make: Make | None = None,
+    make: w.Make | None = None,
     attempts: int = 8,
 ) -> Any:
     """Run ``plan`` in one transaction on ``con``.
@@ -294,7 +292,7 @@ async def adrive(
     plan: w.Plan[Any],
     fault: w.Fault = None,
     *,
-    make: Make | None = None,
+    make: w.Make | None = None,
     attempts: int = 8,
     call: Hooks | None = None,
 ) -> Any:

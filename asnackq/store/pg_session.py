@@ -32,7 +32,6 @@ from asnackq.store.pg import (
     SQL_XACT_STATUS,
     CommitCut,
     Hooks,
-    Make,
     Unreachable,
     aconnect,
     adrive,
@@ -85,7 +84,7 @@ class AsyncStore:
     ) -> AsyncStore:
         return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
 
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         plan = make()
         for _ in range(self.attempts):
             con = await self.session()
@@ -205,7 +204,7 @@ class BorrowedStore:
     def in_transaction(self) -> bool:
         return self.con.info.transaction_status != TransactionStatus.IDLE
 
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         plan = make()
         if self.con.info.transaction_status != TransactionStatus.INTRANS:
             raise ValueError(NO_TRANSACTION)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from asnackq.core import worker as w
@@ -33,7 +33,6 @@ __all__ = [
     "require",
 ]
 
-Make = Callable[[], w.Plan[Any]]
 LOST_RUNS = 3  # how often a plan meets a lost session before its error is the caller's
 RETURN_WAIT_S = 30.0  # how long a session lost mid-command waits for its server
 
@@ -47,7 +46,7 @@ class Reader(Protocol):
 class Session(Reader, Protocol):
     """A read-write session: plans, reads, and ``close``."""
 
-    def run(self, make: Make, fault: w.Fault = None) -> Any: ...
+    def run(self, make: w.Make, fault: w.Fault = None) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -58,7 +57,7 @@ class SqliteFile:
     def __init__(self, con: sqlite3.Connection) -> None:
         self.con = con
 
-    def run(self, make: Make, fault: w.Fault = None) -> Any:
+    def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         return w.drive(self.con, make(), fault)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
@@ -80,7 +79,7 @@ class PgDatabase:
     def __init__(self, con: Any, url: str | None = None) -> None:
         self.con, self.url = con, url  # (without ``url``: never opened again)
 
-    def run(self, make: Make, fault: w.Fault = None) -> Any:
+    def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         from asnackq.store import pg
 
         for attempt in range(LOST_RUNS):

@@ -28,17 +28,15 @@ import contextlib
 import inspect
 import random
 import sqlite3
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from asnackq.core import worker as w
 
-__all__ = ["HOPS", "Make", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
+__all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
 
 T = TypeVar("T")
-Make = Callable[[], w.Plan[Any]]  # builds a plan (again, when a store retries it)
 
 # Awaits on the connection per transaction, at most, whatever its batch: BEGIN, the plan's
 # statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
@@ -213,7 +211,7 @@ class SqliteStore:
     def in_transaction(self) -> bool:
         return self.db.in_transaction
 
-    async def run(self, make: Make, fault: w.Fault = None) -> Any:
+    async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan in one transaction (made once: SQLite serialises writers,
         so a plan never meets a concurrent one)."""
         return await adrive(self.db, make(), fault, self.attempts, self.busy_ms)
