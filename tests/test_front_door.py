@@ -134,3 +134,25 @@ def test_the_version_is_the_project_s_and_the_changelog_s_latest():
     latest = next(line for line in changelog.splitlines() if line.startswith("## "))
     assert asnackq.__version__ == version
     assert latest.split()[1] == version
+
+
+@pytest.mark.process
+def test_an_editable_install_is_visible_to_mypy(tmp_path):
+    """``pip install -e .`` puts a plain path on ``sys.path`` (no import hook), so mypy, run
+    for another project's interpreter, type-checks against the package's own annotations."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = [python, "-m", "pip", "install", "-q", "--no-deps"]
+    subprocess.run([*install, "-e", ROOT], check=True, timeout=300, capture_output=True)
+    app = tmp_path / "app.py"
+    app.write_text("from asnackq.aio import AsyncQueue\n\nqueue: int = AsyncQueue\n")
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--python-executable", python, "--no-incremental", app],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert 'type "type[AsyncQueue]", variable has type "int"' in checked.stdout, checked.stdout
+    assert "import-not-found" not in checked.stdout
