@@ -18,7 +18,7 @@ from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
 from asnackq.lab.procs import sink_process
 from asnackq.ops import inspect
-from asnackq.store import readers, sessions
+from asnackq.store import readers, reads, sessions
 from asnackq.wire.send import HttpSender
 
 from . import test_dashboard
@@ -120,8 +120,8 @@ def test_a_trace_id_only_from_a_valid_traceparent(dbs, traceparent, expected):
     queue, _ = dbs
     add_traces(queue, [("d", traceparent)])
     with readers.read_only(queue, "jobs") as con:
-        assert inspect.trace_id(con, "d") == expected
-        assert inspect.trace_id(con, "a") is None  # no row
+        assert reads.run(con, inspect.trace_id("d", on_sqlite=True)) == expected
+        assert reads.run(con, inspect.trace_id("a", on_sqlite=True)) is None  # no row
 
 
 @pytest.mark.process
@@ -230,8 +230,8 @@ def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
     queue, now = tmp_path / "queue.db", epoch_ms()
     finished = busy_queue(queue, now)
     with readers.read_only(queue, "jobs") as con:
-        owners = inspect.leases(con, now)
-        hour = inspect.done_per_minute(con, now)
+        owners = reads.run(con, inspect.leases(now))
+        hour = reads.run(con, inspect.done_per_minute(now))
     assert [(o["owner"], o["count"], len(o["jobs"])) for o in owners] == [
         ("w-1", 12, inspect.LEASES_LISTED),
         ("w-2", 2, 2),
@@ -246,12 +246,12 @@ def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
     assert counts == {ago: finished[ago] for ago in (50, 20, 1, 0)}
     assert minutes[-2]["per_s"] == round(2 / 60, 2)
     with readers.read_only(queue, "jobs") as con:  # a job finished on a clock ahead: the last
-        assert inspect.done_per_minute(con, now - 40_000)["minutes"][-1]["done"] == 4 + 2
+        assert reads.run(con, inspect.done_per_minute(now - 40_000))["minutes"][-1]["done"] == 6
     with dashboard(queue, log=tmp_path / "log") as url:
         shown = until(lambda: (seen := state(url))["hour"] and seen)
     with readers.read_only(queue, "jobs") as con:
-        assert shown["leases"] == inspect.leases(con, shown["at_ms"])
-        assert shown["hour"] == inspect.done_per_minute(con, shown["hour"]["at_ms"])
+        assert shown["leases"] == reads.run(con, inspect.leases(shown["at_ms"]))
+        assert shown["hour"] == reads.run(con, inspect.done_per_minute(shown["hour"]["at_ms"]))
 
 
 def test_the_inspector_reads_postgresql(pg_db, tmp_path):
@@ -286,3 +286,41 @@ def test_the_inspector_reads_postgresql(pg_db, tmp_path):
     assert [(o["owner"], o["count"], [j["id"] for j in o["jobs"]]) for o in shown["leases"]] == [
         ("pg-w", 1, ["p-2"])
     ]
+
+
+async def test_async_reads_of_sqlite_files_go_through_aiosqlite(dbs, tmp_path, monkeypatch):
+    """The dashboard's sampler and job look-up, and a queue's foreign-file check at open, read
+    SQLite files on aiosqlite's own thread: none of them hands sqlite3 to a worker thread of
+    the event loop (``asyncio.to_thread``, ``run_in_executor``); their answers are the same
+    read plans the commands run."""
+    import asyncio
+
+    from asnackq.aio import AsyncQueue
+    from asnackq.ops.watcher import Watcher
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a thread of the event loop's executor was asked to read")
+
+    monkeypatch.setattr(asyncio, "to_thread", refused)
+    monkeypatch.setattr(asyncio.get_running_loop(), "run_in_executor", refused)
+    queue, sink = dbs
+    watcher = Watcher(queue, sink)
+    await watcher.sample()
+    with readers.read_only(queue, "jobs") as con:
+        assert (
+            watcher.state["stats"]["by_status"]
+            == ops.stats(con, watcher.state["at_ms"])["by_status"]
+        )
+    assert watcher.state["audit"]["violations"] == ops.audit(queue, sink, epoch_ms()).violations
+    story = await watcher.look_up("d")
+    assert story is not None and story["job"]["status"] == "done" and story["inbox"]["qty"] == 2
+    assert await watcher.look_up("zz") is None
+    other = tmp_path / "app.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    con.close()
+    with pytest.raises(ValueError, match="holds other tables"):
+        async with AsyncQueue.open(other):
+            pass
+    async with AsyncQueue.open(queue) as opened:  # its own file: opened
+        assert (await opened.read("SELECT count(*) FROM jobs"))[0][0] == 5

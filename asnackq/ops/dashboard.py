@@ -141,7 +141,7 @@ async def look_up(request: web.Request) -> tuple[int, dict[str, Any]]:
     watcher = request.app[WATCHER]
     async with request.app[LOOKUPS]:
         try:
-            story = await asyncio.to_thread(watcher.look_up, job_id)
+            story = await watcher.look_up(job_id)
         except ValueError as error:
             return 503, {"error": str(error)}
     if story is None:
@@ -206,11 +206,11 @@ def serve(
     if auth_token is not None and not TOKEN.fullmatch(auth_token):
         raise ValueError("--auth-token must be 1-256 visible ASCII characters")
     watcher = Watcher(queue, sink_db)
-    watcher.sample()  # a missing or unreadable DB: one line, exit 1
-    app = dashboard_app(watcher, auth_token, loopback_only=not allow_remote)
     logs.to_stderr(LOG, "asnackq dashboard")
 
     async def main() -> None:
+        await watcher.sample()  # a missing or unreadable DB: one line, exit 1
+        app = dashboard_app(watcher, auth_token, loopback_only=not allow_remote)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -3,8 +3,9 @@ leases each owner holds, and done jobs per minute over the last hour.
 
 Rules of this module:
 
-* Only reads, with bound parameters, through readers the caller opened read-only
-  (``asnackq.store.readers``).  A job id is checked (``check_job_id``) before any read.
+* Only reads, with bound parameters: each read is a plan (``w.Plan`` of ``w.Sql`` steps)
+  that the caller runs on a reader it opened read-only (``asnackq.store.readers``: sync,
+  or aiosqlite in async code).  A job id is checked (``check_job_id``) before any read.
 * The trace table ``asnackq_job_traces`` (``job_id``, W3C ``traceparent``) belongs to the
   tracing support and may be absent: a job then has no trace id.  It is looked up, never
   assumed, so a missing table is no error on either driver.
@@ -17,13 +18,12 @@ Rules of this module:
 from __future__ import annotations
 
 import re
-import sqlite3
 from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD
 from asnackq.ops.queries import ATTENTION, VIOLATIONS, describe
-from asnackq.store.sessions import Reader
+from asnackq.store.reads import fetch
 
 __all__ = [
     "BAD_ID",
@@ -85,38 +85,38 @@ def check_job_id(text: str) -> str:
         raise ValueError(BAD_ID) from None
 
 
-def job_story(con: Reader, job_id: str, now_ms: int) -> dict[str, Any] | None:
+def job_story(job_id: str, now_ms: int, on_sqlite: bool) -> w.Plan[dict[str, Any] | None]:
     """A job's row (with its lease's and its deadline's time left), its redrives and its
     trace id; ``None`` when the queue does not hold it."""
-    row = con.execute(SQL_JOB, (check_job_id(job_id),)).fetchone()
-    if row is None:
-        return None
-    job = dict(zip(JOB_FIELDS, row, strict=True))
+    rows = yield from fetch(SQL_JOB, (check_job_id(job_id),))
+    if not rows:
+        return None, False
+    job = dict(zip(JOB_FIELDS, rows[0], strict=True))
     leased = job["status"] == "leased"
     job["lease_left_ms"] = job["lease_until"] - now_ms if leased else None
     job["deadline_left_ms"] = job["deadline"] - now_ms
     redrives = [
         {"token": token, "at_ms": at_ms, "note": note}
-        for token, at_ms, note in con.execute(SQL_JOB_REDRIVES, (job_id,))
+        for token, at_ms, note in (yield from fetch(SQL_JOB_REDRIVES, (job_id,)))
     ]
-    return {"job": job, "redrives": redrives, "trace_id": trace_id(con, job_id)}
+    traced, _ = yield from trace_id(job_id, on_sqlite)
+    return {"job": job, "redrives": redrives, "trace_id": traced}, False
 
 
-def trace_id(con: Reader, job_id: str) -> str | None:
+def trace_id(job_id: str, on_sqlite: bool) -> w.Plan[str | None]:
     """The trace id of the job's enqueue context, if the queue keeps one."""
-    on_sqlite = isinstance(con, sqlite3.Connection)
-    (tables,) = con.execute(SQL_HAS_TRACES_SQLITE if on_sqlite else SQL_HAS_TRACES_PG).fetchone()
+    ((tables,),) = yield from fetch(SQL_HAS_TRACES_SQLITE if on_sqlite else SQL_HAS_TRACES_PG)
     if not tables:
-        return None
-    row = con.execute(SQL_TRACE, (job_id,)).fetchone()
-    found = row and isinstance(row[0], str) and TRACEPARENT.fullmatch(row[0])
-    return found.group(1) if found else None
+        return None, False
+    rows = yield from fetch(SQL_TRACE, (job_id,))
+    found = rows and isinstance(rows[0][0], str) and TRACEPARENT.fullmatch(rows[0][0])
+    return (found.group(1) if found else None), False
 
 
-def inbox_record(con: Reader, job_id: str) -> dict[str, Any] | None:
+def inbox_record(job_id: str) -> w.Plan[dict[str, Any] | None]:
     """The sink's inbox row for ``job_id`` (``None`` without one)."""
-    row = con.execute(SQL_RECORD, (check_job_id(job_id),)).fetchone()
-    return None if row is None else dict(zip(RECORD_FIELDS, row, strict=True))
+    rows = yield from fetch(SQL_RECORD, (check_job_id(job_id),))
+    return (dict(zip(RECORD_FIELDS, rows[0], strict=True)) if rows else None), False
 
 
 def verdict(
@@ -137,26 +137,28 @@ def verdict(
     }
 
 
-def leases(con: Reader, now_ms: int) -> list[dict[str, Any]]:
+def leases(now_ms: int) -> w.Plan[list[dict[str, Any]]]:
     """Who holds what: each owner's count of leased jobs and its first ``LEASES_LISTED``
     (id, token, time left; negative once expired), the owners holding most first."""
     owners: dict[str, dict[str, Any]] = {}
-    for owner, held, job_id, token, until in con.execute(SQL_LEASES, (LEASES_LISTED, LEASE_ROWS)):
+    for owner, held, job_id, token, until in (
+        yield from fetch(SQL_LEASES, (LEASES_LISTED, LEASE_ROWS))
+    ):
         entry = owners.setdefault(owner, {"owner": owner, "count": held, "jobs": []})
         entry["jobs"].append({"id": job_id, "token": token, "left_ms": until - now_ms})
-    return list(owners.values())
+    return list(owners.values()), False
 
 
-def done_per_minute(con: Reader, now_ms: int) -> dict[str, Any]:
+def done_per_minute(now_ms: int) -> w.Plan[dict[str, Any]]:
     """Done jobs in each of the ``HOUR_MINUTES`` minutes up to ``now_ms``, the oldest first
     (jobs finished at ``now_ms`` or later, on a clock ahead of this one, count in the
     last): each minute's start, its count and its done/s."""
     start = now_ms - HOUR_MINUTES * MINUTE_MS
     counts = [0] * HOUR_MINUTES
-    for minute, count in con.execute(SQL_DONE_PER_MINUTE, {"start": start}):
+    for minute, count in (yield from fetch(SQL_DONE_PER_MINUTE, {"start": start})):
         counts[min(int(minute), HOUR_MINUTES - 1)] += count
     minutes = [
         {"at_ms": start + i * MINUTE_MS, "done": count, "per_s": round(count / 60, 2)}
         for i, count in enumerate(counts)
     ]
-    return {"at_ms": now_ms, "minutes": minutes, "done": sum(counts)}
+    return {"at_ms": now_ms, "minutes": minutes, "done": sum(counts)}, False

@@ -17,8 +17,9 @@ from typing import Any
 from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
-from asnackq.store import job_traces, readers, sessions
+from asnackq.store import job_traces, readers, reads, sessions
 from asnackq.store.readers import read_only
+from asnackq.store.reads import fetch
 from asnackq.store.sessions import Reader, Session
 from asnackq.store.targets import Target, is_url
 
@@ -35,6 +36,8 @@ __all__ = [
     "dead",
     "enqueue_all",
     "history",
+    "plan_audit",
+    "plan_stats",
     "redrive",
     "redrive_by_reason",
     "stats",
@@ -75,27 +78,40 @@ def enqueue_all(
 
 def stats(con: Reader, now_ms: int) -> dict[str, Any]:
     """Jobs by status and dead reason, queue lag, attempts, and expired leases at ``now_ms``."""
+    return reads.run(con, plan_stats(now_ms))
+
+
+def plan_stats(now_ms: int) -> w.Plan[dict[str, Any]]:
+    """``stats`` as a read plan."""
     by_status = {status: 0 for status in ("pending", "leased", "done", "dead")}
-    by_status.update(con.execute("SELECT status, count(*) FROM jobs GROUP BY status"))
-    reasons = dict(
-        con.execute("SELECT reason, count(*) FROM jobs WHERE status = 'dead' GROUP BY reason")
+    by_status.update((yield from fetch("SELECT status, count(*) FROM jobs GROUP BY status")))
+    reasons: dict[str, int] = dict(
+        (
+            yield from fetch(
+                "SELECT reason, count(*) FROM jobs WHERE status = 'dead' GROUP BY reason"
+            )
+        )
     )
     attempts = {
         str(n): count
-        for n, count in con.execute(
-            "SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts"
+        for n, count in (
+            yield from fetch(
+                "SELECT attempts, count(*) FROM jobs GROUP BY attempts ORDER BY attempts"
+            )
         )
     }
-    (oldest,) = con.execute(
+    ((oldest,),) = yield from fetch(
         "SELECT min(available_at) FROM jobs WHERE status = 'pending' AND available_at <= ?",
         (now_ms,),
-    ).fetchone()
+    )
     expired = [
         {"id": job_id, "owner": owner, "token": token, "expired_ms": now_ms - until}
-        for job_id, owner, token, until in con.execute(
-            "SELECT id, owner, token, lease_until FROM jobs WHERE status = 'leased'"
-            " AND lease_until <= ? ORDER BY lease_until",
-            (now_ms,),
+        for job_id, owner, token, until in (
+            yield from fetch(
+                "SELECT id, owner, token, lease_until FROM jobs WHERE status = 'leased'"
+                " AND lease_until <= ? ORDER BY lease_until",
+                (now_ms,),
+            )
         )
     ]
     return {
@@ -107,7 +123,7 @@ def stats(con: Reader, now_ms: int) -> dict[str, Any]:
         "attempts": attempts,
         "expired_leases": len(expired),
         "expired": expired[:20],
-    }
+    }, False
 
 
 def dead(con: Reader, reason: str | None = None) -> list[dict[str, Any]]:
@@ -182,15 +198,20 @@ def redrive_by_reason(
 SQL_JOB_STATES = "SELECT id, qty, status, reason, token FROM jobs"
 SQL_INBOX_COUNTS = "SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END) FROM inbox"
 
-# One row per job and per orphan inbox row: the job's state joined with the sink's record.
-AUDIT_SQL = """
-SELECT j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
+# The audit's rows, a page at a time inside one read transaction (a consistent view, a page
+# of memory): each job with its inbox record, then each inbox record with no job.  The
+# first column is the page's key (the scan's own order); the rest are the audit's tuples.
+AUDIT_PAGE = 1000
+AUDIT_SQL = (
+    """SELECT j.seq, j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
        i.id, i.qty, i.first_token, i.last_token, i.deliveries
 FROM jobs AS j LEFT JOIN sink.inbox AS i ON i.id = j.id
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+WHERE j.seq > ? ORDER BY j.seq LIMIT ?""",
+    """SELECT i.rowid, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        i.id, i.qty, i.first_token, i.last_token, i.deliveries
-FROM sink.inbox AS i WHERE i.id NOT IN (SELECT id FROM jobs)"""
+FROM sink.inbox AS i WHERE i.rowid > ? AND i.id NOT IN (SELECT id FROM jobs)
+ORDER BY i.rowid LIMIT ?""",
+)
 
 # What must never happen, and what only needs attention (harmless, or evidence to show).
 VIOLATIONS = {
@@ -312,26 +333,37 @@ def audit(
         read_only(sink_db, "inbox", "sink DB", busy_s),
         read_only(queue, "jobs", busy_s=busy_s) as con,
     ):
-        con.execute("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
-        stages: dict[str, int] = {}
-        flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)
-        listed: dict[str, list[dict[str, Any]]] = {"violations": [], "attention": []}
-        selected = None
-        for row in con.execute(AUDIT_SQL):
-            job, inbox = row[:7], row[7:]
-            found = judge(job, inbox, now_ms)
-            name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
-            stages[name] = stages.get(name, 0) + 1
-            for flag in found:
-                flags[flag] += 1
-            if job_id is not None and (job[0] or inbox[0]) == job_id:
-                selected = describe(job, inbox, now_ms)
-            if found:
-                kind = "violations" if set(found) & VIOLATIONS.keys() else "attention"
-                if len(listed[kind]) < limit:
-                    listed[kind].append(describe(job, inbox, now_ms))
-        (stock,) = con.execute("SELECT total FROM sink.stock").fetchone()
-        (inbox_sum,) = con.execute("SELECT coalesce(sum(qty), 0) FROM sink.inbox").fetchone()
+        return reads.run(con, plan_audit(sink_db, now_ms, job_id, limit))
+
+
+def plan_audit(sink_db: Path, now_ms: int, job_id: str | None, limit: int) -> w.Plan[Audit]:
+    """``audit`` as a read plan on the queue file (the sink DB is attached, read-only)."""
+    yield from fetch("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
+    stages: dict[str, int] = {}
+    flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)
+    listed: dict[str, list[dict[str, Any]]] = {"violations": [], "attention": []}
+    selected = None
+    yield from fetch("BEGIN")  # (after the ATTACH: SQLite attaches outside a transaction)
+    for sql in AUDIT_SQL:
+        after = 0
+        while page := (yield from fetch(sql, (after, AUDIT_PAGE))):
+            after = page[-1][0]
+            for row in page:
+                job, inbox = row[1:8], row[8:]
+                found = judge(job, inbox, now_ms)
+                name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
+                stages[name] = stages.get(name, 0) + 1
+                for flag in found:
+                    flags[flag] += 1
+                if job_id is not None and (job[0] or inbox[0]) == job_id:
+                    selected = describe(job, inbox, now_ms)
+                if found:
+                    kind = "violations" if set(found) & VIOLATIONS.keys() else "attention"
+                    if len(listed[kind]) < limit:
+                        listed[kind].append(describe(job, inbox, now_ms))
+    ((stock,),) = yield from fetch("SELECT total FROM sink.stock")
+    ((inbox_sum,),) = yield from fetch("SELECT coalesce(sum(qty), 0) FROM sink.inbox")
+    yield from fetch("COMMIT")
     if stock != inbox_sum:
         flags["stock-mismatch"] = 1
     if job_id is not None and selected is None:
@@ -345,4 +377,4 @@ def audit(
         inbox_qty_sum=inbox_sum,
         listed=listed,
         job=selected,
-    )
+    ), False

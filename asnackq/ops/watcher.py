@@ -2,12 +2,14 @@
 
 Rules of this module:
 
-* Read-only.  Each sample opens the DBs through ``readers.read_only`` (``mode=ro`` URIs for a
-  file, read-only transactions for a ``postgresql://`` URL) and closes them; nothing here
+* Read-only.  Each sample opens the DBs read-only and closes them: a file through aiosqlite
+  (``readers.aread_only``, a ``mode=ro`` URI), a ``postgresql://`` URL in read-only
+  transactions in a thread (``readers.read_only``); every read is a plan of ``ops`` or
+  ``ops.inspect``, the same as the commands run.  Nothing here
   writes, creates or migrates anything.  The numbers are ``ops.stats`` and ``ops.audit``,
   the same as ``asnackq stats`` and ``asnackq audit``.  A URL is shown with its password
   as ``***``.
-* One task reads the DBs every ``SAMPLE_S`` (in a thread), or ten times the last sample's
+* One task reads the DBs every ``SAMPLE_S``, or ten times the last sample's
   reading time when that is longer, never more than ``MAX_GAP_S`` apart; it keeps the last
   minute of done counts for the throughput.  Requests are answered from the latest sample,
   so open pages add no load on the queue.  The audit (a join over every job) runs at most
@@ -25,18 +27,20 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from asnackq import ops
 from asnackq.core import worker as w
-from asnackq.ops import inspect
-from asnackq.store import readers
+from asnackq.ops import inspect, queries
+from asnackq.store import readers, reads
 from asnackq.store.outage import database_error
-from asnackq.store.sessions import Reader
-from asnackq.store.targets import Target, one_line, shown
+from asnackq.store.reads import fetch
+from asnackq.store.sqlite_aio import steps
+from asnackq.store.targets import Target, is_url, one_line, shown
 
 __all__ = ["AUDIT_LISTED", "Watcher", "attempt", "reading"]
 
@@ -53,11 +57,11 @@ SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliver
 FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
 
 
-Reading = Callable[[], Any]
+Reading = Callable[[], Awaitable[Any]]  # one try of a read
 
 
-def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
-    """``read()`` and the seconds it took, retried while a writer holds the file.
+async def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
+    """``await read()`` and the seconds it took, retried while a writer holds the file.
 
     A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``readers.Locked``), not
     inside SQLite's busy handler: the time returned is that of the read that succeeded, so a
@@ -68,11 +72,11 @@ def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
     while True:
         started = time.monotonic()
         try:
-            return read(), time.monotonic() - started
+            return await read(), time.monotonic() - started
         except Exception as error:
             if readers.locked(error):
                 if time.monotonic() < deadline:
-                    time.sleep(LOCK_POLL_S)
+                    await asyncio.sleep(LOCK_POLL_S)
                     continue
                 raise readers.Locked(
                     f"the {what} {shown(where)} is locked by another process (held over "
@@ -85,26 +89,43 @@ def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
             raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
 
 
-def read_queue(con: Reader, now_ms: int) -> dict[str, Any]:
+def reading(where: Target, table: str, what: str, make: w.Make) -> Reading:
+    """One read-only session on ``where`` running the read plan ``make()``: a file through
+    aiosqlite, without waiting on a lock; a URL in a thread (``readers.read_only``)."""
+    if is_url(where):
+
+        def read() -> Any:
+            with readers.read_only(where, table, what, busy_s=0) as con:
+                return reads.run(con, make())
+
+        return partial(asyncio.to_thread, read)
+
+    async def aread() -> Any:
+        async with readers.aread_only(where, table, what, busy_s=0) as con:
+            result, _ = await steps(con, make(), None)
+            return result
+
+    return aread
+
+
+def read_queue(now_ms: int) -> w.Plan[dict[str, Any]]:
     redrives = [
         dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
-        for row in con.execute(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,))
+        for row in (yield from fetch(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,)))
     ]
-    return {
-        "stats": ops.stats(con, now_ms),
-        "redrives": redrives,
-        "leases": inspect.leases(con, now_ms),
-    }
+    stats, _ = yield from queries.plan_stats(now_ms)
+    leases, _ = yield from inspect.leases(now_ms)
+    return {"stats": stats, "redrives": redrives, "leases": leases}, False
 
 
-def read_inbox(con: Reader) -> dict[str, int]:
-    rows, deliveries, stock = con.execute(SQL_INBOX).fetchone()
+def read_inbox() -> w.Plan[dict[str, int]]:
+    ((rows, deliveries, stock),) = yield from fetch(SQL_INBOX)
     return {
         "effects_applied": rows,
         "deliveries": deliveries,
         "duplicates": deliveries - rows,
         "stock": stock,
-    }
+    }, False
 
 
 def audit_state(audited: ops.Audit, now_ms: int) -> dict[str, Any]:
@@ -116,16 +137,6 @@ def audit_state(audited: ops.Audit, now_ms: int) -> dict[str, Any]:
         "attention": audited.listed["attention"],
         "violating": audited.listed["violations"],
     }
-
-
-def reading(where: Target, table: str, what: str, reader: Callable[[Reader], Any]) -> Reading:
-    """One read-only session on ``where`` (a file, without waiting on a lock, or a URL)."""
-
-    def read() -> Any:
-        with readers.read_only(where, table, what, busy_s=0) as con:
-            return reader(con)
-
-    return read
 
 
 @dataclass
@@ -140,14 +151,12 @@ class Watcher:
     hour_due: float = 0.0
     took: float = 0.0  # seconds the last sample spent reading (lock waits excluded)
 
-    def sample(self) -> None:
+    async def sample(self) -> None:
         """Read everything once; ``ValueError`` (``readers.Locked`` for a lock) if a DB cannot be
         read, and then the last state stays."""
         now = w.epoch_ms()
-        queue, took = attempt(
-            "queue",
-            self.queue,
-            reading(self.queue, "jobs", "queue", partial(read_queue, now_ms=now)),
+        queue, took = await attempt(
+            "queue", self.queue, reading(self.queue, "jobs", "queue", partial(read_queue, now))
         )
         state = {
             "queue": shown(self.queue),
@@ -161,37 +170,34 @@ class Watcher:
         }
         if self.sink_db is not None:
             read = reading(self.sink_db, "inbox", "sink DB", read_inbox)
-            state["inbox"], inbox_s = attempt("sink DB", self.sink_db, read)
+            state["inbox"], inbox_s = await attempt("sink DB", self.sink_db, read)
             took += inbox_s
             if time.monotonic() >= self.audit_due:
-                audited, audit_s = attempt("queue and sink DB", self.queue, self.audit(now))
+                audited, audit_s = await attempt("queue and sink DB", self.queue, self.audit(now))
                 state["audit"] = audit_state(audited, now)
                 self.audit_due = time.monotonic() + min(10 * audit_s, MAX_AUDIT_GAP_S)
         if time.monotonic() >= self.hour_due:
-            read = reading(
-                self.queue, "jobs", "queue", partial(inspect.done_per_minute, now_ms=now)
-            )
-            state["hour"], hour_s = attempt("queue", self.queue, read)
+            read = reading(self.queue, "jobs", "queue", partial(inspect.done_per_minute, now))
+            state["hour"], hour_s = await attempt("queue", self.queue, read)
             self.hour_due = time.monotonic() + min(max(SAMPLE_S, 10 * hour_s), MAX_AUDIT_GAP_S)
         state["throughput"] = self.throughput(now, state["stats"]["by_status"]["done"])
         self.state, self.took = state, took
 
-    def look_up(self, job_id: str) -> dict[str, Any] | None:
+    async def look_up(self, job_id: str) -> dict[str, Any] | None:
         """One job's story: its row, redrives and trace id from the queue and, with a sink
         DB, its inbox record and the audit's verdict; ``None`` when neither DB knows it.
         ``ValueError`` for an id that is not one or a DB that cannot be read."""
         inspect.check_job_id(job_id)
         now = w.epoch_ms()
+        on_sqlite = not is_url(self.queue)
         read = reading(
-            self.queue, "jobs", "queue", partial(inspect.job_story, job_id=job_id, now_ms=now)
+            self.queue, "jobs", "queue", partial(inspect.job_story, job_id, now, on_sqlite)
         )
-        story, _ = attempt("queue", self.queue, read)
+        story, _ = await attempt("queue", self.queue, read)
         inbox = None
         if self.sink_db is not None:
-            read = reading(
-                self.sink_db, "inbox", "sink DB", partial(inspect.inbox_record, job_id=job_id)
-            )
-            inbox, _ = attempt("sink DB", self.sink_db, read)
+            read = reading(self.sink_db, "inbox", "sink DB", partial(inspect.inbox_record, job_id))
+            inbox, _ = await attempt("sink DB", self.sink_db, read)
         if story is None and inbox is None:
             return None
         job = story and story["job"]
@@ -207,9 +213,24 @@ class Watcher:
         }
 
     def audit(self, now_ms: int) -> Reading:
-        assert self.sink_db is not None
-        sink_db = self.sink_db
-        return lambda: ops.audit(self.queue, sink_db, now_ms, limit=AUDIT_LISTED, busy_s=0)
+        """The audit: on files through aiosqlite, the sink DB attached to the queue's
+        connection; with a URL on either side, ``ops.audit`` (local copies) in a thread."""
+        queue, sink_db = self.queue, self.sink_db
+        assert sink_db is not None
+        if is_url(queue) or is_url(sink_db):
+            audit = partial(ops.audit, queue, sink_db, now_ms, limit=AUDIT_LISTED, busy_s=0)
+            return partial(asyncio.to_thread, audit)
+
+        async def aread() -> ops.Audit:
+            async with (
+                readers.aread_only(sink_db, "inbox", "sink DB", busy_s=0),
+                readers.aread_only(queue, "jobs", busy_s=0) as con,
+            ):
+                plan = queries.plan_audit(Path(sink_db), now_ms, None, AUDIT_LISTED)
+                audited, _ = await steps(con, plan, None)
+                return audited
+
+        return aread
 
     def throughput(self, now_ms: int, done: int) -> dict[str, Any]:
         """Done jobs per second over the last minute (``None`` until two samples)."""
@@ -242,7 +263,7 @@ class Watcher:
         while True:
             await asyncio.sleep(self.pause())
             try:
-                await asyncio.to_thread(self.sample)
+                await self.sample()
             except ValueError as error:
                 self.state = {**self.state, "error": str(error), "at_ms": w.epoch_ms()}
                 self.took = 0.0

@@ -25,7 +25,10 @@ import sqlite3
 import stat
 from pathlib import Path
 
-__all__ = ["holds"]
+from asnackq.core import worker as w
+from asnackq.store import reads
+
+__all__ = ["empty", "existing", "holds", "judged", "plan_columns", "present", "unreadable", "uris"]
 
 HEADER = b"SQLite format 3\x00"
 SQL_OBJECTS = (
@@ -41,23 +44,31 @@ def tables(schema: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     try:
         for statement in schema:
             con.execute(statement)
-        return columns(con)
+        return reads.run(con, plan_columns())
     finally:
         con.close()
 
 
-def columns(con: sqlite3.Connection) -> dict[str, tuple[str, ...]]:
-    names = [name for (name,) in con.execute(SQL_OBJECTS)]
-    return {
-        name: tuple(row[1] for row in con.execute("SELECT * FROM pragma_table_info(?)", (name,)))
-        for name in names
-    }
+def plan_columns() -> w.Plan[dict[str, tuple[str, ...]]]:
+    """The tables (and views) of a database, each with its column names: a read plan."""
+    found = {}
+    for (name,) in (yield from reads.fetch(SQL_OBJECTS)):
+        rows = yield from reads.fetch("SELECT * FROM pragma_table_info(?)", (name,))
+        found[name] = tuple(row[1] for row in rows)
+    return found, False
 
 
 def holds(path: str | os.PathLike[str], schema: tuple[str, ...]) -> bool:
     """True if ``path`` already holds ``schema``'s tables, False if it is absent or an empty
     database (where they may be created); ``ValueError`` (one line) for anything else."""
     path = Path(path)
+    if not present(path) or empty(path):
+        return False
+    return judged(path, schema, existing(path))
+
+
+def present(path: Path) -> bool:
+    """Whether a file is at ``path`` (``ValueError`` for anything but a regular file)."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -67,7 +78,25 @@ def holds(path: str | os.PathLike[str], schema: tuple[str, ...]) -> bool:
     if not stat.S_ISREG(mode):
         kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise ValueError(f"{path} is {kind}, not a database file")
-    found = existing(path)
+    return True
+
+
+def empty(path: Path) -> bool:
+    """Whether the file has zero bytes (SQLite's empty database); ``ValueError`` if it is
+    not a SQLite file."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(len(HEADER))
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    if header and header != HEADER:
+        raise ValueError(f"{path} is not a SQLite database: refusing to write to it")
+    return not header
+
+
+def judged(path: Path, schema: tuple[str, ...], found: dict[str, tuple[str, ...]]) -> bool:
+    """Whether ``found`` (the file's tables) are ``schema``'s: True; False for none at all;
+    ``ValueError`` for another database's."""
     wanted = tables(schema)
     if not found:
         return False
@@ -89,35 +118,30 @@ def holds(path: str | os.PathLike[str], schema: tuple[str, ...]) -> bool:
     return True
 
 
+def uris(path: Path) -> tuple[str, str]:
+    """How the tables are read: read-only; then, if a writer died mid-transaction (a reader
+    cannot see past its journal), as a writer, which rolls it back first - as the next
+    opener of any SQLite file must."""
+    return f"{path.resolve().as_uri()}?mode=ro", path.resolve().as_uri()
+
+
+def unreadable(path: Path, error: sqlite3.DatabaseError, first: bool) -> None:
+    """``ValueError`` for a failed read of the tables, unless the next URI may succeed."""
+    rollback = isinstance(error, sqlite3.OperationalError) and (
+        error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK"
+    )
+    if not (first and rollback):
+        raise ValueError(f"cannot read {path} now: {error}") from None
+
+
 def existing(path: Path) -> dict[str, tuple[str, ...]]:
-    """The tables (and views) in the SQLite file ``path``, read-only."""
-    try:
-        with open(path, "rb") as file:
-            header = file.read(len(HEADER))
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror}") from None
-    if not header:
-        return {}  # zero bytes: SQLite's empty database
-    if header != HEADER:
-        raise ValueError(f"{path} is not a SQLite database: refusing to write to it")
-    try:
-        return read_tables(f"{path.resolve().as_uri()}?mode=ro")
-    except sqlite3.OperationalError as error:
-        if error.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
-            raise ValueError(f"cannot read {path} now: {error}") from None
-    except sqlite3.DatabaseError as error:
-        raise ValueError(f"cannot read {path} now: {error}") from None
-    # A writer died mid-transaction: a reader cannot see past its journal.  Reading as a
-    # writer rolls it back first, as the next opener of any SQLite file must.
-    try:
-        return read_tables(path.resolve().as_uri())
-    except sqlite3.DatabaseError as error:
-        raise ValueError(f"cannot read {path} now: {error}") from None
-
-
-def read_tables(uri: str) -> dict[str, tuple[str, ...]]:
-    con = sqlite3.connect(uri, uri=True, timeout=5)
-    try:
-        return columns(con)
-    finally:
-        con.close()
+    """The tables (and views) in the SQLite file ``path``."""
+    for n, uri in enumerate(uris(path)):
+        con = sqlite3.connect(uri, uri=True, timeout=5)
+        try:
+            return reads.run(con, plan_columns())
+        except sqlite3.DatabaseError as error:
+            unreadable(path, error, first=n == 0)
+        finally:
+            con.close()
+    raise AssertionError("unreachable")  # (the second URI's failure raised)

@@ -4,13 +4,15 @@ opens a queue file (aiosqlite: ``asnackq.store.sqlite_aio``) or a ``postgresql:/
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+import sqlite3
+from pathlib import Path
 from typing import Any, Protocol
+
+import aiosqlite
 
 from asnackq.core import worker as w
 from asnackq.store import files
-from asnackq.store.sqlite_aio import SqliteStore, call_fault
+from asnackq.store.sqlite_aio import SqliteStore, call_fault, steps
 from asnackq.store.targets import is_url
 
 __all__ = ["Store", "open_store"]
@@ -22,7 +24,7 @@ class Store(Protocol):
     @property
     def in_transaction(self) -> bool: ...
 
-    async def run(self, make: Callable[[], w.Plan[Any]], fault: w.Fault = None) -> Any:
+    async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan in one transaction; ``make()`` again if it must be retried."""
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]: ...
@@ -46,5 +48,19 @@ async def open_store(
         from asnackq.store import pg_session
 
         return await pg_session.AsyncStore.open(target, schema, attempts, call_fault, resolve_s)
-    await asyncio.to_thread(files.holds, target, schema)  # never another application's file
+    await holds(Path(target), schema)  # never another application's file
     return await SqliteStore.open(target, schema, busy_s, attempts, pragmas, closing)
+
+
+async def holds(path: Path, schema: tuple[str, ...]) -> bool:
+    """``files.holds``, its tables read through aiosqlite."""
+    if not files.present(path) or files.empty(path):
+        return False
+    for n, uri in enumerate(files.uris(path)):
+        try:
+            async with aiosqlite.connect(uri, uri=True, timeout=5) as con:
+                found, _ = await steps(con, files.plan_columns(), None)
+            return files.judged(path, schema, found)
+        except sqlite3.DatabaseError as error:
+            files.unreadable(path, error, first=n == 0)
+    raise AssertionError("unreachable")  # (the second URI's failure raised)

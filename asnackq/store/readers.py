@@ -3,6 +3,10 @@
 A file is opened through a SQLite URI with ``mode=ro``: inspecting never creates a file,
 takes a write lock or changes a byte; a ``postgresql://`` URL is read in read-only
 transactions (``sessions.pg_read_only``).
+
+Reads are plans (``asnackq.store.reads``): the sync commands run them on these readers;
+async code opens a file with ``aread_only`` (aiosqlite, its own thread) and runs them with
+``sqlite_aio.steps`` - one set of queries for both.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA
@@ -19,7 +24,12 @@ from asnackq.store import sessions
 from asnackq.store.sessions import Reader
 from asnackq.store.targets import Target, is_url
 
-__all__ = ["Locked", "hint", "local_copies", "locked", "read_only"]
+if TYPE_CHECKING:
+    import aiosqlite
+
+__all__ = ["Locked", "aread_only", "hint", "local_copies", "locked", "read_only"]
+
+SQL_HAS_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
 
 def hint(error: sqlite3.Error) -> str:
@@ -61,22 +71,49 @@ def read_only(
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_s)
-    kind = what.removesuffix(" DB")  # "sink DB" -> "is not a sink DB"
     try:
         try:
-            found = con.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-            ).fetchone()
-        except sqlite3.OperationalError as error:
-            why = Locked if locked(error) else ValueError
-            raise why(f"cannot read {path} now: {error}{hint(error)}") from None
+            found = con.execute(SQL_HAS_TABLE, (table,)).fetchone()
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"{path} is not a {kind} DB: {error}") from None
+            raise unreadable(path, what, error) from None
         if found is None:
-            raise ValueError(f"{path} is not a {kind} DB (no {table} table)")
+            raise not_holding(path, what, table)
         yield con
     finally:
         con.close()
+
+
+@contextlib.asynccontextmanager
+async def aread_only(
+    path: str | Path, table: str, what: str = "queue", busy_s: float = 5.0
+) -> AsyncIterator[aiosqlite.Connection]:
+    """``read_only`` for a file in async code: an aiosqlite connection (``mode=ro``)."""
+    import aiosqlite  # (not on the command line's path: ``asnackq --help`` stays light)
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no {what} at {path}")
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    async with aiosqlite.connect(uri, uri=True, timeout=busy_s) as con:
+        try:
+            found = await con.execute_fetchall(SQL_HAS_TABLE, (table,))
+        except sqlite3.DatabaseError as error:
+            raise unreadable(path, what, error) from None
+        if not found:
+            raise not_holding(path, what, table)
+        yield con
+
+
+def unreadable(path: Path, what: str, error: sqlite3.DatabaseError) -> ValueError:
+    """The one line for a file that could not be read: ``Locked`` for a writer's lock."""
+    if isinstance(error, sqlite3.OperationalError):
+        why = Locked if locked(error) else ValueError
+        return why(f"cannot read {path} now: {error}{hint(error)}")
+    return ValueError(f"{path} is not a {what.removesuffix(' DB')} DB: {error}")
+
+
+def not_holding(path: Path, what: str, table: str) -> ValueError:
+    return ValueError(f"{path} is not a {what.removesuffix(' DB')} DB (no {table} table)")
 
 
 @contextlib.contextmanager
