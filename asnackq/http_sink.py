@@ -58,7 +58,7 @@ from asnackq.core.worker import (
 )
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
-from asnackq.sink.inbox import LOG, Inbox, SinkUnavailable, open_sink_db
+from asnackq.sink.inbox import LOG, InboxWriter, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
 from asnackq.wire import logs, strict_json
@@ -116,7 +116,7 @@ class SinkConfig:
 
 
 CONFIG = web.AppKey("config", SinkConfig)
-INBOX = web.AppKey("inbox", Inbox)
+INBOX = web.AppKey("inbox", InboxWriter)
 STATS = web.AppKey("stats", dict[str, int])
 CAPACITY = web.AppKey("capacity", Capacity)
 # The connections with a request in a handler (and not waiting for its body).
@@ -382,7 +382,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 async def inbox_context(app: web.Application) -> AsyncIterator[None]:
     """Open the DB and start the writer; at cleanup, finish the last batch and close."""
     db = await open_sink_db(app[CONFIG].db)
-    inbox = Inbox(db, app[CONFIG].batch_max)
+    inbox = InboxWriter(db, app[CONFIG].batch_max)
     app[INBOX] = inbox
     writer = asyncio.create_task(inbox.run())
     try:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from asnackq.core.worker import Permanent, Retryable
 from asnackq.http_sink import CONFIG, INBOX
 from asnackq.lab.procs import command, start_sink, stop
-from asnackq.sink.inbox import Inbox, open_sink_db
+from asnackq.sink.inbox import InboxWriter, open_sink_db
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .sinks import sink, sink_state
@@ -218,7 +218,7 @@ async def test_64_concurrent_senders_200_ids_with_repeats(sink_db):
 async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
     db = await open_sink_db(sink_db)
     try:
-        inbox = Inbox(db, batch_max=100)
+        inbox = InboxWriter(db, batch_max=100)
         pending = [
             asyncio.ensure_future(inbox.submit(i, q, None))
             for i, q in [("a", 1), ("a", 1), ("a", 2), ("b", 3)]

@@ -19,8 +19,8 @@ from asnackq.wire.tls import tls_context
 
 __all__ = [
     "DELAY_MS",
+    "PROBABILITY",
     "QUEUE_HELP",
-    "RATE",
     "TIMEOUT",
     "Command",
     "Commands",
@@ -118,7 +118,7 @@ def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[
     return parse
 
 
-RATE = within(float, *faults.RATE)  # a sink's fault rate
+PROBABILITY = within(float, *faults.PROBABILITY)  # a sink's fault rate (a probability)
 DELAY_MS = within(int, *faults.DELAY_MS)  # a sink's delay before each answer
 TIMEOUT = within(float, 0.001, 600)  # a sender's timeout_s
 MAX_INFLIGHT = within(int, *capacity.MAX_INFLIGHT)  # a sink's events in a handler at once

@@ -13,7 +13,7 @@ from rich.console import Console
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    RATE,
+    PROBABILITY,
     SINK_RATE,
     TIMEOUT,
     Commands,
@@ -54,8 +54,8 @@ def add_lab(commands: Commands) -> None:
         default=64,
         help="each worker's sends in flight (default 64), or 'auto' (see work --concurrency)",
     )
-    lab.add_argument("--fail-rate", type=RATE, default=0.0)
-    lab.add_argument("--drop-rate", type=RATE, default=0.0)
+    lab.add_argument("--fail-rate", type=PROBABILITY, default=0.0)
+    lab.add_argument("--drop-rate", type=PROBABILITY, default=0.0)
     lab.add_argument("--delay-ms", type=DELAY_MS, default=0, help="the sink's delay per event")
     lab.add_argument(
         "--sink-max-inflight",

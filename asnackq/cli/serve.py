@@ -15,7 +15,7 @@ from typing import cast
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    RATE,
+    PROBABILITY,
     SINK_RATE,
     TIMEOUT,
     Commands,
@@ -61,10 +61,12 @@ def add_sink(commands: Commands) -> None:
         help="require 'Authorization: Bearer TOKEN' on every route "
         "(1-256 visible ASCII characters)",
     )
-    sink.add_argument("--fail-rate", type=RATE, default=0.0, help="answer 503 before any change")
+    sink.add_argument(
+        "--fail-rate", type=PROBABILITY, default=0.0, help="answer 503 before any change"
+    )
     sink.add_argument(
         "--drop-rate",
-        type=RATE,
+        type=PROBABILITY,
         default=0.0,
         help="commit, then close the connection without an answer",
     )

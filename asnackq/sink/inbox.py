@@ -33,7 +33,7 @@ from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import HEALTH_FIELDS, Health
 from asnackq.store.targets import one_line
 
-__all__ = ["LOG", "Inbox", "SinkUnavailable", "open_sink_db"]
+__all__ = ["LOG", "InboxWriter", "SinkUnavailable", "open_sink_db"]
 
 LOG = logging.getLogger("asnackq.sink")  # the sink's log: one line each (``sink_server``)
 
@@ -61,7 +61,7 @@ async def open_sink_db(path: Path | str) -> Store:
     )
 
 
-class Inbox:
+class InboxWriter:
     """The single writer: batches waiting deliveries into one transaction each."""
 
     def __init__(self, db: Store, batch_max: int) -> None:
