@@ -42,7 +42,7 @@ import random
 import re
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -61,7 +61,7 @@ from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import job_traces
 from asnackq.store.opening import Store, open_store
-from asnackq.store.outage import Health
+from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
 from asnackq.store.targets import is_url
 from asnackq.wire.send import AsyncSend
@@ -740,14 +740,16 @@ class Dispatcher:
         """
         if max_jobs is not None:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
+        queue = self.queue
         if self.rate is not None:  # the queue's row: this rate for every worker
-            await self.queue.limit_rate(self.rate)
+            await outlasting(partial(queue.limit_rate, self.rate))
         else:  # the queue's, if it has one (looked for again as the run goes on)
-            self.settings.shared.rate = await self.queue.shared_rate()
+            self.settings.shared.rate = await outlasting(queue.shared_rate)
         self._gate = Gate(self.settings.concurrency) if self.adaptive else None
-        committer = Committer(self.queue, self.settings, max_jobs, self.breaker, self._gate)
+        committer = Committer(queue, self.settings, max_jobs, self.breaker, self._gate)
         if self.settings.rate is not None:
-            await committer.slots.probe(self.queue, asyncio.get_running_loop().time)
+            clock = asyncio.get_running_loop().time
+            await outlasting(partial(committer.slots.probe, queue, clock))
         self.summary, self._breaker, self._clock = (
             committer.summary,
             committer.breaker,
@@ -786,6 +788,18 @@ class Dispatcher:
         if self._gate is not None:
             self.summary.concurrency = self._gate.limit
             self.summary.concurrency_cuts = self._gate.cuts
+
+
+async def outlasting(call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, again after each ``StoreUnavailable`` (its transaction committed
+    nothing, or an idempotent write: the store reconnects meanwhile), as the committer's
+    loop waits out an outage: a run starting while its database is away starts when it
+    is back."""
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable as error:
+            await asyncio.sleep(max(error.retry_in_s, 0.01))
 
 
 def default_owner() -> str:

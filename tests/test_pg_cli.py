@@ -103,3 +103,55 @@ def test_a_url_without_a_queue_a_server_down_and_a_refused_login_are_one_line(ur
             stderr = run(seen, command, target, code=1).stderr
             assert stderr.count("\n") == 1 and why in stderr, stderr
             assert stderr.startswith(f"asnackq {command}: cannot connect to postgresql://")
+
+
+@pytest.mark.parametrize("every_s", [0.01, 0.05])
+def test_work_rides_out_sessions_terminated_from_its_first_moment(pg_db, tmp_path, every_s):
+    """Every session of the queue's database is terminated every ``every_s`` from the moment
+    ``asnackq work`` starts, for 1.5 s: through its first checks, its queue's opening and
+    its first cycles.  It exits 0 with every job done once, and never says it lost the
+    session as if that were the end of it."""
+    import subprocess
+    import threading
+    import time
+
+    import psycopg
+
+    from asnackq.lab import procs
+
+    url = pg_db()
+    assert asnackq("init", url).returncode == 0
+    jobs = lines(*({"id": f"j{i}", "qty": 1} for i in range(30)))
+    assert asnackq("enqueue", url, "-", stdin=jobs, timeout=120).returncode == 0
+    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    stop, killed = threading.Event(), []
+
+    def terminate() -> None:
+        with psycopg.connect(url, autocommit=True) as con:
+            ends = time.monotonic() + 1.5
+            while time.monotonic() < ends and not stop.is_set():
+                ((n,),) = con.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (database,),
+                ).fetchall()
+                killed.append(n)
+                stop.wait(every_s)
+
+    with sink_process(tmp_path / "sink.db") as sink:
+        work = subprocess.Popen(
+            procs.command("work", url, "--sink", sink, "--until-empty"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        killer = threading.Thread(target=terminate)
+        killer.start()
+        try:
+            _, err = work.communicate(timeout=120)
+        finally:
+            stop.set()
+            killer.join()
+    assert work.returncode == 0, err
+    assert sum(killed) >= 1  # (sessions were there to terminate)
+    assert query(url, "SELECT status, count(*) FROM jobs GROUP BY 1") == [("done", 30)]

@@ -48,6 +48,7 @@ __all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "AsyncStore", "BorrowedStore"]
 
 RESOLVE_S = 300.0  # how long a lost COMMIT's outcome is sought before CommitUnknown
 RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
+OPEN_WAIT_S = 30.0  # how long a store's first session is sought
 
 
 class AsyncStore:
@@ -82,7 +83,19 @@ class AsyncStore:
     async def open(
         cls, url: str, schema: tuple[str, ...], attempts: int, call: Hooks, resolve_s: float
     ) -> AsyncStore:
-        return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
+        """A store on its first session.  A session that ends while it opens (a killed
+        backend, a restart: an ``OperationalError`` once connected) is opened again, as a
+        lost session is, for ``OPEN_WAIT_S`` at most; a server that cannot be reached
+        (``Unreachable``) or any other error is the caller's at once."""
+        health, gives_up = Health(), time.monotonic() + OPEN_WAIT_S
+        while True:
+            try:
+                return cls(url, schema, await aconnect(url, schema), attempts, call, resolve_s)
+            except psycopg.OperationalError:
+                wait = health.failed()
+                if time.monotonic() + wait > gives_up:
+                    raise
+            await asyncio.sleep(wait)
 
     async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         plan = make()

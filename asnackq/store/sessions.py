@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from asnackq.core import worker as w
 from asnackq.store import files
+from asnackq.store.outage import Health
 from asnackq.store.pg_sql import Missing
 from asnackq.store.targets import Target, is_url, shown
 
@@ -103,9 +105,23 @@ class PgDatabase:
 
 
 def _pg(where: str, schema: tuple[str, ...], *, create: bool, read_only: bool = False) -> Any:
+    """A session with ``schema`` checked (or created).  One that ends while it opens (a
+    killed backend, a restart: an ``OperationalError`` once connected; its plan is made
+    again, ``CREATE ... IF NOT EXISTS``) is opened again, for ``RETURN_WAIT_S`` at most;
+    a server that cannot be reached is the caller's at once (``Unreachable``)."""
+    import psycopg
+
     from asnackq.store import pg
 
-    return pg.connect(where, schema, create=create, read_only=read_only)
+    health, gives_up = Health(), time.monotonic() + RETURN_WAIT_S
+    while True:
+        try:
+            return pg.connect(where, schema, create=create, read_only=read_only)
+        except psycopg.OperationalError:
+            wait = health.failed()
+            if time.monotonic() + wait > gives_up:
+                raise
+        time.sleep(wait)
 
 
 @contextlib.contextmanager
