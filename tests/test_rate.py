@@ -28,7 +28,7 @@ from asnackq.store import opening, pg_session
 from asnackq.store.sqlite_aio import HOPS
 from asnackq.wire.send import AsyncHttpSender
 
-from .conftest import T0
+from .conftest import T0, rows
 from .pgdb import tracing
 from .sinks import peer, serving
 from .test_aio_hops import awaits, counting_queue, results
@@ -532,3 +532,45 @@ async def test_a_worker_started_before_any_rate_keeps_to_the_rate_set_later(db, 
     assert summary.done == 60
     judged = pace(arrivals, 20.0, skip_s=0.0)
     assert time.monotonic() - began > 2.0 and judged.max_window <= 20 + 4 + 2, judged
+
+
+@pytest.mark.parametrize("per_s", [1.0, 0.05])
+async def test_a_slow_rate_with_the_receiver_away_waits_for_its_permits_and_stops_when_asked(
+    db, per_s
+):
+    """Under a shared rate of 1/s (or 0.05/s) a receiver that is away makes every held ticket
+    ask for a new slot, which the rate grants seconds later: the committer asks again when a
+    permit can be granted, not in a loop (a few transactions a second, not thousands), and a
+    cancelled run stops within its grace, its waiting tickets left leased."""
+    port = socket_port()
+    async with (
+        AsyncQueue.open(db) as queue,
+        AsyncHttpSender(f"http://127.0.0.1:{port}/events", timeout_s=1) as send,
+    ):
+        for i in range(10):
+            await queue.enqueue({"id": f"j{i}", "qty": 1})
+        dispatcher = Dispatcher(
+            queue, send, owner="w", concurrency=4, rate=per_s, grace_s=1.0, lease_ms=5000
+        )
+        loop = asyncio.get_running_loop()
+        running = asyncio.ensure_future(dispatcher.run(follow=True))
+        await asyncio.sleep(3)
+        began = loop.time()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(running, 30)
+        stopped_s = loop.time() - began
+    summary = dispatcher.summary
+    assert summary.done == 0 and summary.requests >= 1
+    assert summary.commits < 200, summary.commits  # (a loop made thousands in 3 s)
+    assert stopped_s < 20  # the grace, and the last commit
+    assert {r[3] for r in rows(db) if len(r) > 3} <= {"pending", "leased"}
+
+
+def socket_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

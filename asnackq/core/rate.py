@@ -133,13 +133,15 @@ class Paced(NamedTuple):
     """A paced cycle's result: the core's cycle, the wait before each send (in microseconds
     after the database's clock reading ``now_us``): first the ``again`` held tickets that
     got a new slot, then the claimed tickets in order; and whether the permits, not the
-    jobs, cut the claims short (more may be claimable soon)."""
+    jobs, cut the claims short (more may be claimable soon), and then when the next permit
+    may be granted: asking earlier only reads the row again."""
 
     cycle: w.Cycle
     waits_us: list[int]
     now_us: int
     short: bool
     again: int = 0
+    retry_us: int = 0  # short: how long after ``now_us`` a permit may be granted again
 
 
 def grant(row: tuple[Any, ...], wanted: int, lead_us: int = 0) -> Grant:
@@ -265,4 +267,8 @@ def _paced(
             raise RuntimeError(f"the rate row {rate.key!r} was not written once: {spent}")
     waits = [max(0, slot - permits.now_us) for slot in slots]
     short = used == permits.permits < wanted
-    return Paced(cycle, waits, permits.now_us, short, again), changed or bool(again)
+    # The next slot is free from ``tat`` on; ``grant`` hands it out once it falls within
+    # its lead and horizon of the clock.
+    tat = permits.start_us + used * permits.interval_us
+    retry_us = max(0, tat - lead_us - HORIZON_US - permits.now_us) if short else 0
+    return Paced(cycle, waits, permits.now_us, short, again, retry_us), changed or bool(again)

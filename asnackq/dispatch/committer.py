@@ -104,6 +104,7 @@ class Committer:
         self.gathering = False  # results are let gather (no kick per result)
         self.closing_at = math.inf  # the event loop's time when the run began to close
         self.rate_short = False  # the shared rate's permits cut the last claim short
+        self.permits_at = 0.0  # (the event loop's clock) no permit is granted before then
         self.slots = Slots()  # where the shared rate's slots fall on the event loop's clock
         self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
         self.rate_check_at = self.loop_time() + RATE_CHECK_S  # (a run's start looked already)
@@ -230,16 +231,21 @@ class Committer:
             await self._look_for_rate()
         self.kick.clear()
         now = self.run_clock()
-        want = self._want()
+        self._prune_slot_waiters()
+        permits_ms = math.ceil(max(0.0, self.permits_at - self.loop_time()) * 1000)
+        want = Want(0, 0) if permits_ms else self._want()  # (no permit before permits_at)
+        asking = bool(self.slot_waiters) and not permits_ms
         due, wake_ms, pressing = self._due(now)
-        if self.returned or due or self.pacer.claims(want) or self.slot_waiters:
+        if permits_ms:
+            wake_ms = permits_ms if wake_ms is None else min(wake_ms, permits_ms)
+        if self.returned or due or self.pacer.claims(want) or asking:
             waiting = bool(self.waiters) and self.settings.rate is None  # (paced: see Settings)
             urgent = bool(due or pressing or waiting) or self.phase is not Phase.CLAIMING
             pause = self.pacer.pause(urgent, wake_ms)
             if pause > 0:
                 await self._gather(pause)
                 return
-            await self._cycle(now, due, want)
+            await self._cycle(now, due, want, asking)
         elif self.phase is Phase.CLOSING:
             self.phase = Phase.CLOSED
         elif (
@@ -264,6 +270,14 @@ class Committer:
             while self.slot_waiters:
                 if not (waiter := self.slot_waiters.popleft()).done():
                     waiter.set_result(self.loop_time())
+
+    def _prune_slot_waiters(self) -> None:
+        """Forget the waiters for a new slot that were cancelled; a closing run grants none
+        (every coroutine is done: a waiter left is one that was cancelled)."""
+        for waiter in [waiter for waiter in self.slot_waiters if waiter.done()]:
+            self.slot_waiters.remove(waiter)
+        while self.phase is Phase.CLOSING and self.slot_waiters:
+            self.slot_waiters.popleft().set_result(None)
 
     def _due(self, now: int) -> Due:
         """The held leases to extend now (see ``Ledger.due``)."""
@@ -312,7 +326,7 @@ class Committer:
             return Want(int(not self.ledger and bool(self.waiters)), 0)  # (closing, it kicks us)
         return self.pacer.want(len(self.waiters), len(self.ready), self.budget)
 
-    async def _cycle(self, now: int, due: list[w.Ticket], want: Want) -> None:
+    async def _cycle(self, now: int, due: list[w.Ticket], want: Want, asking: bool) -> None:
         """One transaction: settle what came back, keep what is held, claim ``want``."""
         sent, self.returned = self.returned, []
         finishes = self._finishes(sent)
@@ -320,7 +334,7 @@ class Committer:
         self.cycling = True
         try:
             (statuses, extended, tickets, ended), slots = await self._transact(
-                finishes, due, now, want
+                finishes, due, now, want, asking
             )
             if self.settings.spans is not None:  # (before any ticket is handed out)
                 finished = [finish.ticket for finish in finishes]
@@ -346,20 +360,23 @@ class Committer:
             self._release_waiters()  # nothing more will be claimed for them
 
     async def _transact(
-        self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want
+        self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want, asking: bool
     ) -> tuple[w.Cycle, list[float]]:
-        """The cycle's transaction; under a shared rate its claims take permits, and each
-        ticket gets its send slot on the event loop's clock (``asnackq.core.rate``)."""
+        """The cycle's transaction; under a shared rate its claims (and, ``asking``, the
+        held tickets waiting for a new slot) take permits, and each ticket gets its send
+        slot on the event loop's clock (``asnackq.core.rate``).  Permits cut short are
+        not asked for again before the rate can grant one (``permits_at``)."""
         claim = (self.settings.owner, now, self.settings.lease_ms, *want)
         rate = self.settings.rate
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim), []
         began, lead = self.loop_time(), self.slots.lead_us()
-        waiting = [waiter for waiter in self.slot_waiters if not waiter.done()]
+        waiting = [waiter for waiter in self.slot_waiters if not waiter.done()] if asking else []
         paced = await self.queue.paced_cycle(
             rate, finishes, due, *claim, again=len(waiting), lead_us=lead
         )
         self.rate_short = paced.short
+        self.permits_at = self.loop_time() + paced.retry_us / 1e6 if paced.short else 0.0
         placed = self.slots.place(paced, began, self.loop_time())
         for waiter, slot in zip(waiting, placed[: paced.again], strict=False):
             self.slot_waiters.remove(waiter)
