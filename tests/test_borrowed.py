@@ -203,3 +203,25 @@ async def test_other_connections_are_refused(tmp_path):
     path = tmp_path / "app.db"
     with contextlib.closing(sqlite3.connect(path)) as con, pytest.raises(ValueError, match="not"):
         await AsyncQueue.within(con)
+
+
+@pytest.mark.process
+async def test_two_queues_on_one_connection_never_undo_each_other_s_intakes(app):
+    """Two queues on one connection, their intakes started together in one transaction of
+    the application's, one of them failing (a ``Conflict``) at each round: the failing
+    intake rolls back its own savepoint only - every other intake's jobs commit with the
+    application's transaction."""
+    first, second = await AsyncQueue.within(app.con), await AsyncQueue.within(app.con)
+    await app.begin()
+    await first.enqueue({"id": "taken", "qty": 1})
+    for i in range(20):
+        batch = [{"id": f"a{i}-{n}", "qty": 1} for n in range(5)]
+        results = await asyncio.gather(
+            first.enqueue_many(batch),
+            second.enqueue({"id": "taken", "qty": 2}),
+            return_exceptions=True,
+        )
+        assert results[0] == [True] * 5 and isinstance(results[1], w.Conflict)
+    await app.commit()
+    ids = {row[0] for row in execute(app.target, "SELECT id FROM jobs")}
+    assert ids == {"taken"} | {f"a{i}-{n}" for i in range(20) for n in range(5)}

@@ -14,12 +14,18 @@ Rules of this module:
   they are the queue's own transactions, each committed at once).
 * The tables are created when the store is built, in a transaction of their own: the
   connection must have none open then.
+* One intake at a time on a connection, whichever queue or outbox runs it (``turn``: one
+  lock per connection), each under a savepoint of its own name: a failing intake rolls
+  back its own rows only, never another queue's on the same connection nor a savepoint
+  of the application's.  The application's own coroutines must not write on the
+  connection while an intake runs (as on any connection shared by coroutines: hold the
+  application's lock around its transaction).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import itertools
 import sqlite3
 from typing import Any
 
@@ -29,8 +35,16 @@ from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.store.outage import BUSY, NO_TRANSACTION
 from asnackq.store.sqlite_aio import adrive, steps
+from asnackq.store.turns import turn
 
-__all__ = ["BUSY", "NO_TRANSACTION", "BorrowedSqlite", "Source", "adopt", "check_journal"]
+__all__ = [
+    "BUSY",
+    "NO_TRANSACTION",
+    "BorrowedSqlite",
+    "Source",
+    "adopt",
+    "check_journal",
+]
 
 # What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
 JOURNAL = {"journal_mode": "delete", "synchronous": 2}
@@ -48,6 +62,9 @@ async def check_journal(db: aiosqlite.Connection) -> None:
             f"this connection has journal_mode={found['journal_mode']}, "
             f"synchronous={found['synchronous']}"
         )
+
+
+_savepoints = itertools.count(1)
 
 
 class BorrowedSqlite:
@@ -72,18 +89,20 @@ class BorrowedSqlite:
     async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan under a savepoint of the application's open transaction."""
         plan = make()
-        if not self.db.in_transaction:
-            raise ValueError(NO_TRANSACTION)
-        await self.db.execute_fetchall("SAVEPOINT asnackq")
-        try:
-            result, _ = await steps(self.db, plan, fault)
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error, ValueError):  # the original error wins
-                await self.db.execute_fetchall("ROLLBACK TO asnackq")
-                await self.db.execute_fetchall("RELEASE asnackq")
-            raise
-        await self.db.execute_fetchall("RELEASE asnackq")
-        return result
+        async with turn(self.db):
+            if not self.db.in_transaction:
+                raise ValueError(NO_TRANSACTION)
+            savepoint = f"asnackq_{next(_savepoints)}"
+            await self.db.execute_fetchall(f"SAVEPOINT {savepoint}")
+            try:
+                result, _ = await steps(self.db, plan, fault)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error, ValueError):  # the original error wins
+                    await self.db.execute_fetchall(f"ROLLBACK TO {savepoint}")
+                    await self.db.execute_fetchall(f"RELEASE {savepoint}")
+                raise
+            await self.db.execute_fetchall(f"RELEASE {savepoint}")
+            return result
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
@@ -116,7 +135,6 @@ class Source:
 
     def __init__(self, store: BorrowedSqlite) -> None:
         self.store = store
-        self.lock = asyncio.Lock()  # one savepoint at a time on the connection
 
     @classmethod
     async def within(cls, db: aiosqlite.Connection) -> Source:
@@ -126,5 +144,4 @@ class Source:
     async def accept(self, event: dict[str, Any]) -> bool:
         """``outbox.accept`` inside the open transaction: True accepted, False already there."""
         plan = outbox.plan_accept(event)  # validated before anything is sent
-        async with self.lock:
-            return bool(await self.store.run(lambda: plan))
+        return bool(await self.store.run(lambda: plan))  # (the connection's turn)

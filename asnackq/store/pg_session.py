@@ -43,6 +43,7 @@ from asnackq.store.pg import (
 )
 from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, translate
 from asnackq.store.targets import one_line, shown
+from asnackq.store.turns import turn
 
 __all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "AsyncStore", "BorrowedStore"]
 
@@ -219,18 +220,19 @@ class BorrowedStore:
 
     async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         plan = make()
-        if self.con.info.transaction_status != TransactionStatus.INTRANS:
-            raise ValueError(NO_TRANSACTION)
-        for attempt in range(self.attempts):
-            try:
-                async with self.con.transaction():  # a savepoint: the caller's stays open
-                    result, _ = await asteps(self.con, plan, fault, call_plain)
-                return result
-            except Exception as error:
-                if not conflict(error) or attempt == self.attempts - 1:
-                    raise
-                await asyncio.sleep(conflict_delay_s(attempt))
-                plan = make()
+        async with turn(self.con):  # (one intake at a time on the connection)
+            if self.con.info.transaction_status != TransactionStatus.INTRANS:
+                raise ValueError(NO_TRANSACTION)
+            for attempt in range(self.attempts):
+                try:
+                    async with self.con.transaction():  # a savepoint: the caller's stays open
+                        result, _ = await asteps(self.con, plan, fault, call_plain)
+                    return result
+                except Exception as error:
+                    if not conflict(error) or attempt == self.attempts - 1:
+                        raise
+                    await asyncio.sleep(conflict_delay_s(attempt))
+                    plan = make()
         raise AssertionError("unreachable")
 
     async def read(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
