@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from asnackq.lab.pg_server import LocalServer
 from asnackq.store.targets import is_url
 
 from . import pgdb
+from .sequencer import LoopClock
 
 T0 = 1_700_000_000_000
 
@@ -88,6 +90,15 @@ def execute(path: Path | str, sql: str) -> list[tuple[Any, ...]]:
         return found
     finally:
         con.close()
+
+
+@pytest.fixture
+async def loop_clock(monkeypatch: pytest.MonkeyPatch) -> LoopClock:
+    """The test's event loop reads its time from a ``LoopClock`` the test moves forward."""
+    loop = asyncio.get_running_loop()
+    clock = LoopClock(loop.time)
+    monkeypatch.setattr(loop, "time", clock.time)
+    return clock
 
 
 @pytest.fixture(scope="session")

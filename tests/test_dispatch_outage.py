@@ -16,6 +16,7 @@ from asnackq.http_sink import SinkConfig, make_app
 from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import job, rows
+from .sequencer import until
 from .sinks import dead_port, peer, serving, sink, sink_state
 
 FAST = BreakerPolicy(after=4, base_ms=20, max_ms=200)
@@ -46,13 +47,30 @@ def assert_each_effect_once(sink_db, count):
     assert total == sum(i % 7 + 1 for i in range(count))
 
 
-async def test_nothing_listening_for_a_while_then_a_sink_every_job_done(queue, db, tmp_path):
+def held_through_an_outage(dispatcher, coroutines):
+    """Whether the run has met the outage: the breaker opened, a probe failed, and every
+    coroutine re-sent its ticket and had its lease extended meanwhile."""
+    seen = dispatcher.snapshot()
+    return (
+        seen["outages"] >= 1
+        and seen["probes"] >= 1
+        and seen["resent"] >= coroutines
+        and seen["extended"] >= coroutines
+    )
+
+
+async def test_nothing_listening_for_a_while_then_a_sink_every_job_done(
+    queue, db, tmp_path, loop_clock
+):
+    """The sink is away until the run has held its tickets through the outage (in events,
+    not seconds), and a second more of the loop's time: the pause counts it."""
     await fill(queue, 40)
     port = dead_port()
     async with AsyncHttpSender(f"http://127.0.0.1:{port}/events", timeout_s=0.5) as send:
-        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=8, lease_ms=1000, breaker=FAST)
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=8, lease_ms=2000, breaker=FAST)
         run = asyncio.ensure_future(dispatcher.run())
-        await asyncio.sleep(2.0)  # the sink is away for two seconds
+        await until(lambda: held_through_an_outage(dispatcher, 8))
+        loop_clock.advance(1.0)
         assert not run.done() and dispatcher.summary.done == 0
         runner = web.AppRunner(make_app(SinkConfig(tmp_path / "s.db")), access_log=None)
         await runner.setup()
@@ -97,9 +115,9 @@ async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, 
         serving(gate(real.url, mode)) as front,
         AsyncHttpSender(front.url, timeout_s=0.3) as send,
     ):
-        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=6, lease_ms=800, breaker=FAST)
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=6, lease_ms=2000, breaker=FAST)
         run = asyncio.ensure_future(dispatcher.run())
-        await asyncio.sleep(1.5)
+        await until(lambda: held_through_an_outage(dispatcher, 6))
         mode["down"] = False
         summary = await asyncio.wait_for(run, 30)
     assert (summary.done, summary.dead, summary.retried, summary.stale) == (30, 0, 0, 0)

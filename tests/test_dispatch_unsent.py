@@ -15,6 +15,7 @@ from asnackq.core.worker import epoch_ms
 from asnackq.lab import procs
 
 from .conftest import rows
+from .sequencer import until
 from .sinks import peer, serving
 
 
@@ -64,7 +65,7 @@ async def test_sigkilled_workers_spend_no_attempt_of_a_job_more_than_once_unsent
             finally:
                 work.send_signal(signal.SIGKILL)
                 await work.wait()
-            await asyncio.sleep(0.7)  # the leases it held expire (the next worker's claims)
+            await until(lambda: leases_ended(queue), 60)  # (the next worker's claims)
         hanging.released.set()
     jobs = {r[1]: r for r in rows(queue) if len(r) > 3}
     attempts = {job_id: row[4] for job_id, row in jobs.items()}
@@ -72,6 +73,12 @@ async def test_sigkilled_workers_spend_no_attempt_of_a_job_more_than_once_unsent
     assert spent and max(spent.values()) <= 1, json.dumps(attempts)
     assert {row[3] for row in jobs.values()} <= {"pending", "leased"}  # none dead
     assert sum(attempts.values()) > sum(hanging.received.values())  # some never sent
+
+
+def leases_ended(queue) -> bool:
+    """Whether every lease the killed worker held has ended (its jobs claimable again)."""
+    now = epoch_ms()
+    return all(r[3] != "leased" or r[10] <= now for r in rows(queue) if len(r) > 3)
 
 
 async def test_tickets_kept_ahead_are_first_attempts_and_reclaims_go_to_waiting_sends(db):

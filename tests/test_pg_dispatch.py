@@ -39,4 +39,4 @@ def places(pg_pool):
 @pytest.fixture
 def lease_ms():
     """Longer than on a file: a server's commits share the machine with the other test workers."""
-    return 400
+    return 800
