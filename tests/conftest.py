@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
@@ -165,6 +166,12 @@ def browser() -> Iterator[Any]:
 # throwaway PostgreSQL server or the browser is marked by its fixtures; any other test that
 # starts a process without the mark fails, so the mark cannot drift.
 PROCESS_FIXTURES = frozenset({"pg_pool", "pg_server", "pg_db", "browser"})
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two test workers a core (most tests wait on sockets, processes and
+    timers, not the CPU), at least two."""
+    return max(2, 2 * len(os.sched_getaffinity(0)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
