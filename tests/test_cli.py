@@ -488,6 +488,7 @@ def test_work_with_a_fixed_prefetch(queue, sink_proc):
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -518,7 +519,7 @@ def test_lab_with_kills_and_faults_finds_no_violation(tmp_path):
         tmp_path / "lab",
         "--json",
         out,
-        timeout=120,
+        timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())

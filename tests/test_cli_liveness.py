@@ -116,6 +116,7 @@ def test_product_ranges_on_the_command_line(queue):
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 def test_lab_with_a_slow_sink_near_the_lease_ends_every_job_done(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(
@@ -143,6 +144,7 @@ def test_lab_with_a_slow_sink_near_the_lease_ends_every_job_done(tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 def test_lab_accepts_dead_jobs_only_when_the_faults_leave_no_way(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(

@@ -10,6 +10,7 @@ from .pgdb import query
 from .test_cli import asnackq, fails
 
 
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_db, tmp_path):
     url, out = pg_db(), tmp_path / "lab.json"
     run = asnackq(
@@ -57,6 +58,7 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 def test_lab_on_a_throwaway_local_server(tmp_path):
     out = tmp_path / "lab.json"
     run = asnackq(

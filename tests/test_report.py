@@ -15,6 +15,9 @@ from .browser import screenshot, wait_for
 from .page import Page
 from .test_cli import asnackq, fails
 
+# A whole lab runs in the module's fixture: on a busy machine, minutes.
+pytestmark = pytest.mark.timeout(300)
+
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
@@ -50,7 +53,7 @@ def lab_run(tmp_path_factory):
         root / "lab.json",
         "--report",
         root / "out",
-        timeout=120,
+        timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"report: {root / 'out' / 'report.html'}" in run.stdout
