@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import os
 import random
 import re
@@ -52,6 +53,7 @@ from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
+from asnackq.dispatch.events import Event, Events, EventStream, Listener
 from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.port import Port
 from asnackq.dispatch.runclock import RunClock
@@ -63,14 +65,15 @@ from asnackq.store import job_traces
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
-from asnackq.store.targets import is_url
-from asnackq.wire.send import AsyncSend
+from asnackq.store.targets import is_url, one_line
+from asnackq.wire.send import AsyncSend, TimedOut
 
 __all__ = [
     "NOT_AN_INTAKE",
     "AsyncQueue",
     "Clock",
     "Dispatcher",
+    "Event",
     "QueueBusy",
     "Summary",
     "default_owner",
@@ -529,7 +532,8 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
             return Sent(claimed, None)  # lost while it waited
         jitter = w.check_jitter(port.settings.jitter())
         seen, result = await send_once(port, send, claimed, jitter)
-        port.report(Attempt(probe, seen.unavailable, True, again > 0, seen.overloaded is not None))
+        overloaded = seen.overloaded is not None
+        port.report(Attempt(probe, seen.unavailable, True, again > 0, overloaded, seen.timed_out))
         again += 1
         if result is not None:
             return result
@@ -543,10 +547,12 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
 
 class Seen(NamedTuple):
     """What one request showed of the sink: no sink (``unavailable``: True), an answer
-    (False), neither (None: the send failed on our side); the overload it answered with."""
+    (False), neither (None: the send failed on our side); the overload it answered with;
+    whether no sink meant no answer in time (``timed_out``: the sink is timing out)."""
 
     unavailable: bool | None
     overloaded: w.Overloaded | None = None
+    timed_out: bool = False
 
 
 async def send_once(
@@ -562,8 +568,8 @@ async def send_once(
         outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
     except w.Overloaded as error:
         return Seen(False, error), None  # the sink is there
-    except w.Unavailable:
-        return Seen(True), None
+    except w.Unavailable as error:
+        return Seen(True, timed_out=isinstance(error, TimedOut)), None
     except (w.Retryable, w.Permanent) as error:
         outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
     except Exception as error:  # stays leased; reclaimed after the lease
@@ -644,6 +650,7 @@ class Dispatcher:
         breaker: BreakerPolicy = DEFAULT_BREAKER,
         rate: float | None = None,
         burst: int = 1,
+        on_event: Listener | None = None,
     ) -> None:
         limits = queue.limits
         if queue.intakes_only:
@@ -667,14 +674,13 @@ class Dispatcher:
         shared = None if rate is None else r.check_rate(rate, burst)
         if prefetch is not None:
             w.check_int(prefetch, "prefetch", 0, 1024)
-        timeout_s = getattr(send, "timeout_s", None)
-        if timeout_s is not None and timeout_s * 1000 >= lease_ms:
-            raise ValueError(
-                f"the sender's timeout ({timeout_s}s) must be below the lease "
-                f"({lease_ms}ms): a late ACK would arrive after the lease ended"
-            )
+        if on_event is not None and not callable(on_event):
+            raise ValueError(f"on_event must be callable: {on_event!r}")
         self.queue, self.send, self.grace_s, self.breaker = queue, send, grace_s, breaker
         self.rate = shared  # None: the queue's, if it has one, at each run's start
+        self._events = Events(owner)
+        if on_event is not None:
+            self._events.listeners.append(on_event)
         self.settings = Settings(
             owner=owner,
             concurrency=max_concurrency if concurrency == "auto" else concurrency,
@@ -689,12 +695,27 @@ class Dispatcher:
             limits=limits,
             shared=SharedRate(shared, own=shared is not None),
             spans=DeliverySpans.of(owner),
+            events=self._events,
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None
         self._committer: Committer | None = None
         self._clock: RunClock | None = None
         self._gate: Gate | None = None
+        self._stop: asyncio.Event | None = None
+
+    def events(self) -> EventStream:
+        """``async for event in dispatcher.events()``: the run's events from now on (see
+        ``asnackq.dispatch.events``), ending after the run's ``stopped``.  Start it before
+        ``run`` to see the run's ``started``; the same events are log records of the
+        ``asnackq.worker`` logger and go to ``on_event``."""
+        return EventStream(self._events)
+
+    def stop(self) -> None:
+        """Stop the current run as a cancellation does (claim nothing more; sends in flight
+        get ``grace_s``; results committed), after which ``run`` returns its summary."""
+        if self._stop is not None:
+            self._stop.set()
 
     @property
     def owner(self) -> str:
@@ -763,24 +784,85 @@ class Dispatcher:
             asyncio.ensure_future(deliver(port, self.send))
             for _ in range(self.settings.concurrency)
         ]
+        self._stop = stop = asyncio.Event()
+        self._started(committer)
+        reason, failure = "ended", None
         try:
-            await asyncio.wait(workers)  # unlike gather, a cancelled wait spares the workers
-        except asyncio.CancelledError:
-            self._limit_in_summary()
-            committer.drain()
-            _, late = await asyncio.wait(workers, timeout=self.grace_s)
-            for task in late:  # abandoned jobs stay leased and are reclaimed later
-                task.cancel()
-            await asyncio.wait(workers)
+            # (unlike gather, a cancelled wait spares the workers)
+            all_sent = asyncio.ensure_future(asyncio.wait(workers))
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait([all_sent, stopped], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                reason = "cancelled"
+                await self._wind_down(committer, loop, workers, reason)
+                raise
+            finally:
+                all_sent.cancel()
+                stopped.cancel()
+            if stop.is_set() and not all(task.done() for task in workers):
+                reason = "stopped"
+                await self._wind_down(committer, loop, workers, reason)
+                return self.summary
             await committer.close(loop)
-            first_failure([loop, *workers])
-            raise
-        await committer.close(loop)
+            self._limit_in_summary()
+            failure = first_failure([loop, *workers]) or committer.failure
+            if failure is not None:  # a coroutine's unexpected failure is the run's
+                reason = "failed"
+                raise failure
+            if max_jobs is not None and committer.budget == 0:
+                reason = "max_jobs"
+            return self.summary
+        finally:
+            self._stop = None
+            self._stopped(reason, failure)
+
+    def _started(self, committer: Committer) -> None:
+        settings, rate = self.settings, self.settings.rate
+        self._events.emit(
+            "started",
+            "started",
+            concurrency="auto" if self.adaptive else settings.concurrency,
+            lease_ms=settings.lease_ms,
+            timeout_s=getattr(self.send, "timeout_s", None),
+            rate=None if rate is None else rate.per_s,
+        )
+
+    async def _wind_down(
+        self,
+        committer: Committer,
+        loop: asyncio.Future[None],
+        workers: Sequence[asyncio.Future[None]],
+        reason: str,
+    ) -> None:
+        """Claim nothing more, give sends in flight ``grace_s``, commit what came back."""
+        self._events.emit(
+            "stopping",
+            "stopping: no more claims, sends in flight finish",
+            reason=reason,
+            grace_s=self.grace_s,
+        )
         self._limit_in_summary()
-        failure = first_failure([loop, *workers]) or committer.failure
-        if failure is not None:  # a coroutine's unexpected failure is the run's
-            raise failure
-        return self.summary
+        committer.drain()
+        _, late = await asyncio.wait(workers, timeout=self.grace_s)
+        for task in late:  # abandoned jobs stay leased and are reclaimed later
+            task.cancel()
+        await asyncio.wait(workers)
+        await committer.close(loop)
+        first_failure([loop, *workers])
+
+    def _stopped(self, reason: str, failure: BaseException | None) -> None:
+        summary = self.summary
+        self._events.emit(
+            "stopped",
+            "stopped",
+            logging.ERROR if failure is not None else logging.INFO,
+            reason=reason,
+            done=summary.done,
+            dead=summary.dead,
+            error=None if failure is None else one_line(failure),
+            summary=summary.as_dict(),
+        )
 
     def _limit_in_summary(self) -> None:
         """Concurrency "auto": the summary's concurrency is the adaptive limit (a run

@@ -61,7 +61,7 @@ from asnackq.sink.capacity import Capacity
 from asnackq.sink.inbox import LOG, InboxWriter, SinkUnavailable, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
-from asnackq.wire import logs, strict_json
+from asnackq.wire import strict_json
 from asnackq.wire.metrics import screen_expect
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
@@ -473,11 +473,6 @@ def connection_limit(wanted: int) -> int:
     return max(1, min(wanted, soft - BACKLOG - FD_RESERVE))
 
 
-def log_to_stderr() -> None:
-    """The sink's own log and aiohttp's server errors go to stderr, one line each."""
-    logs.to_stderr(LOG, "asnackq sink")
-
-
 def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """The event loop's OS errors (``accept()`` out of descriptors, ...) as one line each."""
     error = context.get("exception")
@@ -497,8 +492,9 @@ async def serve(
     """Serve until ``stop`` is set (https with ``tls``); print the listening line first.
 
     The port is bound before the DB is opened: an address that cannot be had creates no file.
+    Its log (``asnackq.sink``, aiohttp's server errors included) goes where the
+    application's logging sends it; ``asnackq sink`` writes it to stderr, one line each.
     """
-    log_to_stderr()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log_loop_error)
     app = make_app(config)
@@ -531,11 +527,15 @@ async def serve(
         bound = listener.sockets[0].getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         scheme = "http" if tls is None else "https"
-        print(f"asnackq sink listening on {scheme}://{shown}:{bound[1]}/events", flush=True)
+        url = f"{scheme}://{shown}:{bound[1]}/events"
+        print(f"asnackq sink listening on {url}", flush=True)
+        LOG.info("started", extra={"event": "started", "fields": {"url": url}})
         await stop.wait()
+        LOG.info("stopping: answering requests in flight", extra={"event": "stopping"})
     finally:
         listener.close()
         await runner.cleanup()  # in-flight requests are answered, then the DB closes
+    LOG.info("stopped", extra={"event": "stopped"})
 
 
 if __name__ == "__main__":  # python -m asnackq.http_sink: the command line's ``asnackq sink``

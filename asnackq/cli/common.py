@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 import sys
@@ -14,6 +15,8 @@ from typing import Any, NoReturn, TypeAlias, TypedDict
 from asnackq.sink import capacity, faults
 from asnackq.store import sessions
 from asnackq.store.targets import Target, is_url, parse_target, shown
+from asnackq.wire import logs
+from asnackq.wire.logs import FORMATS
 from asnackq.wire.send import check_url, is_loopback
 from asnackq.wire.tls import tls_context
 
@@ -29,12 +32,14 @@ __all__ = [
     "Usage",
     "add_db_wait",
     "add_files",
+    "add_log_format",
     "add_metrics_options",
     "add_sink_tls",
     "add_tls_files",
     "check_sink",
     "exact_int",
     "existing_queue",
+    "log_to_stderr",
     "port",
     "renamed",
     "sink_tls",
@@ -241,6 +246,23 @@ def add_db_wait(parser: argparse.ArgumentParser, what: str) -> None:
         help=f"a postgresql:// {what} whose server is down or starting is waited for, "
         f"trying again with backoff for up to S seconds (default {DB_WAIT_S:g}; 0: no wait)",
     )
+
+
+def add_log_format(parser: argparse.ArgumentParser) -> None:
+    """``--log-format``: how the command's log records reach stderr, one line each."""
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="each state change (started, paused and why, resumed, the database away and "
+        "back, jobs ended dead, stopping, stopped) as one line on stderr, whether or not it "
+        "is a terminal: 'text' (default) or 'json' (one object a line)",
+    )
+
+
+def log_to_stderr(args: argparse.Namespace, command: str) -> None:
+    """The ``asnackq`` logger's records, one line each on stderr, as ``--log-format`` says."""
+    logs.to_stderr(logging.getLogger("asnackq"), f"asnackq {command}", args.log_format)
 
 
 def wait_for_database(where: Target, wait_s: float, command: str) -> None:

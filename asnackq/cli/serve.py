@@ -23,10 +23,12 @@ from asnackq.cli.common import (
     Usage,
     add_db_wait,
     add_files,
+    add_log_format,
     add_sink_tls,
     add_tls_files,
     check_sink,
     exact_int,
+    log_to_stderr,
     port,
     renamed,
     sink_tls,
@@ -117,6 +119,7 @@ def add_sink(commands: Commands) -> None:
     add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
     add_otel(sink)
     add_db_wait(sink, "--db")
+    add_log_format(sink)
     sink.set_defaults(run=run_sink)
 
 
@@ -143,6 +146,7 @@ def run_sink(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise Usage(str(error)) from None
     tls = sink_server_tls(args)
+    log_to_stderr(args, "sink")
     wait_for_database(args.db, args.db_wait_s, "sink")
 
     async def main() -> None:

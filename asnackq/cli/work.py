@@ -24,12 +24,14 @@ from asnackq.cli.common import (
     Commands,
     Usage,
     add_db_wait,
+    add_log_format,
     add_metrics_options,
     add_sink_tls,
     check_sink,
     concurrency_arg,
     exact_int,
     existing_queue,
+    log_to_stderr,
     sink_tls,
     sink_url,
     target,
@@ -42,6 +44,7 @@ from asnackq.core import worker as w
 from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import one_line
+from asnackq.wire.send import DEFAULT_TIMEOUT_S
 
 __all__ = ["add_work"]
 
@@ -111,8 +114,10 @@ def add_work(commands: Commands) -> None:
     work.add_argument(
         "--timeout-s",
         type=TIMEOUT,
-        default=2.0,
-        help="HTTP timeout per send; must be below the lease",
+        default=DEFAULT_TIMEOUT_S,
+        help=f"how long a send waits for the sink's whole answer, 0.001..600 (default "
+        f"{DEFAULT_TIMEOUT_S:g}); a send longer than the lease keeps its lease. No answer in "
+        "time is reported as the sink timing out (no attempt spent; sent again)",
     )
     work.add_argument("--until-empty", action="store_true")
     work.add_argument(
@@ -192,6 +197,7 @@ def add_work(commands: Commands) -> None:
     )
     add_metrics_options(work)
     add_db_wait(work, "queue")
+    add_log_format(work)
     work.set_defaults(run=run_work)
 
 
@@ -221,6 +227,7 @@ def run_work(args: argparse.Namespace) -> int:
         raise Usage("--burst goes with --rate R")
     clear = args.rate == "off"
     rate = None if clear else args.rate
+    log_to_stderr(args, "work")
     wait_for_database(args.queue, args.db_wait_s, "work")
     existing_queue(args.queue)
     owner = args.owner or default_owner()
@@ -267,12 +274,12 @@ def run_work(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, running.cancel)
-            with Live(
+            with Live(  # (a terminal's: log lines go above the progress line)
                 console=console,
                 transient=True,
                 auto_refresh=False,
                 redirect_stdout=False,
-                redirect_stderr=False,
+                redirect_stderr=console.is_terminal,
             ) as live:
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)

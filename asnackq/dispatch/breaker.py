@@ -4,6 +4,8 @@ Rules of this module:
 
 * Only ``Unavailable`` failures count: the sink refused, reset, timed out or answered
   502-504.  Any other answer (an ACK, a rejection, a bad ACK) shows the sink is there.
+  The pause's cause is the last failure's: ``timing_out`` if it was a timeout, else
+  ``away``; its opening, first probe and closing are events (``asnackq.dispatch.events``).
 * ``after`` such failures in a row open the breaker: no send passes but one probe at a
   time, the first ``base_ms`` after the opening, each next wait doubled up to ``max_ms``.
   Any answer from the sink closes it, and every waiting send goes at once.
@@ -15,12 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from asnackq.core import worker as w
+from asnackq.dispatch.events import Events
 
-__all__ = ["Breaker", "BreakerPolicy"]
+__all__ = ["PAUSED", "Breaker", "BreakerPolicy"]
+
+PAUSED = {  # the ``paused`` event's message, by cause
+    "away": "paused: the sink is away (no connection, refused, reset or 502-504)",
+    "timing_out": "paused: the sink is timing out (no answer within the sender's timeout)",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +60,12 @@ class Breaker:
     """Gate each send with ``probe = await admit()``, then report with ``record`` (the
     committer's alone: a coroutine's samples reach it as values)."""
 
-    def __init__(self, policy: BreakerPolicy, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, policy: BreakerPolicy, on_close: Callable[[], None], events: Events | None = None
+    ) -> None:
         self.policy = policy.check()
+        self.events = events or Events("")
+        self.timed_out = False  # the last failure was a timeout
         self.counts = BreakerCounts()
         self.closed = asyncio.Event()
         self.closed.set()
@@ -61,6 +74,7 @@ class Breaker:
         self._in_a_row = 0
         self._wait_ms = policy.base_ms
         self._opened_at = 0.0
+        self._probes_at_open = 0
         self._stopped = False
 
     @property
@@ -89,13 +103,20 @@ class Breaker:
         if not self.is_open or loop.time() >= give_up:
             self._turn.release()  # closed meanwhile, or no time left to probe
             return False if not self.is_open else None
+        if self.counts.probes == self._probes_at_open:  # the pause's first probe
+            self.events.emit(
+                "probing",
+                "probing: one send at a time until the sink answers",
+                outage=self.counts.outages,
+            )
         return True
 
-    def record(self, probe: bool | None, unavailable: bool | None) -> None:
-        """The send admitted with ``probe`` found no sink (True), an answer (False), or
-        did not happen (None)."""
+    def record(self, probe: bool | None, unavailable: bool | None, timed_out: bool = False) -> None:
+        """The send admitted with ``probe`` found no sink (True; ``timed_out``: no answer in
+        time), an answer (False), or did not happen (None)."""
         if unavailable:
             self._in_a_row += 1
+            self.timed_out = timed_out
             if probe:
                 self._wait_ms = min(2 * self._wait_ms, self.policy.max_ms)
             elif not self.is_open and self._in_a_row >= self.policy.after:
@@ -120,16 +141,38 @@ class Breaker:
             self.counts.paused_ms += self._elapsed_ms()
             self._opened_at = asyncio.get_running_loop().time()
 
+    @property
+    def cause(self) -> str:
+        """Why sends fail now: ``timing_out`` (no answer in time) or ``away``."""
+        return "timing_out" if self.timed_out else "away"
+
     def _open(self) -> None:
         self.closed.clear()
         self._opened_at = asyncio.get_running_loop().time()
         self._wait_ms = self.policy.base_ms
         self.counts.outages += 1
+        self._probes_at_open = self.counts.probes
+        self.events.emit(
+            "paused",
+            PAUSED[self.cause],
+            logging.WARNING,
+            cause=self.cause,
+            failures=self._in_a_row,
+            outage=self.counts.outages,
+        )
 
     def _close(self) -> None:
-        self.counts.paused_ms += self._elapsed_ms()
+        paused_ms = self._elapsed_ms()
+        self.counts.paused_ms += paused_ms
         self.closed.set()
         self._on_close()
+        self.events.emit(
+            "resumed",
+            "resumed: the sink answers",
+            paused_ms=paused_ms,
+            probes=self.counts.probes - self._probes_at_open,
+            outage=self.counts.outages,
+        )
 
     def _elapsed_ms(self) -> int:
         return round((asyncio.get_running_loop().time() - self._opened_at) * 1000)

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import logging
 import math
 from typing import NamedTuple
 
@@ -50,6 +51,7 @@ from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
+from asnackq.store.targets import one_line
 
 __all__ = ["CLOSE_WAIT_S", "Committer", "Finish", "Phase"]
 
@@ -89,7 +91,8 @@ class Committer:
         self.queue, self.settings, self.budget = queue, settings, budget
         self.summary = Summary()
         self.run_clock = RunClock(settings.clock, settings.limits)  # the run's readings
-        self.breaker = Breaker(breaker, self.kick_now)
+        self.events = settings.events
+        self.breaker = Breaker(breaker, self.kick_now, self.events)
         self.ledger = Ledger(settings.lease_ms)
         self.loop_time = asyncio.get_running_loop().time
         self.gate = gate
@@ -109,6 +112,8 @@ class Committer:
         self.slot_waiters: collections.deque[asyncio.Future[float | None]] = collections.deque()
         self.rate_check_at = self.loop_time() + RATE_CHECK_S  # (a run's start looked already)
         self.db_before = {} if queue.health is None else queue.health.counts()
+        self.db_away_since: float | None = None  # (the event loop's clock) the database away
+        self.told = (0, 0)  # the clock steps and limit cuts told so far
 
     # --- the coroutines' side ----------------------------------------------------------
 
@@ -165,7 +170,10 @@ class Committer:
             self.summary.requests += 1
             self.summary.resent += attempt.resent
             self.summary.overloaded += attempt.overloaded
-        self.breaker.record(attempt.probe, attempt.unavailable)
+            if attempt.unavailable:
+                self.summary.timeouts += attempt.timed_out
+                self.summary.away += not attempt.timed_out
+        self.breaker.record(attempt.probe, attempt.unavailable, attempt.timed_out)
 
     def kick_now(self) -> None:
         self.kick.set()
@@ -215,6 +223,14 @@ class Committer:
                 try:
                     await self._step(until_empty, follow)
                 except StoreUnavailable as error:
+                    if self.db_away_since is None:
+                        self.db_away_since = self.loop_time()
+                        self.events.emit(
+                            "db_down",
+                            "the queue's database is away: waiting for it, sends go on",
+                            logging.WARNING,
+                            error=one_line(error),
+                        )
                     await self._outage(error)
         except Exception as error:  # the run's failure; held jobs stay leased
             self.failure = error
@@ -266,6 +282,12 @@ class Committer:
         if found is not None and shared.rate is None:
             await self.slots.probe(self.queue, self.loop_time)
         shared.rate = found
+        if found is None:
+            self.events.emit("rate", "the shared rate was removed", per_s=None, burst=None)
+        else:
+            self.events.emit(
+                "rate", "the shared rate changed", per_s=found.per_s, burst=found.burst
+            )
         if found is None:  # unpaced now: a coroutine waiting for a new slot has it now
             while self.slot_waiters:
                 if not (waiter := self.slot_waiters.popleft()).done():
@@ -350,6 +372,7 @@ class Committer:
             self.pacer.end(started)
         self.summary.commits += 1
         self.summary.ended(ended)
+        self._tell(ended)
         self.pacer.found(want, len(tickets))
         self._settled(finishes, statuses)
         lost = self.ledger.kept(now, due, extended)
@@ -358,6 +381,30 @@ class Committer:
         self._claimed(now, tickets, slots)
         if self.phase is not Phase.CLAIMING:
             self._release_waiters()  # nothing more will be claimed for them
+
+    def _tell(self, ended: dict[str, int]) -> None:
+        """The events of a committed cycle: the database back, jobs ended dead, the clock
+        stepped back, the adaptive limit cut."""
+        events = self.events
+        if self.db_away_since is not None:
+            down_ms = round((self.loop_time() - self.db_away_since) * 1000)
+            self.db_away_since = None
+            events.emit("db_back", "the queue's database is back", down_ms=down_ms)
+        if dead := sum(ended.values()):
+            reasons = {reason: n for reason, n in ended.items() if n}
+            events.emit("dead", "jobs ended dead", logging.WARNING, jobs=dead, reasons=reasons)
+        steps, cuts = self.run_clock.steps, 0 if self.gate is None else self.gate.cuts
+        if steps > self.told[0]:
+            events.emit(
+                "clock_step",
+                "the clock stepped back: readings held at the last one",
+                logging.WARNING,
+                step_ms=self.run_clock.largest_ms,
+                steps=steps,
+            )
+        if cuts > self.told[1] and self.gate is not None:
+            events.emit("limit", "concurrency cut", concurrency=self.gate.limit, cuts=cuts)
+        self.told = (steps, cuts)
 
     async def _transact(
         self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want, asking: bool

@@ -9,7 +9,6 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from asnackq.wire import logs
 from asnackq.wire.metrics import (
     REASONS,
     Family,
@@ -57,6 +56,11 @@ WORKER_COUNTERS = {
     "overloaded": (
         "overloaded",
         "Answers 429, or 503 with Retry-After: the job waited under its lease, no attempt spent.",
+    ),
+    "away": ("sends_away", "Sends that found no sink: no connection, refused, reset, 502-504."),
+    "timeouts": (
+        "sends_timed_out",
+        "Sends with no answer within the sender's timeout: the sink timing out.",
     ),
     "concurrency_cuts": ("concurrency_cuts", "Times the adaptive concurrency limit was cut."),
     "bad_acks": ("bad_acks", "Answers that proved nothing (redirects, wrong ids, bad bodies)."),
@@ -172,7 +176,7 @@ class WorkerMetrics:
 
             app = web.Application()
             app.router.add_get("/metrics", self.get_metrics)
-            log = logs.to_stderr(logging.getLogger("asnackq.work.metrics"), "asnackq work")
+            log = logging.getLogger("asnackq.work.metrics")
             url = await self._stack.enter_async_context(serving(app, self.host, self.port, log))
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
 from asnackq.core.rate import Rate
+from asnackq.dispatch.events import Events
 
 if TYPE_CHECKING:
     from asnackq.dispatch.spans import DeliverySpans
@@ -52,6 +53,7 @@ class Settings:
     limits: w.Limits
     shared: SharedRate = field(default_factory=SharedRate)  # every worker's, of the queue
     spans: DeliverySpans | None = None  # None: the run is not traced
+    events: Events = field(default_factory=lambda: Events(""))  # what the run tells
 
     @property
     def rate(self) -> Rate | None:

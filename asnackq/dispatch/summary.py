@@ -26,6 +26,8 @@ class Summary:
     requests: int = 0
     resent: int = 0  # sends repeated under the same lease: the sink was away or overloaded
     overloaded: int = 0  # answers 429, or 503 with Retry-After: the job waited, no attempt spent
+    away: int = 0  # sends that found no sink (refused, reset, no connection, 502/503/504)
+    timeouts: int = 0  # sends with no answer within the sender's timeout: the sink timing out
     concurrency: int = 0  # the sends let in flight (concurrency "auto": the limit at the end),
     concurrency_cuts: int = 0  # and the times the adaptive limit was cut
     extended: int = 0

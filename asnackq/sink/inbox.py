@@ -98,13 +98,18 @@ class InboxWriter:
         except Exception as error:
             if self.failing is None:  # one line when batches begin to fail, one when they end
                 self.failing = time.monotonic()
-                LOG.warning("the inbox cannot commit (503 until it can): %s", one_line(error))
+                LOG.warning(
+                    "the inbox cannot commit (503 until it can): %s",
+                    one_line(error),
+                    extra={"event": "db_down"},
+                )
             for item in batch:
                 if not item.done.done():
                     item.done.set_exception(SinkUnavailable(str(error)))
             return
         if self.failing is not None:
-            LOG.warning("the inbox commits again, after %.1f s", time.monotonic() - self.failing)
+            down_s = time.monotonic() - self.failing
+            LOG.warning("the inbox commits again, after %.1f s", down_s, extra={"event": "db_back"})
             self.failing = None
         for item, status in zip(batch, statuses, strict=True):
             if not item.done.done():

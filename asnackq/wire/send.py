@@ -5,8 +5,10 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 * Only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
   ``applied`` or ``duplicate`` is evidence of completion: the sender returns ``True``.
 * ``400 409 413 415 422`` raise ``Permanent``; ``408 425 5xx`` raise ``Retryable``;
-  ``502 503 504``, connection errors, resets and timeouts raise its subclass
-  ``Unavailable`` (the sink is not there: nothing about the job); ``429``, and ``503`` with
+  ``502 503 504``, connection errors and resets raise its subclass ``Unavailable`` (the
+  sink is not there: nothing about the job), and no whole answer within ``timeout_s`` on a
+  connection made raises ``Unavailable``'s subclass ``TimedOut`` (the sink is there, but
+  slower than the sender waits: nothing about the job either); ``429``, and ``503`` with
   a ``Retry-After`` that can be read, raise its subclass ``Overloaded`` (the sink is there
   but over its capacity: nothing about the job either), carrying the wait asked for
   (``retry_after``: delta-seconds or an HTTP-date, at most ``RETRY_AFTER_MAX_S``; garbage is
@@ -14,8 +16,10 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
   a malformed or oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
-* ``timeout_s`` bounds the whole request - connect, send, headers and body - not each
-  read; a body shorter than its ``Content-Length`` proves nothing (``Unavailable``).
+* ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``, 15 s: what webhook receivers are given)
+  bounds the whole request - connect, send, headers and body - not each read; a connection
+  not made within it is ``Unavailable``; a body shorter than its ``Content-Length`` proves
+  nothing (``Unavailable``).
 * https: an untrusted certificate (unknown CA, another host's name, expired) or a failed
   handshake raises ``Untrusted``, a ``BadAck``: never evidence, never an outage.
 """
@@ -55,12 +59,14 @@ if TYPE_CHECKING:
     import aiohttp
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "MAX_ACK_BYTES",
     "RETRY_AFTER_MAX_S",
     "TOKEN_HEADER",
     "AsyncHttpSender",
     "AsyncSend",
     "HttpSender",
+    "TimedOut",
     "Untrusted",
     "check_number",
     "check_url",
@@ -74,6 +80,7 @@ __all__ = [
 AsyncSend = Callable[..., Awaitable[object]]
 
 TOKEN_HEADER = "X-Asnackq-Token"
+DEFAULT_TIMEOUT_S = 15.0  # an answer's wait: Standard Webhooks advises 15-30 s
 MAX_ACK_BYTES = 4096
 PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425})
@@ -204,17 +211,35 @@ class Untrusted(BadAck):
     certificate it wanted and did not get). Nothing was sent, or nothing proves anything."""
 
 
-def failure(event_id: str, error: BaseException) -> Unavailable | Untrusted:
+class TimedOut(Unavailable):
+    """Raised when a connection was made but no whole answer came within the sender's
+    ``timeout_s``: the sink is there and slower than the sender waits (*timing out*), as
+    opposed to not there (*away*: refused, reset, no connection). Like ``Unavailable``, it
+    proves nothing about the job; the request may still have been applied."""
+
+
+class ConnectTimeout(OSError):
+    """No connection (for https: no handshake) within the send's time: the sink is away."""
+
+
+def failure(event_id: str, error: BaseException, timeout_s: float) -> Unavailable | Untrusted:
     """What a send that got no answer raises: ``Untrusted`` if TLS refused (a certificate,
-    a handshake alert: ``ssl.SSLError`` in the error or its causes, but a plain EOF),
-    else ``Unavailable``."""
+    a handshake alert: ``ssl.SSLError`` in the error or its causes, but a plain EOF);
+    ``TimedOut`` if the time ran out on a connection made; else ``Unavailable``."""
     text = f"sending {event_id!r}: {error!r}"
     cause: BaseException | None = error
     while cause is not None:
         if isinstance(cause, ssl.SSLError) and not isinstance(cause, STALE):
             return Untrusted(text)
         cause = cause.__cause__ or cause.__context__
+    if isinstance(error, TimeoutError) and not connecting(error):
+        return TimedOut(f"sending {event_id!r}: no answer within {timeout_s:g} s")
     return Unavailable(text)
+
+
+def connecting(error: BaseException) -> bool:
+    """Whether a timeout struck before a connection was made."""
+    return type(error).__name__ == "ConnectionTimeoutError" or isinstance(error, ConnectTimeout)
 
 
 class HttpSender:
@@ -229,7 +254,7 @@ class HttpSender:
         self,
         url: str,
         *,
-        timeout_s: float = 2.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         allow_remote: bool = False,
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
@@ -261,7 +286,7 @@ class HttpSender:
         try:
             answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
         except (OSError, http.client.HTTPException, zlib.error) as error:  # resets, timeouts
-            raise failure(event_id, error) from error
+            raise failure(event_id, error, self.timeout_s) from error
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
         return answer.status, answer.body, answer.retry_after
@@ -283,13 +308,20 @@ class HttpSender:
     def connect(self, deadline: float) -> socket.socket:
         """A connected (for https, handshaken) socket within the deadline (a host name's
         resolution aside), its timeout set to the time left for the send."""
-        sock = socket.create_connection((self.parts.hostname or "", self.port), time_left(deadline))
+        address = (self.parts.hostname or "", self.port)
+        try:
+            sock = socket.create_connection(address, time_left(deadline))
+        except TimeoutError as error:
+            raise ConnectTimeout(f"no connection to {address} in time") from error
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock.settimeout(time_left(deadline))
                 sock = self.tls.wrap_socket(sock, server_hostname=self.parts.hostname)
             sock.settimeout(time_left(deadline))
+        except TimeoutError as error:
+            sock.close()
+            raise ConnectTimeout(f"no TLS handshake with {address} in time") from error
         except BaseException:
             sock.close()
             raise
@@ -306,7 +338,7 @@ class AsyncHttpSender:
         self,
         url: str,
         *,
-        timeout_s: float = 2.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         allow_remote: bool = False,
         limit: int = 256,
         ca_file: str | Path | None = None,
@@ -363,4 +395,4 @@ class AsyncHttpSender:
                 answer = await read_bounded(response.content)
                 return response.status, answer, response.headers.get("Retry-After")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise failure(event_id, error) from error
+            raise failure(event_id, error, self.timeout_s) from error
