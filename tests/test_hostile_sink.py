@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from asnackq.lab.procs import sink_process, sink_stats
 from asnackq.wire.send import HttpSender
 
+from .logs import problems
 from .sinks import sink_state
 
 
@@ -32,7 +33,8 @@ class Sink:
         self.port = urllib.parse.urlsplit(url).port
 
     def log_lines(self):
-        return self.log.read_text().splitlines()
+        """Its log's lines, the state changes (started, stopping, stopped) set apart."""
+        return problems(self.log.read_text()).splitlines()
 
     def exchange(self, data, timeout=5.0):
         """Send raw bytes on a new connection; the status (None without an answer) and body."""

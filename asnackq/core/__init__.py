@@ -8,4 +8,4 @@ Rules of this wing:
   application's DB; each effect once at the sink). Drivers in ``asnackq.store`` run them all.
 """
 
-VERSION = "0.3.0"  # the package's (``asnackq.__version__``), and its spans' instrumentation
+VERSION = "0.4.0"  # the package's (``asnackq.__version__``), and its spans' instrumentation
