@@ -361,6 +361,17 @@ def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc)
     assert audit["listed"]["violations"][0]["id"] == "j3"
     human = asnackq("audit", queue, "--sink-db", sink_db)
     assert human.returncode == 1 and "VIOLATIONS" in human.stdout and "j3" in human.stdout
+    # --id judges that job alone: a sound job passes although the queue has violations.
+    one = asnackq("audit", queue, "--sink-db", sink_db, "--id", "j5")
+    assert one.returncode == 0 and "no violations" in one.stdout, one.stdout
+    assert "j3" not in one.stdout and "1 delivery" in one.stdout
+    assert ok("audit", queue, "--sink-db", sink_db, "--id", "j5", "--json")["violations"] == 0
+    bad = asnackq("audit", queue, "--sink-db", sink_db, "--id", "j3")
+    assert bad.returncode == 1 and "VIOLATION: done-without-inbox-row" in bad.stdout
+    assert "stock" not in bad.stdout  # (the whole queue's verdict is not this job's)
+    assert "no job 'zz' in the queue or the sink" in fails(
+        "audit", queue, "--sink-db", sink_db, "--id", "zz"
+    )
 
 
 @pytest.mark.process

@@ -227,7 +227,7 @@ def busy_queue(queue, now):
 
 @pytest.mark.process
 def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
-    queue, now = tmp_path / "queue.db", epoch_ms()
+    queue, now = tmp_path / "queue.db", epoch_ms() // 60_000 * 60_000 + 45_000  # (45 s in)
     finished = busy_queue(queue, now)
     with readers.read_only(queue, "jobs") as con:
         owners = reads.run(con, inspect.leases(now))
@@ -241,12 +241,17 @@ def test_leases_by_owner_and_done_per_minute_over_the_last_hour(tmp_path):
     assert [j["token"] for j in owners[0]["jobs"]] == [1] * inspect.LEASES_LISTED
     minutes = hour["minutes"]
     assert len(minutes) == inspect.HOUR_MINUTES and hour["done"] == 10  # not the one before
-    assert [m["at_ms"] for m in minutes] == [now - (60 - i) * 60_000 for i in range(60)]
+    this_minute = now - 45_000  # the clock's minutes: the last one is the current one
+    assert [m["at_ms"] for m in minutes] == [this_minute - (59 - i) * 60_000 for i in range(60)]
     counts = {59 - i: m["done"] for i, m in enumerate(minutes) if m["done"]}
     assert counts == {ago: finished[ago] for ago in (50, 20, 1, 0)}
     assert minutes[-2]["per_s"] == round(2 / 60, 2)
-    with readers.read_only(queue, "jobs") as con:  # a job finished on a clock ahead: the last
-        assert reads.run(con, inspect.done_per_minute(now - 40_000))["minutes"][-1]["done"] == 6
+    with readers.read_only(queue, "jobs") as con:
+        # Unchanged data reads the same all minute long (a stable peak on the dashboard)...
+        later = reads.run(con, inspect.done_per_minute(now + 14_999))
+        assert later["minutes"] == minutes
+        # ...and a job finished on a clock ahead counts in the current minute.
+        assert reads.run(con, inspect.done_per_minute(now - 40_000))["minutes"][-1]["done"] == 4
     with dashboard(queue, log=tmp_path / "log") as url:
         shown = until(lambda: (seen := state(url))["hour"] and seen)
     with readers.read_only(queue, "jobs") as con:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from asnackq.cli import lifeline, otel
-from asnackq.cli.common import Command, Failure, Parser, Usage
+from asnackq.cli.common import Command, Failure, Parser, Usage, complete_help
 from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     add_sink(commands)
     add_outbox(commands)
     add_dashboard(commands)
+    complete_help(top)
     return top
 
 

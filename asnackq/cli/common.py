@@ -31,12 +31,14 @@ __all__ = [
     "Parser",
     "Usage",
     "add_db_wait",
+    "add_faults",
     "add_files",
     "add_log_format",
     "add_metrics_options",
     "add_sink_tls",
     "add_tls_files",
     "check_sink",
+    "complete_help",
     "exact_int",
     "existing_queue",
     "log_to_stderr",
@@ -120,7 +122,55 @@ def within(kind: type[int] | type[float], low: float, high: float) -> Callable[[
             )
         return value
 
+    parse.span = (low, high)  # type: ignore[attr-defined]  # (read by complete_help)
     return parse
+
+
+def complete_help(parser: argparse.ArgumentParser) -> None:
+    """Every command has a description (its one-line help, if it has none of its own), and
+    every option's help ends with its range (from a ``within`` type) and its default, unless
+    it says them already."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, command in action.choices.items():
+                if not command.description and helps.get(name):
+                    command.description = helps[name][:1].upper() + helps[name][1:] + "."
+                complete_help(command)
+            continue
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        text, said = action.help or "", []
+        span = getattr(action.type, "span", None)
+        if span is not None and ".." not in text:
+            said.append(f"{plain(span[0])}..{plain(span[1])}")
+        default = action.default
+        unset = default is None or isinstance(default, bool) or default == argparse.SUPPRESS
+        if not unset and "default" not in text:
+            said.append(f"default {plain(default)}")
+        if said:
+            action.help = f"{text} ({'; '.join(said)})" if text else "; ".join(said)
+
+
+def add_faults(parser: argparse.ArgumentParser, whose: str = "") -> None:
+    """A sink's injected faults, ``--fail-rate`` and ``--drop-rate`` (``whose``: ``"the
+    sink "`` when the options are another command's)."""
+    parser.add_argument(
+        "--fail-rate", type=PROBABILITY, default=0.0, help=f"{whose}answer 503 before any change"
+    )
+    parser.add_argument(
+        "--drop-rate",
+        type=PROBABILITY,
+        default=0.0,
+        help=f"{whose}commit, then close the connection without an answer",
+    )
+
+
+def plain(value: object) -> str:
+    """A number as a person writes it: ``1000000``, ``0.5``, not ``1e+06``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 PROBABILITY = within(float, *faults.PROBABILITY)  # a sink's fault rate (a probability)
@@ -213,7 +263,7 @@ def add_metrics_options(work: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics while the "
-        "run goes on (0: any free port; the URL is printed on stderr)",
+        "run goes on, 0..65535 (0: any free port; the URL is printed on stderr; default: none)",
     )
     work.add_argument(
         "--metrics-host",

@@ -13,11 +13,11 @@ from rich.console import Console
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    PROBABILITY,
     SINK_RATE,
     TIMEOUT,
     Commands,
     Usage,
+    add_faults,
     add_files,
     add_tls_files,
     concurrency_arg,
@@ -46,16 +46,18 @@ def add_lab(commands: Commands) -> None:
         "dead although the sink never rejected it (unless --fail-rate or --drop-rate 1 make "
         "that expected). Jobs get a ttl of --timeout-s plus a minute.",
     )
-    lab.add_argument("--jobs", type=exact_int, default=2000)
-    lab.add_argument("--processes", type=exact_int, default=2)
+    lab.add_argument("--jobs", type=exact_int, default=2000, help="jobs to enqueue, 1..10000000")
+    lab.add_argument(
+        "--processes", type=exact_int, default=2, help="worker processes at once, 1..64"
+    )
     lab.add_argument(
         "--concurrency",
         type=concurrency_arg,
         default=64,
-        help="each worker's sends in flight (default 64), or 'auto' (see work --concurrency)",
+        help="each worker's sends in flight, 1..1024 (default 64), or 'auto' "
+        "(see work --concurrency)",
     )
-    lab.add_argument("--fail-rate", type=PROBABILITY, default=0.0)
-    lab.add_argument("--drop-rate", type=PROBABILITY, default=0.0)
+    add_faults(lab, "the sink: ")
     lab.add_argument("--delay-ms", type=DELAY_MS, default=0, help="the sink's delay per event")
     lab.add_argument(
         "--sink-max-inflight",
@@ -78,10 +80,23 @@ def add_lab(commands: Commands) -> None:
         metavar="SECONDS",
         help="SIGKILL a random worker this often (0: never)",
     )
-    lab.add_argument("--seed", type=exact_int, default=1)
-    lab.add_argument("--lease-ms", type=exact_int, default=2000)
-    lab.add_argument("--send-timeout-s", type=TIMEOUT, default=1.0)
-    lab.add_argument("--max-attempts", type=exact_int, default=5)
+    lab.add_argument(
+        "--seed",
+        type=exact_int,
+        default=1,
+        help="any int: seeds every random choice (faults, kill victims, job quantities): the "
+        "same seed, the same choices",
+    )
+    lab.add_argument(
+        "--lease-ms", type=exact_int, default=2000, help="the workers' lease, 1..3600000"
+    )
+    lab.add_argument(
+        "--send-timeout-s",
+        type=TIMEOUT,
+        default=1.0,
+        help="the workers' wait for each answer, below the lease",
+    )
+    lab.add_argument("--max-attempts", type=exact_int, default=5, help="each job's attempts, 1..16")
     lab.add_argument(
         "--timeout-s",
         type=within(float, 0.01, 86_400),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -22,7 +22,7 @@ from asnackq.cli.common import (
     target,
 )
 from asnackq.cli.otel import add_otel
-from asnackq.cli.render import emit, key_values, rows_table
+from asnackq.cli.render import emit, iso, key_values, plural, rows_table
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS
 from asnackq.store import readers, sessions
@@ -47,7 +47,8 @@ def run_init(args: argparse.Namespace) -> int:
         args,
         result,
         lambda out: out.print(
-            f"{'created' if created else 'opened existing'} queue {shown(args.queue)} ({jobs} jobs)"
+            f"{'created' if created else 'opened existing'} queue {shown(args.queue)} "
+            f"({plural(jobs, 'job')})"
         ),
     )
     return 0
@@ -65,7 +66,7 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
-    enqueue.add_argument("--qty", type=exact_int)
+    enqueue.add_argument("--qty", type=exact_int, help="the job's quantity, 1..1000 (with --id)")
     enqueue.add_argument(
         "--ttl-ms",
         type=exact_int,
@@ -209,13 +210,13 @@ def stopped(
 def add_inspect(commands: Commands) -> None:
     stats = commands.add_parser("stats", help="jobs by status and reason, lag, attempts, leases")
     stats.add_argument("queue", type=target, help=QUEUE_HELP)
-    stats.add_argument("--json", action="store_true")
+    stats.add_argument("--json", action="store_true", help="print the counts as JSON")
     stats.set_defaults(run=run_stats)
 
     dead = commands.add_parser("dead", help="the dead jobs with reason, attempts and token")
     dead.add_argument("queue", type=target, help=QUEUE_HELP)
-    dead.add_argument("--reason", choices=ops.REASONS)
-    dead.add_argument("--json", action="store_true")
+    dead.add_argument("--reason", choices=ops.REASONS, help="only the jobs dead for this reason")
+    dead.add_argument("--json", action="store_true", help="print the jobs as JSON")
     dead.set_defaults(run=run_dead)
 
     redrive = commands.add_parser(
@@ -226,19 +227,21 @@ def add_inspect(commands: Commands) -> None:
     )
     redrive.add_argument("queue", type=target, help=QUEUE_HELP)
     redrive.add_argument("id", nargs="?")
-    redrive.add_argument("--reason", choices=ops.REASONS)
+    redrive.add_argument(
+        "--reason", choices=ops.REASONS, help="every job dead for this reason (instead of --id)"
+    )
     redrive.add_argument(
         "--ttl-ms", type=exact_int, required=True, help="new budget, 1..2592000000 (30 days)"
     )
     redrive.add_argument("--note", required=True, help="why ([A-Za-z0-9_-]{1,64})")
-    redrive.add_argument("--json", action="store_true")
+    redrive.add_argument("--json", action="store_true", help="print the result as JSON")
     add_otel(redrive, spans=False)
     redrive.set_defaults(run=run_redrive)
 
     history = commands.add_parser("history", help="a job's state and its redrive records")
     history.add_argument("queue", type=target, help=QUEUE_HELP)
     history.add_argument("id")
-    history.add_argument("--json", action="store_true")
+    history.add_argument("--json", action="store_true", help="print the history as JSON")
     history.set_defaults(run=run_history)
 
 
@@ -298,7 +301,7 @@ def run_redrive(args: argparse.Namespace) -> int:
         args,
         {"redriven": count, "jobs": results},
         lambda out: out.print(
-            f"redriven {count} job{'s' if count != 1 else ''}"
+            f"redriven {plural(count, 'job')}"
             + "".join(f"\n  skipped {r['id']}: {r['why']}" for r in results if not r["redriven"])
         ),
     )
@@ -315,13 +318,8 @@ def run_history(args: argparse.Namespace) -> int:
             + (f" ({result['reason']})" if result["reason"] else "")
             + f", attempts {result['attempts']}, token {result['token']}"
         )
-        out.print(
-            rows_table(
-                f"{len(result['redrives'])} redrives",
-                result["redrives"],
-                ("token", "at_ms", "note"),
-            )
-        )
+        redrives = [{**row, "at": iso(row["at_ms"])} for row in result["redrives"]]
+        out.print(rows_table(plural(len(redrives), "redrive"), redrives, ("token", "at", "note")))
 
     emit(args, result, human)
     return 0
@@ -342,13 +340,15 @@ def add_audit(commands: Commands) -> None:
         "--sink-db", required=True, type=target, help="the sink's DB file or postgresql:// URL"
     )
     audit.add_argument("--id", help="show one job's whole evidence chain")
-    audit.add_argument("--limit", type=exact_int, default=20, help="jobs listed per kind")
-    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--limit", type=exact_int, default=20, help="jobs listed per kind, 0..")
+    audit.add_argument("--json", action="store_true", help="print the verdict as JSON")
     audit.set_defaults(run=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
     result = ops.audit(args.queue, args.sink_db, w.epoch_ms(), job_id=args.id, limit=args.limit)
+    if args.id is not None:
+        return audit_one(args, result.job)
 
     def human(out: Console) -> None:
         out.print(key_values("evidence reached", sorted(result.stages.items())))
@@ -390,3 +390,41 @@ def run_audit(args: argparse.Namespace) -> int:
 
     emit(args, result.as_dict(), human)
     return 1 if result.violations else 0
+
+
+def audit_one(args: argparse.Namespace, job: dict[str, Any] | None) -> int:
+    """``audit --id``: that job's evidence chain and verdict alone (exit 1: a violation)."""
+    if job is None:
+        raise Failure(f"no job or inbox row {args.id!r}")
+    violations = [flag for flag in job["flags"] if flag in ops.VIOLATIONS]
+
+    def human(out: Console) -> None:
+        row = job.get("job")
+        inbox = job["inbox"]
+        pairs = [
+            ("stage", job["stage"]),
+            (
+                "job",
+                "-" if row is None else f"{row['status']} qty {row['qty']} token {row['token']}",
+            ),
+            (
+                "inbox",
+                "-"
+                if inbox is None
+                else f"qty {inbox['qty']}, tokens {inbox['first_token']}..{inbox['last_token']}, "
+                f"{plural(inbox['deliveries'], 'delivery', 'deliveries')}",
+            ),
+            *[
+                (f"flag {flag}", ops.VIOLATIONS.get(flag) or ops.ATTENTION[flag])
+                for flag in job["flags"]
+            ],
+        ]
+        out.print(key_values(f"audit {args.id}", pairs))
+        out.print(
+            "no violations"
+            if not violations
+            else f"[bold red]VIOLATION: {', '.join(violations)}[/]"
+        )
+
+    emit(args, {"job": job, "violations": len(violations)}, human)
+    return 1 if violations else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,7 +11,23 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["emit", "key_values", "progress_line", "rows_table"]
+__all__ = ["emit", "iso", "key_values", "plural", "progress_line", "rows_table"]
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 job``, ``2 jobs`` (``many``: when adding an s will not do)."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+def iso(ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO 8601 in UTC, to the second: ``2026-12-01T17:04:05Z``."""
+    if ms is None or isinstance(ms, bool) or not isinstance(ms, int):
+        return None if ms is None else str(ms)
+    try:
+        moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def emit(args: argparse.Namespace, data: object, human: Callable[[Console], None]) -> None:

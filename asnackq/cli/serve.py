@@ -15,13 +15,13 @@ from typing import cast
 from asnackq.cli.common import (
     DELAY_MS,
     MAX_INFLIGHT,
-    PROBABILITY,
     SINK_RATE,
     TIMEOUT,
     Commands,
     Failure,
     Usage,
     add_db_wait,
+    add_faults,
     add_files,
     add_log_format,
     add_sink_tls,
@@ -39,9 +39,11 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.otel import add_otel
 from asnackq.store import readers
-from asnackq.wire.send import is_loopback
+from asnackq.wire.send import DEFAULT_TIMEOUT_S, is_loopback
 
 __all__ = ["add_dashboard", "add_outbox", "add_sink"]
+
+HOST_HELP = "the address to listen on (loopback unless --allow-remote)"
 
 
 def add_sink(commands: Commands) -> None:
@@ -53,7 +55,11 @@ def add_sink(commands: Commands) -> None:
         help="sink DB file or postgresql:// URL (created if needed; replicas "
         "may share one database)",
     )
-    sink.add_argument("--host", default="127.0.0.1")
+    sink.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help=HOST_HELP,
+    )
     sink.add_argument("--port", type=within(int, 0, 65535), default=0, help="0 picks a free port")
     sink.add_argument(
         "--allow-remote", action="store_true", help="allow binding a non-loopback --host"
@@ -63,16 +69,13 @@ def add_sink(commands: Commands) -> None:
         help="require 'Authorization: Bearer TOKEN' on every route "
         "(1-256 visible ASCII characters)",
     )
+    add_faults(sink)
     sink.add_argument(
-        "--fail-rate", type=PROBABILITY, default=0.0, help="answer 503 before any change"
+        "--delay-ms",
+        type=DELAY_MS,
+        default=0,
+        help="wait this long before answering each event (a slow receiver's work)",
     )
-    sink.add_argument(
-        "--drop-rate",
-        type=PROBABILITY,
-        default=0.0,
-        help="commit, then close the connection without an answer",
-    )
-    sink.add_argument("--delay-ms", type=DELAY_MS, default=0)
     sink.add_argument(
         "--max-inflight",
         metavar="N",
@@ -88,7 +91,12 @@ def add_sink(commands: Commands) -> None:
         help="handle at most R events a second (a token bucket, bursts of R/10); "
         "answer 429 with Retry-After past it",
     )
-    sink.add_argument("--seed", type=exact_int, default=None)
+    sink.add_argument(
+        "--seed",
+        type=exact_int,
+        default=None,
+        help="any int: seeds --fail-rate and --drop-rate's draws (default: random)",
+    )
     sink.add_argument(
         "--batch-max",
         type=within(int, 1, 10_000),
@@ -184,17 +192,24 @@ def add_outbox(commands: Commands) -> None:
     actions = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")
     accept = actions.add_parser("accept", help="accept an order and its outbox row atomically")
     accept.add_argument("source", type=Path)
-    accept.add_argument("--id", required=True)
-    accept.add_argument("--qty", required=True, type=exact_int)
+    accept.add_argument("--id", required=True, help="the order id ([A-Za-z0-9_-]{1,64})")
+    accept.add_argument("--qty", required=True, type=exact_int, help="its quantity, 1..1000")
     pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
     pending.add_argument("source", type=Path)
-    pending.add_argument("--limit", type=within(int, 1, 16), default=16)
+    pending.add_argument("--limit", type=within(int, 1, 16), default=16, help="items listed")
     dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
     dispatch.add_argument("source", type=Path)
     dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(dispatch)
-    dispatch.add_argument("--limit", type=within(int, 1, 16), default=16)
-    dispatch.add_argument("--timeout-s", type=TIMEOUT, default=2.0)
+    dispatch.add_argument(
+        "--limit", type=within(int, 1, 16), default=16, help="items sent in the batch"
+    )
+    dispatch.add_argument(
+        "--timeout-s",
+        type=TIMEOUT,
+        default=DEFAULT_TIMEOUT_S,
+        help="how long each send waits for the sink's answer",
+    )
     dispatch.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
     outbox.set_defaults(run=run_outbox)
 
@@ -256,8 +271,12 @@ def add_dashboard(commands: Commands) -> None:
         default=None,
         help="the sink's DB file or postgresql:// URL: inbox counters and the audit",
     )
-    dashboard.add_argument("--host", default="127.0.0.1")
-    dashboard.add_argument("--port", type=port, default=0, help="0 picks a free port")
+    dashboard.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help=HOST_HELP,
+    )
+    dashboard.add_argument("--port", type=port, default=0, help="0..65535; 0 picks a free port")
     dashboard.add_argument(
         "--allow-remote", action="store_true", help="allow binding a non-loopback --host"
     )

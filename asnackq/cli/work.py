@@ -39,7 +39,7 @@ from asnackq.cli.common import (
     within,
 )
 from asnackq.cli.otel import add_otel
-from asnackq.cli.render import emit, key_values, progress_line
+from asnackq.cli.render import emit, key_values, plural, progress_line
 from asnackq.core import worker as w
 from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
@@ -92,8 +92,8 @@ def add_work(commands: Commands) -> None:
     work.add_argument(
         "--max-concurrency",
         type=exact_int,
-        default=256,
-        help="with --concurrency auto: the most sends in flight (default 256)",
+        default=None,
+        help="with --concurrency auto: the most sends in flight, 1..1024 (default 256)",
     )
     work.add_argument("--owner", default=None, help="lease owner name (default HOST-PID-RANDOM)")
     work.add_argument("--lease-ms", type=exact_int, default=5000, help="1..3600000 (default 5000)")
@@ -101,7 +101,7 @@ def add_work(commands: Commands) -> None:
         "--prefetch",
         type=exact_int,
         default=None,
-        help="tickets kept claimed ahead of demand (default: adapts to how "
+        help="tickets kept claimed ahead of demand, 0..1024 (default: adapts to how "
         "many the coroutines take during one commit)",
     )
     work.add_argument(
@@ -119,12 +119,16 @@ def add_work(commands: Commands) -> None:
         f"{DEFAULT_TIMEOUT_S:g}); a send longer than the lease keeps its lease. No answer in "
         "time is reported as the sink timing out (no attempt spent; sent again)",
     )
-    work.add_argument("--until-empty", action="store_true")
+    work.add_argument(
+        "--until-empty",
+        action="store_true",
+        help="stop once no job is pending or leased (default: run until Ctrl-C or SIGTERM)",
+    )
     work.add_argument(
         "--retry-base-ms",
         type=exact_int,
         default=100,
-        help="retry delay of a job's first retry, doubled per attempt (default 100)",
+        help="retry delay of a job's first retry, doubled per attempt, 1..3600000 (default 100)",
     )
     work.add_argument(
         "--retry-cap-ms",
@@ -136,13 +140,14 @@ def add_work(commands: Commands) -> None:
         "--breaker-after",
         type=exact_int,
         default=8,
-        help="sends in a row that find no sink before the run pauses (default 8)",
+        help="sends in a row that find no sink (or no answer in time) before the run pauses, "
+        "1..10000 (default 8)",
     )
     work.add_argument(
         "--breaker-max-ms",
         type=exact_int,
         default=2000,
-        help="longest wait between probes while paused (default 2000)",
+        help="longest wait between probes while paused, up to an hour (default 2000)",
     )
     work.add_argument(
         "--accept-dead",
@@ -225,6 +230,8 @@ def run_work(args: argparse.Namespace) -> int:
         raise Usage(str(error)) from None
     if args.burst != 1 and args.rate in (None, "off"):
         raise Usage("--burst goes with --rate R")
+    if args.max_concurrency is not None and args.concurrency != "auto":
+        raise Usage("--max-concurrency goes with --concurrency auto")
     clear = args.rate == "off"
     rate = None if clear else args.rate
     log_to_stderr(args, "work")
@@ -252,7 +259,7 @@ def run_work(args: argparse.Namespace) -> int:
                     exporter.timed(send),
                     owner=owner,
                     concurrency=args.concurrency,
-                    max_concurrency=args.max_concurrency,
+                    max_concurrency=256 if args.max_concurrency is None else args.max_concurrency,
                     lease_ms=args.lease_ms,
                     trace=tracer,
                     prefetch=args.prefetch,
@@ -334,7 +341,7 @@ def run_work(args: argparse.Namespace) -> int:
                     ("retry policy", f"base {retry.base_ms} ms, cap {retry.cap_ms} ms"),
                     (
                         "breaker",
-                        f"after {breaker.after} failures in a row, probes "
+                        f"after {plural(breaker.after, 'failure')} in a row, probes "
                         f"{breaker.base_ms}..{breaker.max_ms} ms apart",
                     ),
                     *(
@@ -350,7 +357,8 @@ def run_work(args: argparse.Namespace) -> int:
         raise failure
     if run.dead_unanswered and not args.accept_dead:
         print(
-            f"asnackq work: {run.dead_unanswered} jobs ended dead that the sink never rejected "
+            f"asnackq work: {plural(run.dead_unanswered, 'job')} ended dead that the sink never "
+            "rejected "
             f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
             "pass --accept-dead to exit 0",
             file=sys.stderr,

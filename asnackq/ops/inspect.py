@@ -150,10 +150,12 @@ def leases(now_ms: int) -> w.Plan[list[dict[str, Any]]]:
 
 
 def done_per_minute(now_ms: int) -> w.Plan[dict[str, Any]]:
-    """Done jobs in each of the ``HOUR_MINUTES`` minutes up to ``now_ms``, the oldest first
-    (jobs finished at ``now_ms`` or later, on a clock ahead of this one, count in the
-    last): each minute's start, its count and its done/s."""
-    start = now_ms - HOUR_MINUTES * MINUTE_MS
+    """Done jobs in each of the last ``HOUR_MINUTES`` minutes of the clock, the current
+    (partial) one last, the oldest first (jobs finished at ``now_ms`` or later, on a clock
+    ahead of this one, count in the last): each minute's start, its count and its done/s.
+    The minutes are the clock's own (aligned to whole minutes), so a job stays in the same
+    minute from one reading to the next: unchanged data shows unchanged counts."""
+    start = (now_ms // MINUTE_MS - HOUR_MINUTES + 1) * MINUTE_MS
     counts = [0] * HOUR_MINUTES
     for minute, count in (yield from fetch(SQL_DONE_PER_MINUTE, {"start": start})):
         counts[min(int(minute), HOUR_MINUTES - 1)] += count
