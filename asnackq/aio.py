@@ -66,7 +66,7 @@ from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
 from asnackq.store.targets import is_url, one_line
-from asnackq.wire.send import AsyncSend, TimedOut
+from asnackq.wire.send import AsyncSend, TimedOut, Untrusted
 
 __all__ = [
     "NOT_AN_INTAKE",
@@ -533,7 +533,9 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         jitter = w.check_jitter(port.settings.jitter())
         seen, result = await send_once(port, send, claimed, jitter)
         overloaded = seen.overloaded is not None
-        port.report(Attempt(probe, seen.unavailable, True, again > 0, overloaded, seen.timed_out))
+        port.report(
+            Attempt(probe, seen.unavailable, True, again > 0, overloaded, seen.cause, seen.why)
+        )
         again += 1
         if result is not None:
             return result
@@ -548,11 +550,13 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
 class Seen(NamedTuple):
     """What one request showed of the sink: no sink (``unavailable``: True), an answer
     (False), neither (None: the send failed on our side); the overload it answered with;
-    whether no sink meant no answer in time (``timed_out``: the sink is timing out)."""
+    why there was no sink (``cause``: ``away``, ``timing_out`` - no answer in time -, or
+    ``tls`` - it could not be trusted, ``why`` says how)."""
 
     unavailable: bool | None
     overloaded: w.Overloaded | None = None
-    timed_out: bool = False
+    cause: str = "away"
+    why: str = ""
 
 
 async def send_once(
@@ -568,8 +572,10 @@ async def send_once(
         outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
     except w.Overloaded as error:
         return Seen(False, error), None  # the sink is there
+    except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
+        return Seen(True, cause="tls", why=error.why), None
     except w.Unavailable as error:
-        return Seen(True, timed_out=isinstance(error, TimedOut)), None
+        return Seen(True, cause="timing_out" if isinstance(error, TimedOut) else "away"), None
     except (w.Retryable, w.Permanent) as error:
         outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
     except Exception as error:  # stays leased; reclaimed after the lease

@@ -140,7 +140,7 @@ def test_the_system_trust_store_is_the_default(pki, tmp_path):
     with serving("http10", tmp_path, tls=context) as peer:
         source, sink = tmp_path / "source.db", ("--sink", peer.url)
         code, _, err = asnackq("outbox", "dispatch", source, *sink)
-        assert code == 1 and "CERTIFICATE_VERIFY_FAILED" in err and peer.ids == []
+        assert code == 1 and "not from a trusted CA" in err and peer.ids == []
         code, _, err = asnackq("outbox", "dispatch", source, *sink, env=trusting(pki))
         assert code == 0, err
     assert peer.ids == IDS

@@ -4,7 +4,8 @@ Rules of this module:
 
 * Only ``Unavailable`` failures count: the sink refused, reset, timed out or answered
   502-504.  Any other answer (an ACK, a rejection, a bad ACK) shows the sink is there.
-  The pause's cause is the last failure's: ``timing_out`` if it was a timeout, else
+  The pause's cause is the last failure's: ``timing_out`` (no answer in time), ``tls``
+  (TLS refused: this worker's set-up or the sink's certificate, ``why`` names it) or
   ``away``; its opening, first probe and closing are events (``asnackq.dispatch.events``).
 * ``after`` such failures in a row open the breaker: no send passes but one probe at a
   time, the first ``base_ms`` after the opening, each next wait doubled up to ``max_ms``.
@@ -29,6 +30,7 @@ __all__ = ["PAUSED", "Breaker", "BreakerPolicy"]
 PAUSED = {  # the ``paused`` event's message, by cause
     "away": "paused: the sink is away (no connection, refused, reset or 502-504)",
     "timing_out": "paused: the sink is timing out (no answer within the sender's timeout)",
+    "tls": "paused: TLS with the sink fails",
 }
 
 
@@ -65,7 +67,7 @@ class Breaker:
     ) -> None:
         self.policy = policy.check()
         self.events = events or Events("")
-        self.timed_out = False  # the last failure was a timeout
+        self.cause, self.why = "away", ""  # the last failure's
         self.counts = BreakerCounts()
         self.closed = asyncio.Event()
         self.closed.set()
@@ -111,12 +113,14 @@ class Breaker:
             )
         return True
 
-    def record(self, probe: bool | None, unavailable: bool | None, timed_out: bool = False) -> None:
-        """The send admitted with ``probe`` found no sink (True; ``timed_out``: no answer in
-        time), an answer (False), or did not happen (None)."""
+    def record(
+        self, probe: bool | None, unavailable: bool | None, cause: str = "away", why: str = ""
+    ) -> None:
+        """The send admitted with ``probe`` found no sink (True; ``cause``: why, see the
+        module), an answer (False), or did not happen (None)."""
         if unavailable:
             self._in_a_row += 1
-            self.timed_out = timed_out
+            self.cause, self.why = cause, why
             if probe:
                 self._wait_ms = min(2 * self._wait_ms, self.policy.max_ms)
             elif not self.is_open and self._in_a_row >= self.policy.after:
@@ -141,11 +145,6 @@ class Breaker:
             self.counts.paused_ms += self._elapsed_ms()
             self._opened_at = asyncio.get_running_loop().time()
 
-    @property
-    def cause(self) -> str:
-        """Why sends fail now: ``timing_out`` (no answer in time) or ``away``."""
-        return "timing_out" if self.timed_out else "away"
-
     def _open(self) -> None:
         self.closed.clear()
         self._opened_at = asyncio.get_running_loop().time()
@@ -157,6 +156,7 @@ class Breaker:
             PAUSED[self.cause],
             logging.WARNING,
             cause=self.cause,
+            **({"why": self.why} if self.why else {}),
             failures=self._in_a_row,
             outage=self.counts.outages,
         )

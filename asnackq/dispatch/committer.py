@@ -171,9 +171,8 @@ class Committer:
             self.summary.resent += attempt.resent
             self.summary.overloaded += attempt.overloaded
             if attempt.unavailable:
-                self.summary.timeouts += attempt.timed_out
-                self.summary.away += not attempt.timed_out
-        self.breaker.record(attempt.probe, attempt.unavailable, attempt.timed_out)
+                self.summary.unanswered(attempt.cause)
+        self.breaker.record(attempt.probe, attempt.unavailable, attempt.cause, attempt.why)
 
     def kick_now(self) -> None:
         self.kick.set()

@@ -62,6 +62,10 @@ WORKER_COUNTERS = {
         "sends_timed_out",
         "Sends with no answer within the sender's timeout: the sink timing out.",
     ),
+    "untrusted": (
+        "sends_untrusted",
+        "Sends refused by TLS: the sink's certificate, or this worker's (no attempt spent).",
+    ),
     "concurrency_cuts": ("concurrency_cuts", "Times the adaptive concurrency limit was cut."),
     "bad_acks": ("bad_acks", "Answers that proved nothing (redirects, wrong ids, bad bodies)."),
     "errors": ("errors", "Sends that ended in another error."),

@@ -28,6 +28,7 @@ class Summary:
     overloaded: int = 0  # answers 429, or 503 with Retry-After: the job waited, no attempt spent
     away: int = 0  # sends that found no sink (refused, reset, no connection, 502/503/504)
     timeouts: int = 0  # sends with no answer within the sender's timeout: the sink timing out
+    untrusted: int = 0  # sends refused by TLS (the sink's certificate, or this worker's)
     concurrency: int = 0  # the sends let in flight (concurrency "auto": the limit at the end),
     concurrency_cuts: int = 0  # and the times the adaptive limit was cut
     extended: int = 0
@@ -56,6 +57,15 @@ class Summary:
             self.dead += n
             name = f"dead_{reason}"
             setattr(self, name, getattr(self, name) + n)
+
+    def unanswered(self, cause: str) -> None:
+        """Count one send that found no sink, by cause: away, timing_out or tls."""
+        if cause == "timing_out":
+            self.timeouts += 1
+        elif cause == "tls":
+            self.untrusted += 1
+        else:
+            self.away += 1
 
     def fail(self, failure: str) -> None:
         """Count one send that ended without an outcome: a bad ACK or another error."""

@@ -35,12 +35,13 @@ class Attempt(NamedTuple):
     """One pass of a coroutine's send loop: whether a request went out (and again under the
     same lease, or answered with an overload), and the breaker's sample - the admission
     it passed with (``probe``: True, False, or None for none) and what the sink showed
-    (``unavailable``: True no sink, False an answer, None no send; ``timed_out``: no sink
-    because no answer came in time)."""
+    (``unavailable``: True no sink, False an answer, None no send; ``cause``: why no sink -
+    ``away``, ``timing_out`` or ``tls``, with ``why``)."""
 
     probe: bool | None
     unavailable: bool | None
     sent: bool = False
     resent: bool = False
     overloaded: bool = False
-    timed_out: bool = False
+    cause: str = "away"
+    why: str = ""

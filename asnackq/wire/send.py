@@ -21,7 +21,10 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
   not made within it is ``Unavailable``; a body shorter than its ``Content-Length`` proves
   nothing (``Unavailable``).
 * https: an untrusted certificate (unknown CA, another host's name, expired) or a failed
-  handshake raises ``Untrusted``, a ``BadAck``: never evidence, never an outage.
+  handshake raises ``Untrusted``, a ``BadAck``: never evidence. Its ``why`` names what to fix
+  (``asnackq.wire.tls.tls_cause``: the CA, the certificate's dates or names, the protocol,
+  this worker's client certificate). A connection the sink ends during the TLS handshake (as
+  a server that refuses a client certificate without an alert does) is ``Untrusted`` too.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from asnackq.core.worker import (
 )
 from asnackq.wire import http_spans, strict_json
 from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
-from asnackq.wire.tls import tls_context
+from asnackq.wire.tls import tls_cause, tls_context
 
 # aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
 # HttpSender starts 0.15 s sooner.
@@ -208,7 +211,21 @@ async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
 class Untrusted(BadAck):
     """Raised when an https sink cannot be trusted: its certificate is not from a trusted
     CA, names another host or has expired, or the TLS handshake failed (a client
-    certificate it wanted and did not get). Nothing was sent, or nothing proves anything."""
+    certificate it wanted and did not get). Nothing was sent, or nothing proves anything.
+    ``why``: the cause, in one line."""
+
+    def __init__(self, text: str, why: str = "") -> None:
+        super().__init__(text)
+        self.why = why or text
+
+
+class HandshakeCut(OSError):
+    """The sink ended the connection during the TLS handshake."""
+
+
+HANDSHAKE_CUT = (
+    "the sink ended the TLS handshake: it may refuse this worker's client certificate (or want one)"
+)
 
 
 class TimedOut(Unavailable):
@@ -229,8 +246,11 @@ def failure(event_id: str, error: BaseException, timeout_s: float) -> Unavailabl
     text = f"sending {event_id!r}: {error!r}"
     cause: BaseException | None = error
     while cause is not None:
+        if isinstance(cause, HandshakeCut):
+            return Untrusted(f"sending {event_id!r}: {HANDSHAKE_CUT}", HANDSHAKE_CUT)
         if isinstance(cause, ssl.SSLError) and not isinstance(cause, STALE):
-            return Untrusted(text)
+            why = tls_cause(cause)
+            return Untrusted(f"sending {event_id!r}: {why}", why)
         cause = cause.__cause__ or cause.__context__
     if isinstance(error, TimeoutError) and not connecting(error):
         return TimedOut(f"sending {event_id!r}: no answer within {timeout_s:g} s")
@@ -317,7 +337,10 @@ class HttpSender:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock.settimeout(time_left(deadline))
-                sock = self.tls.wrap_socket(sock, server_hostname=self.parts.hostname)
+                try:
+                    sock = self.tls.wrap_socket(sock, server_hostname=self.parts.hostname)
+                except (ConnectionResetError, ssl.SSLEOFError) as error:
+                    raise HandshakeCut("the sink ended the TLS handshake") from error
             sock.settimeout(time_left(deadline))
         except TimeoutError as error:
             sock.close()
@@ -395,4 +418,11 @@ class AsyncHttpSender:
                 answer = await read_bounded(response.content)
                 return response.status, answer, response.headers.get("Retry-After")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            if (
+                isinstance(error, aiohttp.ClientConnectorError)
+                and error.ssl is not False
+                and self.tls is not None
+                and isinstance(error.os_error, (ConnectionResetError, ssl.SSLEOFError))
+            ):  # (an https connection cut before it was made: during the handshake)
+                raise failure(event_id, HandshakeCut(str(error)), self.timeout_s) from error
             raise failure(event_id, error, self.timeout_s) from error

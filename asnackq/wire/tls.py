@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["server_context", "tls_context"]
+__all__ = ["server_context", "tls_cause", "tls_context"]
 
 T = TypeVar("T")
 KEY_WHY = "not PEM, or no key that matches the certificate"
@@ -38,6 +38,54 @@ def tls_context(
         load = lambda: context.load_cert_chain(str(cert_file), keyfile)  # noqa: E731
         pem("cert_file/key_file", cert_file, load, KEY_WHY)
     return context
+
+
+# OpenSSL's verify codes (``X509_V_ERR_*``) a sender meets, by what a person should fix.
+UNTRUSTED_CA = {2, 18, 19, 20, 21, 24, 27, 28}
+EXPIRED, NOT_YET_VALID, HOST_MISMATCH, IP_MISMATCH = 10, 9, 62, 64
+CLIENT_REFUSED = (  # the sink's alerts about this worker's client certificate
+    "CERTIFICATE_REQUIRED",
+    "BAD_CERTIFICATE",
+    "UNKNOWN_CA",
+    "CERTIFICATE_UNKNOWN",
+    "ACCESS_DENIED",
+    "CERTIFICATE_REVOKED",
+    "CERTIFICATE_EXPIRED",
+    "DECRYPT_ERROR",
+)
+
+
+def tls_cause(error: BaseException) -> str:
+    """Why TLS with the sink failed, in one line naming what to fix: its CA, its
+    certificate's dates or names, the protocol, or this worker's client certificate."""
+    cause: BaseException | None = error
+    while cause is not None:
+        # (aiohttp's wrappers: the certificate's error, or the connection's)
+        inner = getattr(cause, "certificate_error", None) or getattr(cause, "os_error", None)
+        if isinstance(inner, BaseException) and inner is not cause:
+            cause = inner
+        if isinstance(cause, ssl.SSLCertVerificationError) and hasattr(cause, "verify_code"):
+            code, text = cause.verify_code, cause.verify_message
+            if code in UNTRUSTED_CA:
+                return f"the sink's certificate is not from a trusted CA ({text}; see --sink-ca)"
+            if code == EXPIRED:
+                return "the sink's certificate has expired"
+            if code == NOT_YET_VALID:
+                return "the sink's certificate is not valid yet (or this host's clock is behind)"
+            if code in (HOST_MISMATCH, IP_MISMATCH):
+                return f"the sink's certificate names another host ({text})"
+            return f"the sink's certificate cannot be verified ({text})"
+        if isinstance(cause, ssl.SSLError):
+            reason = str(getattr(cause, "reason", None) or "")
+            if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                return "the sink does not speak TLS on that port (https to a plain http port?)"
+            if any(alert in reason for alert in CLIENT_REFUSED):
+                return f"the sink refused this worker's client certificate or wanted one ({reason})"
+            if "PROTOCOL" in reason or "VERSION" in reason:
+                return f"no TLS version or cipher in common with the sink ({reason})"
+            return f"the TLS handshake with the sink failed ({reason or cause})"
+        cause = cause.__cause__ or cause.__context__
+    return f"TLS with the sink failed ({error!r})"
 
 
 def files(named: dict[str, object]) -> None:

@@ -1,0 +1,121 @@
+"""A worker's TLS set up wrong is the worker's: one line naming the cause, a pause like an
+outage, no attempt spent - against real https servers (trustme's throwaway CAs)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import signal
+import ssl
+import subprocess
+import time
+
+import pytest
+import trustme
+
+from asnackq.aio import AsyncQueue, Dispatcher, Event
+from asnackq.dispatch.breaker import BreakerPolicy
+from asnackq.lab import procs
+from asnackq.wire.send import AsyncHttpSender
+
+from .conftest import execute
+from .peers import serving
+
+BREAKER = BreakerPolicy(after=2, base_ms=20, max_ms=200)
+
+
+def server_tls(ca: trustme.CA, *names: str, client_ca=None, **dates) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*(names or ("127.0.0.1",)), **dates).configure_cert(context)
+    if client_ca is not None:
+        client_ca.configure_trust(context)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.maximum_version = ssl.TLSVersion.TLSv1_2  # (1.3: refused after the handshake)
+    return context
+
+
+EXPIRED = {"not_after": datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)}
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("unknown-ca", "not from a trusted CA"),
+        ("expired", "has expired"),
+        ("another-host", "names another host"),
+        ("plain-port", "does not speak TLS on that port"),
+        ("client-refused", "client certificate"),
+    ],
+)
+async def test_a_tls_failure_pauses_with_its_cause_and_spends_no_attempt(tmp_path, case, why):
+    ca, other = trustme.CA(), trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    (other if case == "unknown-ca" else ca).cert_pem.write_to_path(ca_file)
+    tls = {
+        "expired": server_tls(ca, **EXPIRED),
+        "another-host": server_tls(ca, "localhost"),
+        "plain-port": None,
+        "client-refused": server_tls(ca, client_ca=trustme.CA()),
+    }.get(case, server_tls(ca))
+    events: list[Event] = []
+    async with AsyncQueue.open(tmp_path / "q.db") as queue:
+        await queue.enqueue({"id": "t1", "qty": 1}, max_attempts=2)
+        with serving("sink", tmp_path, tls=tls) as peer:
+            url = peer.url.replace("http://", "https://")
+            async with AsyncHttpSender(url, ca_file=ca_file) as send:
+                dispatcher = Dispatcher(
+                    queue, send, owner="w", lease_ms=300, breaker=BREAKER, on_event=events.append
+                )
+                run = asyncio.ensure_future(dispatcher.run(follow=True))
+                for _ in range(600):  # until it pauses (bounded: 60 s)
+                    if any(event.name == "paused" for event in events):
+                        break
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(1.5)  # five leases' worth of the pause
+                dispatcher.stop()
+                summary = await asyncio.wait_for(run, 60)
+        assert peer.ids == []  # nothing reached the receiver
+    paused = [event for event in events if event.name == "paused"]
+    assert len(paused) == 1, [event.name for event in events]  # said once
+    assert paused[0].fields["cause"] == "tls" and why in str(paused[0].fields["why"])
+    assert summary.untrusted >= 2 and summary.bad_acks == 0 and summary.dead == 0
+    assert summary.claimed == 1  # held under its lease all along, never reclaimed
+    assert execute(tmp_path / "q.db", "SELECT status, attempts FROM jobs") == [("leased", 1)]
+
+
+@pytest.mark.process
+def test_work_says_once_on_stderr_why_tls_fails(tmp_path):
+    """``asnackq sink`` on https with an expired certificate; ``work`` prints one line
+    naming the cause, keeps its job (one attempt), and stops cleanly."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("127.0.0.1", **EXPIRED).private_key_and_cert_chain_pem.write_to_path(
+        tmp_path / "sink.pem"
+    )
+    queue = tmp_path / "q.db"
+    for args in (("init", queue), ("enqueue", queue, "--id", "a", "--qty", "1")):
+        subprocess.run(procs.command(*args), check=True, capture_output=True)
+    tls = ("--tls-cert", tmp_path / "sink.pem", "--tls-key", tmp_path / "sink.pem")
+    log = tmp_path / "work.log"
+    with procs.Replicas(tmp_path / "sink.db", 1, *tls) as sinks, log.open("w") as stderr:
+        url = sinks.urls[0].replace("http://", "https://")
+        options = ("--sink-ca", tmp_path / "ca.pem", "--lease-ms", "500", "--json")
+        proc = subprocess.Popen(
+            procs.command("work", queue, "--sink", url, *options),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        give_up = time.monotonic() + 120
+        while "paused" not in log.read_text() and time.monotonic() < give_up:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        time.sleep(2)  # four leases' worth of the pause
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    said = [line for line in log.read_text().splitlines() if "TLS" in line]
+    assert len(said) == 1 and "the sink's certificate has expired" in said[0], said
+    assert json.loads(out)["untrusted"] >= 1
+    assert execute(queue, "SELECT status, attempts FROM jobs") == [("leased", 1)]
