@@ -23,8 +23,8 @@ def an_hour_of_work(queue, now):
     the rows of the finished ones in a sink's inbox."""
     con = w.open_queue(queue)
     done = []
-    for ago in range(58, -1, -1):  # the minute that ended `ago` minutes ago
-        at = now - ago * 60_000 - 30_000
+    for ago in range(58, -1, -1):  # the clock's minute `ago` minutes before the current one
+        at = (now // 60_000 - ago) * 60_000  # its first millisecond: never after now
         count = round(30 + 25 * math.sin(ago / 9) + (40 if 20 <= ago < 26 else 0))
         items = [({"id": f"m{ago}-{i}", "qty": 1}, 1000, 3) for i in range(count)]
         w.enqueue_many(con, items, at)

@@ -114,10 +114,12 @@ def test_a_child_whose_lifeline_is_cut_already_stops_at_once(tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1", "0", "abc", "999999", ""])
+@pytest.mark.parametrize(
+    "value", ["\u00b2", "\u0663", "1", "0", "abc", "999999", "", str(2**31), str(2**64), "-1"]
+)
 def test_a_lifeline_variable_naming_no_pipe_changes_nothing(value):
-    """Digits of other scripts, a descriptor that is no pipe (0: stdin here is /dev/null) or
-    none at all: the command runs as usual."""
+    """Digits of other scripts, a descriptor that is no pipe (0: stdin here is /dev/null),
+    none at all, or a number no descriptor can be: the command runs as usual."""
     done = subprocess.run(
         procs.command("--help"),
         env={**os.environ, procs.LIFELINE_ENV: value},

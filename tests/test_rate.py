@@ -7,6 +7,7 @@ import bisect
 import itertools
 import json
 import random
+import re
 import sqlite3
 import subprocess
 import time
@@ -443,13 +444,17 @@ def queue_with_rate_row(path: Path, interval_us: int, burst: int) -> Path:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize(("interval_us", "burst"), [(0, 1), (-40_000, 1), (40_000, 0), (1, 1)])
+@pytest.mark.parametrize(
+    ("interval_us", "burst"),
+    [(0, 1), (-40_000, 1), (40_000, 0), (1, 1), (2**62, 1), (2**63 - 1, 1), (2.5, 1)],
+)
 def test_work_on_a_queue_whose_rate_row_is_out_of_range_says_so_in_one_line(
     tmp_path, interval_us, burst
 ):
-    """A rate row with interval 0, a negative interval, a burst of 0, or a rate above
-    MAX_SEND_RATE (written by hand): a worker given no rate says so in one line and exits 1,
-    never a traceback or a run at a bogus rate."""
+    """A rate row with interval 0, a negative interval, a burst of 0, a rate above
+    MAX_SEND_RATE or below MIN_SEND_RATE, or an interval that is no int (written by hand): a
+    worker given no rate says so in one line and exits 1, never a traceback or a run at a
+    bogus rate."""
     queue = queue_with_rate_row(tmp_path / "queue.db", interval_us, burst)
     done = subprocess.run(
         [*procs.command("work", queue, "--sink", "http://127.0.0.1:9/events", "--until-empty")],
@@ -484,6 +489,35 @@ def test_shared_rate_never_returns_a_rate_above_max_rate(tmp_path):
             w.drive(con, r.plan_shared_rate())
     finally:
         con.close()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "typed",
+    [" 9", "9 ", "+9", "9_0", "\u0669", "1e-30", "0.0005", "1e400", "100001", "nan", "0x10"],
+)
+def test_a_rate_not_plainly_written_or_out_of_range_is_a_usage_error(tmp_path, typed):
+    """``--rate`` takes a number written plainly in ASCII in MIN_SEND_RATE..MAX_SEND_RATE
+    (whose interval fits the queue's rate row): anything else is exit 2 and one line naming
+    the range, with the queue untouched."""
+    queue = tmp_path / "queue.db"
+    w.open_queue(queue).close()
+    before = queue.read_bytes()
+    argv = ["work", queue, "--sink", "http://127.0.0.1:9/e", "--until-empty", "--rate", typed]
+    done = subprocess.run(procs.command(*argv), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{r.MIN_SEND_RATE:g}..{r.MAX_SEND_RATE:g}" in done.stderr.splitlines()[-1]
+    assert queue.read_bytes() == before
+
+
+@pytest.mark.parametrize("per_s", [r.MIN_SEND_RATE, r.MAX_SEND_RATE])
+def test_the_rates_at_the_ends_of_the_range_round_trip_through_the_row(tmp_path, per_s):
+    """The slowest and the fastest rate are stored as an interval a row holds and read back
+    as the same rate."""
+    rate = r.check_rate(per_s)
+    assert r.rate_of((round(1_000_000 / rate.per_s), 1), "default").per_s == pytest.approx(per_s)
+    with pytest.raises(ValueError, match=re.escape("0.001..100000")):
+        r.check_rate(per_s * (0.5 if per_s == r.MIN_SEND_RATE else 2))
 
 
 @pytest.mark.process

@@ -22,6 +22,7 @@ from asnackq.wire.tls import tls_context
 
 __all__ = [
     "DELAY_MS",
+    "FLOAT_TEXT",
     "PROBABILITY",
     "QUEUE_HELP",
     "TIMEOUT",

@@ -30,7 +30,7 @@ def end_with_parent() -> None:
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return
-    except OSError:  # no such descriptor here
+    except (OSError, OverflowError):  # no such descriptor here (or none could be)
         return
     threading.Thread(target=watch, args=(fd,), name="asnackq-lifeline", daemon=True).start()
 

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 
 from asnackq.cli.common import (
+    FLOAT_TEXT,
     QUEUE_HELP,
     TIMEOUT,
     Commands,
@@ -41,7 +42,7 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, plural, progress_line
 from asnackq.core import worker as w
-from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, Rate
+from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, MIN_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import one_line
 from asnackq.wire.send import DEFAULT_TIMEOUT_S
@@ -55,17 +56,14 @@ CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
 
 
 def send_rate(text: str) -> float | str:
-    """An argparse type: sends per second, a number above 0 and at most ``MAX_SEND_RATE``; or
-    ``off``."""
+    """An argparse type: sends per second, a number written plainly in ASCII in
+    ``MIN_SEND_RATE..MAX_SEND_RATE``; or ``off``."""
     if text == "off":
         return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_SEND_RATE:  # (NaN too)
+    value = float(text) if FLOAT_TEXT.fullmatch(text) else math.nan
+    if not MIN_SEND_RATE <= value <= MAX_SEND_RATE:  # (NaN too)
         raise argparse.ArgumentTypeError(
-            f"must be a number of sends a second above 0 and at most {MAX_SEND_RATE:g}, "
+            f"must be a number of sends a second in {MIN_SEND_RATE:g}..{MAX_SEND_RATE:g}, "
             f"or 'off', not {text!r}"
         )
     return value

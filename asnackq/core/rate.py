@@ -42,6 +42,7 @@ __all__ = [
     "MAX_BURST",
     "MAX_LEAD_US",
     "MAX_SEND_RATE",
+    "MIN_SEND_RATE",
     "SQL_RATE_CLEAR",
     "SQL_RATE_CLOCK",
     "SQL_RATE_EXISTS",
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 MAX_SEND_RATE = 100_000.0  # sends per second: an emission interval of at least 10 us
+MIN_SEND_RATE = 0.001  # sends per second: an emission interval of at most 1000 s
 MAX_BURST = 100_000
 HORIZON_US = 250_000  # how far past its lead a claim may take slots (0.25 s)
 MAX_LEAD_US = 250_000  # the longest lead a claim may ask for
@@ -102,16 +104,17 @@ class Rate(NamedTuple):
 
 
 def check_rate(per_s: object, burst: object = 1, key: object = DEFAULT_KEY) -> Rate:
-    """A valid ``Rate``: ``per_s`` a finite number in (0, MAX_SEND_RATE], ``burst`` an int in
-    1..MAX_BURST, ``key`` an identifier; ``ValueError`` otherwise."""
+    """A valid ``Rate``: ``per_s`` a finite number in [MIN_SEND_RATE, MAX_SEND_RATE],
+    ``burst`` an int in 1..MAX_BURST, ``key`` an identifier; ``ValueError`` otherwise."""
     if not (
         isinstance(per_s, int | float)
         and type(per_s) is not bool
         and math.isfinite(per_s)
-        and 0 < per_s <= MAX_SEND_RATE
+        and MIN_SEND_RATE <= per_s <= MAX_SEND_RATE
     ):
         raise ValueError(
-            f"rate must be a number of sends per second in (0, {MAX_SEND_RATE:g}]: {per_s!r}"
+            f"rate must be a number of sends per second in {MIN_SEND_RATE:g}..{MAX_SEND_RATE:g}: "
+            f"{per_s!r}"
         )
     return Rate(
         float(per_s),
