@@ -231,7 +231,8 @@ class AsyncQueue:
 
     @property
     def health(self) -> Health | None:
-        """The store's session and its outages (a ``postgresql://`` store's; None for a file)."""
+        """The store's session and its outages: a ``postgresql://`` server away, a file held
+        by another program (None on the application's connection)."""
         return getattr(self._db, "health", None)
 
     async def _run(

@@ -21,7 +21,9 @@ from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
 from asnackq.cli.work import add_work
 from asnackq.core import worker as w
 from asnackq.store.outage import database_error
+from asnackq.store.sessions import LOG as STORE_LOG
 from asnackq.store.targets import one_line
+from asnackq.wire import logs
 
 __all__ = ["main", "parser"]
 
@@ -48,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lifeline.end_with_parent()  # (started by the lab: end with it)
     args = parser().parse_args(argv)
     run: Command = args.run
+    # A file another program holds is waited for, said in one line (``store.sessions``).
+    logs.to_stderr(STORE_LOG, f"asnackq {args.command}", getattr(args, "log_format", "text"))
     try:
         with otel.exporting(args, f"asnackq-{args.command}"):  # (tracing, when asked for)
             return run(args)

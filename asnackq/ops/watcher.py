@@ -36,7 +36,7 @@ from typing import Any
 from asnackq import ops
 from asnackq.core import worker as w
 from asnackq.ops import inspect, queries
-from asnackq.store import readers, reads
+from asnackq.store import files, readers, reads
 from asnackq.store.outage import database_error
 from asnackq.store.reads import fetch
 from asnackq.store.sqlite_aio import steps
@@ -63,7 +63,7 @@ Reading = Callable[[], Awaitable[Any]]  # one try of a read
 async def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
     """``await read()`` and the seconds it took, retried while a writer holds the file.
 
-    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``readers.Locked``), not
+    A lock is waited out by retrying (for ``LOCK_WAIT_S`` at most; then ``files.Locked``), not
     inside SQLite's busy handler: the time returned is that of the read that succeeded, so a
     wait for a writer is never taken for the cost of reading.  Anything unreadable is a
     ``ValueError`` (one line; a URL's password never shown).
@@ -74,11 +74,11 @@ async def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
         try:
             return await read(), time.monotonic() - started
         except Exception as error:
-            if readers.locked(error):
+            if files.locked(error):
                 if time.monotonic() < deadline:
                     await asyncio.sleep(LOCK_POLL_S)
                     continue
-                raise readers.Locked(
+                raise files.Locked(
                     f"the {what} {shown(where)} is locked by another process (held over "
                     f"{LOCK_WAIT_S:g} s): the figures shown are older"
                 ) from None
@@ -152,7 +152,7 @@ class Watcher:
     took: float = 0.0  # seconds the last sample spent reading (lock waits excluded)
 
     async def sample(self) -> None:
-        """Read everything once; ``ValueError`` (``readers.Locked`` for a lock) if a DB cannot be
+        """Read everything once; ``ValueError`` (``files.Locked`` for a lock) if a DB cannot be
         read, and then the last state stays."""
         now = w.epoch_ms()
         queue, took = await attempt(

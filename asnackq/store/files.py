@@ -28,13 +28,37 @@ from pathlib import Path
 from asnackq.core import worker as w
 from asnackq.store import reads
 
-__all__ = ["empty", "existing", "holds", "judged", "plan_columns", "present", "unreadable", "uris"]
+__all__ = [
+    "Locked",
+    "empty",
+    "existing",
+    "holds",
+    "judged",
+    "locked",
+    "plan_columns",
+    "present",
+    "unreadable",
+    "uris",
+]
 
 HEADER = b"SQLite format 3\x00"
 SQL_OBJECTS = (
     "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%'"
 )
 KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+class Locked(ValueError):
+    """Raised when a file stayed locked by another connection for longer than its reader or
+    writer would wait."""
+
+
+def locked(error: BaseException) -> bool:
+    """Whether ``error`` is SQLite saying that another connection holds the file."""
+    return isinstance(error, Locked) or (
+        isinstance(error, sqlite3.OperationalError)
+        and error.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED")
+    )
 
 
 @functools.cache
@@ -126,12 +150,14 @@ def uris(path: Path) -> tuple[str, str]:
 
 
 def unreadable(path: Path, error: sqlite3.DatabaseError, first: bool) -> None:
-    """``ValueError`` for a failed read of the tables, unless the next URI may succeed."""
+    """``ValueError`` for a failed read of the tables (``Locked`` for another connection's
+    lock), unless the next URI may succeed."""
     rollback = isinstance(error, sqlite3.OperationalError) and (
         error.sqlite_errorname == "SQLITE_READONLY_ROLLBACK"
     )
     if not (first and rollback):
-        raise ValueError(f"cannot read {path} now: {error}") from None
+        why = Locked if locked(error) else ValueError
+        raise why(f"cannot read {path} now: {error}") from None
 
 
 def existing(path: Path) -> dict[str, tuple[str, ...]]:

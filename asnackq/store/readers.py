@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.store import sessions
+from asnackq.store.files import Locked, locked
 from asnackq.store.sessions import Reader
 from asnackq.store.targets import Target, is_url
 
 if TYPE_CHECKING:
     import aiosqlite
 
-__all__ = ["Locked", "aread_only", "hint", "local_copies", "locked", "read_only"]
+__all__ = ["aread_only", "hint", "local_copies", "read_only"]
 
 SQL_HAS_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
@@ -40,18 +41,6 @@ def hint(error: sqlite3.Error) -> str:
             "writer that opens the file)"
         )
     return ""
-
-
-class Locked(ValueError):
-    """Raised when a file stayed locked by a writer for longer than the reader would wait."""
-
-
-def locked(error: BaseException) -> bool:
-    """Whether ``error`` is SQLite saying that another connection holds the file."""
-    return isinstance(error, Locked) or (
-        isinstance(error, sqlite3.OperationalError)
-        and error.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED")
-    )
 
 
 @contextlib.contextmanager

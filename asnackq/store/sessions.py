@@ -9,19 +9,26 @@ Rules of this module:
   demo); every other opening insists the queue (or the sink DB) is already there, and
   inspecting opens read-only.  A file is written only if it is new, empty or already a
   queue (``asnackq.store.files``): never another application's database.
+* A file another program holds (a reader's transaction, a writer's lock) is waited for, its
+  turn taken as soon as the file is free, for ``BUSY_WAIT_S`` at most: the first wait is said
+  once, as a record of the ``asnackq.store`` logger (the commands print it as one line); a
+  transaction refused for the lock committed nothing, so it is simply run again.
 * psycopg is imported only when a URL is used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import random
 import sqlite3
 import time
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from asnackq.core import worker as w
 from asnackq.store import files
+from asnackq.store.files import Locked, locked
 from asnackq.store.outage import Health
 from asnackq.store.pg_sql import Missing
 from asnackq.store.targets import Target, is_url, shown
@@ -33,7 +40,12 @@ __all__ = [
     "open_session",
     "pg_read_only",
     "require",
+    "take_turn",
 ]
+
+T = TypeVar("T")
+LOG = logging.getLogger("asnackq.store")
+BUSY_WAIT_S = 30.0  # how long a command waits its turn on a file another program holds
 
 LOST_RUNS = 3  # how often a plan meets a lost session before its error is the caller's
 RETURN_WAIT_S = 30.0  # how long a session lost mid-command waits for its server
@@ -53,14 +65,44 @@ class Session(Reader, Protocol):
     def close(self) -> None: ...
 
 
-class SqliteFile:
-    """A queue file through the core's own sqlite3 driver."""
+def take_turn(call: Callable[[], T], where: Target, wait_s: float = BUSY_WAIT_S) -> T:
+    """``call()``, again while another connection holds the file ``where`` (each try waits
+    in SQLite's busy handler first), for ``wait_s`` at most: then ``Locked``.  The first
+    refusal is logged once.  ``call`` must change nothing when refused for the lock (a
+    transaction rolled back, an opening closed)."""
+    gives_up = None
+    while True:
+        try:
+            return call()
+        except (sqlite3.OperationalError, Locked) as error:
+            if not locked(error):
+                raise
+            now = time.monotonic()
+            if gives_up is None:
+                gives_up = now + wait_s
+                LOG.warning(
+                    "waiting: %s is held by another program; its turn comes when it is "
+                    "free (up to %g s)",
+                    where,
+                    wait_s,
+                    extra={"event": "waiting", "fields": {"file": str(where), "wait_s": wait_s}},
+                )
+            if now >= gives_up:
+                raise Locked(
+                    f"{where} stayed held by another program for {wait_s:g} s: {error}"
+                ) from None
+        time.sleep(random.uniform(0.01, 0.1))  # (a refusal without the handler's wait)
 
-    def __init__(self, con: sqlite3.Connection) -> None:
-        self.con = con
+
+class SqliteFile:
+    """A queue file through the core's own sqlite3 driver; a plan refused for another
+    program's lock is run again (``take_turn``)."""
+
+    def __init__(self, con: sqlite3.Connection, where: Target) -> None:
+        self.con, self.where = con, where
 
     def run(self, make: w.Make, fault: w.Fault = None) -> Any:
-        return w.drive(self.con, make(), fault)
+        return take_turn(lambda: w.drive(self.con, make(), fault), self.where)
 
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         return self.con.execute(sql, parameters)
@@ -132,8 +174,8 @@ def open_session(where: Target, *, create: bool = False) -> Iterator[Session]:
     else:
         if not create:
             require(where)
-        files.holds(where, w.SCHEMA)  # never another application's database
-        store = SqliteFile(w.open_queue(where))
+        take_turn(lambda: files.holds(where, w.SCHEMA), where)  # never another application's
+        store = SqliteFile(take_turn(lambda: w.open_queue(where), where), where)
     try:
         yield store
     finally:
@@ -149,7 +191,7 @@ def require(where: Target, what: str = "queue") -> None:
             raise ValueError(
                 f"no {what} at {shown(where)} (create one with: asnackq init {shown(where)})"
             ) from None
-    elif not files.holds(where, w.SCHEMA):
+    elif not take_turn(lambda: files.holds(where, w.SCHEMA), where):
         raise ValueError(f"no {what} at {where} (create one with: asnackq init {where})")
 
 
@@ -162,7 +204,7 @@ def init(where: Target) -> tuple[bool, int]:
         except ValueError:
             created = True
     else:
-        created = not files.holds(where, w.SCHEMA)
+        created = not take_turn(lambda: files.holds(where, w.SCHEMA), where)
     with open_session(where, create=True) as store:
         (jobs,) = store.execute("SELECT count(*) FROM jobs").fetchone()
     return created, int(jobs)

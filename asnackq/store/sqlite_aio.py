@@ -10,13 +10,17 @@ Rules of this module:
   ``executemany``), so neither do a transaction's hops (``HOPS``).
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with a
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
-  ``QueueBusy``.  On the store's own connection BEGIN itself does not wait in SQLite's busy
-  handler (whose sleeps grow to 100 ms, so a lock freed after 60 ms is taken after 78): it
-  is tried again after a tenth of the time it has waited (``POLL_S``: 0.5 to 50 ms,
+  ``QueueBusy``; so does a statement or COMMIT refused for another process's lock (a
+  reader's transaction keeps a COMMIT waiting), after its ROLLBACK.  ``QueueBusy`` is a
+  ``StoreUnavailable``: nothing was committed, and the store's ``Health`` counts the time
+  the file was held, so a Dispatcher waits the file out as it waits out a server away.
+  On the store's own connection BEGIN itself does not wait in SQLite's busy handler
+  (whose sleeps grow to 100 ms, so a lock freed after 60 ms is taken after 78): it is
+  tried again after a tenth of the time it has waited (``POLL_S``: 0.5 to 50 ms,
   jittered), for as long as the handler would have waited, the connection's busy timeout
   kept for every other statement.
-* An exception before COMMIT rolls back and propagates unchanged (a failing ROLLBACK never
-  hides it).
+* Any other exception before COMMIT rolls back and propagates unchanged (a failing
+  ROLLBACK never hides it).
 * The caller serialises transactions on a connection (one lock) and shields them from
   cancellation (``aio.AsyncQueue``): aiosqlite cannot stop a statement already sent.
 """
@@ -33,6 +37,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from asnackq.core import worker as w
+from asnackq.store.outage import Health, StoreUnavailable
 
 __all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
 
@@ -50,8 +55,9 @@ HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
 POLL_S = (0.0005, 0.05)
 
 
-class QueueBusy(sqlite3.OperationalError):
-    """Raised when the queue file stayed locked by other processes beyond the retry bound."""
+class QueueBusy(sqlite3.OperationalError, StoreUnavailable):
+    """Raised when the queue file stayed locked by other processes beyond the retry bound:
+    the transaction committed nothing (a ``StoreUnavailable``: try again later)."""
 
 
 def call_fault(fault: w.Fault, point: str) -> None:
@@ -160,6 +166,11 @@ async def adrive(
     try:
         result, changed = await steps(db, plan, fault)
         await db.commit()
+    except sqlite3.OperationalError as error:
+        await rollback(db)
+        if busy(error) and not isinstance(error, QueueBusy):
+            raise QueueBusy(f"queue locked: {error}") from error
+        raise
     except BaseException:
         await rollback(db)
         raise
@@ -179,6 +190,7 @@ class SqliteStore:
         busy_ms: int | None = None,
     ) -> None:
         self.db, self.attempts, self.closing, self.busy_ms = db, attempts, closing, busy_ms
+        self.health = Health()  # the spells the file was held by others
 
     @classmethod
     async def open(
@@ -214,10 +226,23 @@ class SqliteStore:
     async def run(self, make: w.Make, fault: w.Fault = None) -> Any:
         """Run ``make()``'s plan in one transaction (made once: SQLite serialises writers,
         so a plan never meets a concurrent one)."""
-        return await adrive(self.db, make(), fault, self.attempts, self.busy_ms)
+        try:
+            result = await adrive(self.db, make(), fault, self.attempts, self.busy_ms)
+        except QueueBusy as error:
+            error.retry_in_s = self.health.failed()
+            raise
+        self.health.back()
+        return result
 
     async def read(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        return [tuple(row) for row in await self.db.execute_fetchall(sql, params)]
+        try:
+            rows = await self.db.execute_fetchall(sql, params)
+        except sqlite3.OperationalError as error:
+            if not busy(error):
+                raise
+            raise QueueBusy(f"queue locked: {error}", self.health.failed()) from error
+        self.health.back()
+        return [tuple(row) for row in rows]
 
     async def close(self) -> None:
         """Run ``closing`` (best effort: another connection may still hold the file), close."""
