@@ -139,7 +139,7 @@ def test_metrics_are_the_queue_gauges(dbs):
     jobs = {s.labels["status"]: s.value for s in families["asnackq_queue_jobs"].samples}
     assert jobs == {"pending": 2, "leased": 1, "done": 1, "dead": 1}
     dead = {s.labels["reason"]: s.value for s in families["asnackq_queue_dead_jobs"].samples}
-    assert dead == {"exhausted": 0, "deadline": 0, "permanent": 1}
+    assert dead == {"exhausted": 0, "deadline": 0, "permanent": 1, "poison": 0}
     assert families["asnackq_queue_expired_leases"].samples[0].value == 1
     age = families["asnackq_queue_oldest_pending_age_seconds"]
     assert age.type == "gauge" and 0 < age.samples[0].value < 60

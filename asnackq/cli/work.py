@@ -357,7 +357,8 @@ def run_work(args: argparse.Namespace) -> int:
         print(
             f"asnackq work: {plural(run.dead_unanswered, 'job')} ended dead that the sink never "
             "rejected "
-            f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}); "
+            f"(exhausted {summary['dead_exhausted']}, deadline {summary['dead_deadline']}, "
+            f"poison {summary['dead_poison']}); "
             "pass --accept-dead to exit 0",
             file=sys.stderr,
         )

@@ -51,7 +51,9 @@ __all__ = [
     "AFTER_COMMIT",
     "CONTRACT",
     "DAY_MS",
+    "DEAD_REASONS",
     "HOUR_MS",
+    "MAX_LOSSES",
     "MAX_NOW",
     "OUTCOMES",
     "PRAGMAS",
@@ -65,9 +67,14 @@ __all__ = [
     "SQL_JOB",
     "SQL_JOBS",
     "SQL_LEASE",
+    "SQL_LEASE_RECLAIMING",
     "SQL_NEXT_CLAIMABLE",
     "SQL_NEXT_FRESH",
+    "SQL_NEXT_FRESH_RECLAIMING",
+    "SQL_NEXT_RECLAIMABLE",
+    "SQL_POISON",
     "SQL_QUARANTINE",
+    "SQL_QUARANTINE_RECLAIMING",
     "SQL_REDRIVE",
     "SQL_SETTLE",
     "BadAck",
@@ -213,14 +220,21 @@ class Limits(NamedTuple):
     ttl_ms: int = 60_000
     lease_ms: int = 60_000
     delay_ms: int = 60_000
+    # How a lease that ended without a result counts (a worker that died, or lost its
+    # database, while it held the job).  None, the contract's rule: its reclaim is an
+    # attempt like any other.  A number: the reclaim spends no attempt, and the job is
+    # dead ('poison') once its leases have ended without a result that many times since
+    # its intake or redrive (``SQL_NEXT_RECLAIMABLE``).
+    max_losses: int | None = None
 
     @property
     def max_now(self) -> int:
-        return MAX_TOKEN - max(self)
+        return MAX_TOKEN - max(self.ttl_ms, self.lease_ms, self.delay_ms)
 
 
+MAX_LOSSES = 20  # the product's bound on leases ended without a result (a poison job)
 CONTRACT = Limits()
-PRODUCT = Limits(ttl_ms=30 * DAY_MS, lease_ms=HOUR_MS, delay_ms=HOUR_MS)
+PRODUCT = Limits(ttl_ms=30 * DAY_MS, lease_ms=HOUR_MS, delay_ms=HOUR_MS, max_losses=MAX_LOSSES)
 
 
 def epoch_ms() -> int:
@@ -424,7 +438,7 @@ SCHEMA = (
 # The quarantine, in one statement: every spent job (pending, or leased with its lease
 # ended) dies, by deadline when it is past it, else because its budget is exhausted.  Each
 # branch of the UNION is an index lookup; the plan counts the reasons it returns.
-SQL_QUARANTINE = """
+_QUARANTINE = """
 UPDATE jobs SET status = 'dead',
   reason = CASE WHEN deadline <= :now THEN 'deadline' ELSE 'exhausted' END,
   owner = NULL, lease_until = NULL
@@ -432,23 +446,57 @@ WHERE seq IN (
   SELECT seq FROM jobs WHERE status = 'pending' AND deadline <= :now
   UNION SELECT seq FROM jobs WHERE status = 'leased' AND deadline <= :now
     AND lease_until <= :now
-  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts
-  UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
-    AND lease_until <= :now)
+  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts{leased})
 RETURNING reason"""
+SQL_QUARANTINE = _QUARANTINE.format(
+    leased="""
+  UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
+    AND lease_until <= :now"""
+)
 QUARANTINE_REASONS = ("deadline", "exhausted")
+# Why a job is dead: out of attempts, past its deadline, rejected by the receiver, or its
+# leases ended without a result ``Limits.max_losses`` times (the product's claims only).
+DEAD_REASONS = ("exhausted", "deadline", "permanent", "poison")
 
 # The :n lowest-seq claimable jobs.  Leasing one job never makes another claimable or
 # unclaimable at the same instant, so these are exactly what :n sequential claims take.
-SQL_NEXT_CLAIMABLE = """
-SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN (
+_CLAIMABLE_SEQS = """
   SELECT seq FROM (SELECT seq FROM jobs
       WHERE status = 'pending' AND available_at <= :now ORDER BY seq LIMIT :n)
   UNION ALL
   SELECT seq FROM (SELECT seq FROM jobs
       WHERE status = 'leased' AND lease_until <= :now ORDER BY seq LIMIT :n)
-  ORDER BY seq LIMIT :n)
+  ORDER BY seq LIMIT :n"""
+SQL_NEXT_CLAIMABLE = f"""
+SELECT seq, id, qty, attempts, token, deadline FROM jobs WHERE seq IN ({_CLAIMABLE_SEQS})
 ORDER BY seq"""
+
+# The product's claims (``Limits.max_losses``): a job whose lease ended without a result is
+# taken again without spending an attempt, so the quarantine ends no leased job for its
+# budget; ``SQL_NEXT_RECLAIMABLE`` reads, with each job, whether it is such a reclaim and how
+# many of its leases have ended so since its intake or redrive: its claims (``token``, which
+# every claim raises) less those that were attempts (``attempts``, which only a claim of a
+# pending job raises), counted from the token its last redrive recorded.
+SQL_QUARANTINE_RECLAIMING = _QUARANTINE.format(leased="")
+SQL_NEXT_RECLAIMABLE = f"""
+SELECT seq, id, qty, attempts, token, deadline, status = 'leased',
+  CASE WHEN status = 'leased' THEN token - attempts
+    - coalesce((SELECT max(r.token) FROM redrives AS r WHERE r.id = jobs.id), 0) ELSE 0 END
+FROM jobs WHERE seq IN ({_CLAIMABLE_SEQS})
+ORDER BY seq"""
+SQL_NEXT_FRESH_RECLAIMING = """
+SELECT seq, id, qty, attempts, token, deadline, 0, 0 FROM jobs
+WHERE status = 'pending' AND available_at <= :now AND attempts = 0
+ORDER BY seq LIMIT :n"""
+SQL_LEASE_RECLAIMING = """
+UPDATE jobs SET status = 'leased', attempts = attempts + (status = 'pending'),
+  token = token + 1, owner = ?, lease_until = min(?, deadline), reason = NULL
+WHERE seq IN (SELECT value FROM json_each(?)) AND status IN ('pending', 'leased')
+RETURNING seq"""
+SQL_POISON = """
+UPDATE jobs SET status = 'dead', reason = 'poison', owner = NULL, lease_until = NULL
+WHERE seq IN (SELECT value FROM json_each(?)) AND status = 'leased'
+RETURNING seq"""
 
 # Claims ahead of demand (a ticket that may wait, unsent, in a dispatcher's hands) take only
 # jobs never attempted since their intake or redrive: a worker that dies holding such tickets
@@ -665,11 +713,13 @@ def plan_claim(
     owner: object, now_ms: object, lease_ms: object = 1000, *, limits: Limits = CONTRACT
 ) -> Plan[Ticket | None]:
     """Validate a claim and return its plan (result: a ticket dict, or None)."""
-    return _claim(*check_claim(owner, now_ms, lease_ms, limits))
+    return _claim(*check_claim(owner, now_ms, lease_ms, limits), limits.max_losses)
 
 
-def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan[Ticket | None]:
-    tickets, _ = yield from _lease(owner, now_ms, lease_ms, 1)
+def _claim(
+    owner: str, now_ms: int, lease_ms: int, losses: int | None = None
+) -> Plan[Ticket | None]:
+    tickets, _ = yield from _lease(owner, now_ms, lease_ms, 1, losses=losses)
     if not tickets:
         return None, False
     yield Hook("after-claim")
@@ -677,21 +727,34 @@ def _claim(owner: str, now_ms: int, lease_ms: int) -> Plan[Ticket | None]:
 
 
 def _lease(
-    owner: str, now_ms: int, lease_ms: int, count: int, fresh: int = 0
+    owner: str, now_ms: int, lease_ms: int, count: int, fresh: int = 0, losses: int | None = None
 ) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
     """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs, then up to
     ``fresh`` more of the lowest-seq jobs never attempted (``SQL_NEXT_FRESH``).
 
-    Returns the tickets and how many jobs the quarantine ended, by reason.
+    ``losses`` (``Limits.max_losses``): a reclaim of a lease that ended without a result
+    spends no attempt, and a job whose leases ended so ``losses`` times is dead ('poison')
+    instead of taken.  Returns the tickets and how many jobs ended, by reason.
     """
+    reclaiming = losses is not None
     # Quarantine first: it commits even when nothing is claimable (and calls no hook).
-    dead = yield Sql(SQL_QUARANTINE, {"now": now_ms})
+    dead = yield Sql(SQL_QUARANTINE_RECLAIMING if reclaiming else SQL_QUARANTINE, {"now": now_ms})
     ended = {reason: sum(1 for (why,) in dead if why == reason) for reason in QUARANTINE_REASONS}
-    tickets = (
-        (yield from _take(SQL_NEXT_CLAIMABLE, owner, now_ms, lease_ms, count)) if count else []
-    )
-    if fresh:  # after the first lease: the jobs it took are no longer pending
-        tickets += yield from _take(SQL_NEXT_FRESH, owner, now_ms, lease_ms, fresh)
+    if not reclaiming:
+        tickets = (
+            (yield from _take(SQL_NEXT_CLAIMABLE, owner, now_ms, lease_ms, count)) if count else []
+        )
+        if fresh:  # after the first lease: the jobs it took are no longer pending
+            tickets += yield from _take(SQL_NEXT_FRESH, owner, now_ms, lease_ms, fresh)
+        return tickets, ended
+    assert losses is not None
+    ended["poison"] = 0
+    tickets = []
+    for sql, n in ((SQL_NEXT_RECLAIMABLE, count), (SQL_NEXT_FRESH_RECLAIMING, fresh)):
+        if n:
+            taken, poisoned = yield from _retake(sql, owner, now_ms, lease_ms, n, losses)
+            tickets += taken
+            ended["poison"] += poisoned
     return tickets, ended
 
 
@@ -716,6 +779,34 @@ def _take(
     return tickets
 
 
+def _retake(
+    sql: str, owner: str, now_ms: int, lease_ms: int, count: int, losses: int
+) -> Generator[Step, Any, tuple[list[Ticket], int]]:
+    """``_take`` for the product (``Limits.max_losses``): a job whose lease ended without a
+    result is leased again at the same attempt, unless this is its ``losses``-th such end:
+    then it is dead ('poison').  Returns the tickets and the number of poisoned jobs."""
+    rows = yield Sql(sql, {"now": now_ms, "n": count})
+    poisoned = [row for row in rows if row[6] and row[7] + 1 >= losses]
+    taken = [row for row in rows if not (row[6] and row[7] + 1 >= losses)]
+    tickets: list[Ticket] = [
+        {
+            "id": job_id,
+            "qty": qty,
+            "owner": owner,
+            "token": token + 1,
+            "attempt": attempts + (0 if reclaim else 1),
+            "lease_until": min(now_ms + lease_ms, deadline),
+        }
+        for _, job_id, qty, attempts, token, deadline, reclaim, _ in taken
+    ]
+    if poisoned:
+        yield from _write_set(SQL_POISON, (), [row[0] for row in poisoned])
+    if tickets:
+        lease = (owner, now_ms + lease_ms)
+        yield from _write_set(SQL_LEASE_RECLAIMING, lease, [row[0] for row in taken])
+    return tickets, len(poisoned)
+
+
 def plan_claim_many(
     owner: object, now_ms: object, lease_ms: object, count: object, *, limits: Limits = CONTRACT
 ) -> Plan[list[Ticket]]:
@@ -724,11 +815,13 @@ def plan_claim_many(
     Identical to ``count`` sequential claims at ``now_ms``: each job gets its own token.
     """
     many = check_int(count, "count", 1, 1024)
-    return _claim_many(*check_claim(owner, now_ms, lease_ms, limits), many)
+    return _claim_many(*check_claim(owner, now_ms, lease_ms, limits), many, limits.max_losses)
 
 
-def _claim_many(owner: str, now_ms: int, lease_ms: int, count: int) -> Plan[list[Ticket]]:
-    tickets, _ = yield from _lease(owner, now_ms, lease_ms, count)
+def _claim_many(
+    owner: str, now_ms: int, lease_ms: int, count: int, losses: int | None = None
+) -> Plan[list[Ticket]]:
+    tickets, _ = yield from _lease(owner, now_ms, lease_ms, count, losses=losses)
     return tickets, bool(tickets)
 
 
@@ -886,7 +979,7 @@ def plan_cycle(
     many = check_int(count, "count", 0, 1024)
     ahead = check_int(fresh, "fresh", 0, 1024)
     claim = check_claim(owner, now_ms, lease_ms, limits)
-    return _cycle(checked, tickets, *claim, many, ahead)
+    return _cycle(checked, tickets, *claim, many, ahead, limits.max_losses)
 
 
 def _cycle(
@@ -897,6 +990,7 @@ def _cycle(
     lease_ms: int,
     count: int,
     fresh: int = 0,
+    losses: int | None = None,
 ) -> Plan[Cycle]:
     ended: dict[str, int] = {}
     statuses, extended = (
@@ -905,7 +999,9 @@ def _cycle(
         else ([], [])
     )
     tickets, quarantined = (
-        (yield from _lease(owner, now_ms, lease_ms, count, fresh)) if count or fresh else ([], {})
+        (yield from _lease(owner, now_ms, lease_ms, count, fresh, losses))
+        if count or fresh
+        else ([], {})
     )
     for reason, n in quarantined.items():
         if n:

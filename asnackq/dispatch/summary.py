@@ -18,7 +18,8 @@ class Summary:
     dead: int = 0  # every job that ended dead in this run's transactions:
     dead_permanent: int = 0  # rejected by the sink,
     dead_exhausted: int = 0  # out of attempts,
-    dead_deadline: int = 0  # or past its deadline (finished, or by a claim's quarantine)
+    dead_deadline: int = 0  # past its deadline (finished, or by a claim's quarantine),
+    dead_poison: int = 0  # or its leases ended without a result too often (Limits.max_losses)
     stale: int = 0
     lost: int = 0  # held tickets whose extension came back stale: never finished
     bad_acks: int = 0
@@ -49,7 +50,7 @@ class Summary:
     @property
     def dead_unanswered(self) -> int:
         """Jobs that ended dead although the sink never rejected them."""
-        return self.dead_exhausted + self.dead_deadline
+        return self.dead_exhausted + self.dead_deadline + self.dead_poison
 
     def ended(self, reasons: dict[str, int]) -> None:
         """Count the jobs a cycle ended dead, by reason."""

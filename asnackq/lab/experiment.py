@@ -282,11 +282,12 @@ def watch(
                 progress.update(
                     task, completed=sampler.finished, description=f"finished, {workers.kills} kills"
                 )
-                if config.kill_every and now >= next_kill:
+                unfinished = sampler.finished < config.jobs  # (then the workers end)
+                if config.kill_every and now >= next_kill and unfinished:
                     if config.kill_sinks and (workers.kills + sinks.kills) % 2:
                         sinks.kill_one(rng)
                         next_kill = now + config.kill_every
-                    elif workers.kill_one(rng):  # else: at the next look, once one works
+                    elif workers.kill_one(rng):  # else: at the next look, once one has started
                         next_kill = now + config.kill_every
                 if now - began > config.timeout_s:
                     return True

@@ -259,6 +259,9 @@ def add(one: dict[str, int], two: dict[str, int]) -> dict[str, int]:
     return {key: one.get(key, 0) + two.get(key, 0) for key in one.keys() | two.keys()}
 
 
+STARTED = b"asnackq work: started "  # a worker's first line once its run has begun
+
+
 @dataclass
 class Workers:
     """An experiment's worker processes (``asnackq work ... --until-empty``), each under a
@@ -312,16 +315,19 @@ class Workers:
         self.kills += 1
 
     def kill_one(self, rng: random.Random) -> bool:
-        """SIGKILL a random live worker that has begun work, and start a new one (it
-        reclaims the leases later); False if none has begun yet.
+        """SIGKILL a random live worker that has started, and start a new one (it reclaims
+        the leases later); False if none has started yet.
 
         A worker still starting is never the victim: on a slow machine a start can take
-        longer than the kill period, and killing starters would stop all progress.
+        longer than the kill period, and killing starters would stop all progress.  Every
+        started worker is a victim alike, whether or not it holds work: a choice among the
+        workers holding leases would follow the work, killing, near the end of a run, the
+        one worker that took up the last jobs each time it does.
         """
         live = sorted(
             owner
             for owner, proc in self.procs.items()
-            if proc.poll() is None and self.working(owner)
+            if proc.poll() is None and self.has_started(owner)
         )
         if not live:
             return False
@@ -331,10 +337,11 @@ class Workers:
         self.start()
         return True
 
-    def working(self, owner: str) -> bool:
-        """Whether ``owner`` has claimed a job (its trace has a line)."""
+    def has_started(self, owner: str) -> bool:
+        """Whether ``owner`` has started its run (said so on stderr: its queue is open)."""
         try:
-            return (self.root / f"{owner}.trace").stat().st_size > 0
+            with open(self.root / f"{owner}.err", "rb") as err:
+                return STARTED in err.read(8192)
         except FileNotFoundError:
             return False
 

@@ -43,7 +43,7 @@ __all__ = [
     "stats",
 ]
 
-REASONS = ("exhausted", "deadline", "permanent")
+REASONS = w.DEAD_REASONS
 CHUNK = 1000  # intakes per transaction in a bulk enqueue
 DEFAULT_BUDGET = Budget()
 

@@ -50,10 +50,10 @@ def placeholders(sql: str) -> str:
 
 
 # The quarantine: lock the spent jobs nobody else holds, then end them (one reason each).
-PG_QUARANTINE = """
+_PG_QUARANTINE = """
 WITH spent AS (
   SELECT seq FROM jobs WHERE status IN ('pending', 'leased')
-    AND (deadline <= %(now)s OR attempts >= max_attempts)
+    AND (deadline <= %(now)s OR {spent})
     AND (status = 'pending' OR lease_until <= %(now)s)
   FOR UPDATE SKIP LOCKED)
 UPDATE jobs SET status = 'dead',
@@ -61,6 +61,7 @@ UPDATE jobs SET status = 'dead',
   owner = NULL, lease_until = NULL
 FROM spent WHERE jobs.seq = spent.seq
 RETURNING jobs.reason"""
+PG_QUARANTINE = _PG_QUARANTINE.format(spent="attempts >= max_attempts")
 
 # The :n lowest-seq claimable jobs nobody else is claiming, locked until COMMIT.  The
 # lock re-reads each row: the values returned are the row's latest, and a job that is
@@ -79,6 +80,45 @@ SELECT seq, id, qty, attempts, token, deadline FROM jobs
 WHERE status = 'pending' AND available_at <= %(now)s AND attempts = 0
   AND deadline > %(now)s AND attempts < max_attempts
 ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
+
+# The product's claims (``worker.Limits.max_losses``): a lease that ended without a result is
+# taken again without spending an attempt, so only a pending job is spent by its budget.
+PG_QUARANTINE_RECLAIMING = _PG_QUARANTINE.format(
+    spent="(status = 'pending' AND attempts >= max_attempts)"
+)
+PG_NEXT_RECLAIMABLE = """
+WITH pending AS (
+  SELECT seq, id, qty, attempts, token, deadline FROM jobs
+  WHERE status = 'pending' AND available_at <= %(now)s
+    AND deadline > %(now)s AND attempts < max_attempts
+  ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+expired AS (
+  SELECT seq, id, qty, attempts, token, deadline FROM jobs
+  WHERE status = 'leased' AND lease_until <= %(now)s AND deadline > %(now)s
+  ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+SELECT *, false, 0::bigint FROM pending
+UNION ALL
+SELECT *, true, token - attempts
+  - coalesce((SELECT max(r.token) FROM redrives AS r WHERE r.id = expired.id), 0)
+FROM expired
+ORDER BY seq LIMIT %(n)s"""
+PG_NEXT_FRESH_RECLAIMING = """
+SELECT seq, id, qty, attempts, token, deadline, false, 0::bigint FROM jobs
+WHERE status = 'pending' AND available_at <= %(now)s AND attempts = 0
+  AND deadline > %(now)s AND attempts < max_attempts
+ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
+PG_LEASE_RECLAIMING = """
+UPDATE jobs SET status = 'leased',
+  attempts = attempts + CASE WHEN status = 'pending' THEN 1 ELSE 0 END,
+  token = token + 1, owner = %s, lease_until = least(%s, deadline), reason = NULL
+WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
+  AND status IN ('pending', 'leased')
+RETURNING seq"""
+PG_POISON = """
+UPDATE jobs SET status = 'dead', reason = 'poison', owner = NULL, lease_until = NULL
+WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
+  AND status = 'leased'
+RETURNING seq"""
 
 # Rows read to decide on are locked, in one order for every transaction.
 PG_JOBS = """
@@ -105,6 +145,11 @@ STATEMENTS: dict[str, str] = {
     w.SQL_JOBS: PG_JOBS,
     w.SQL_JOB: PG_JOB,
     w.SQL_LEASE: PG_LEASE,
+    w.SQL_QUARANTINE_RECLAIMING: PG_QUARANTINE_RECLAIMING,
+    w.SQL_NEXT_RECLAIMABLE: PG_NEXT_RECLAIMABLE,
+    w.SQL_NEXT_FRESH_RECLAIMING: PG_NEXT_FRESH_RECLAIMING,
+    w.SQL_LEASE_RECLAIMING: PG_LEASE_RECLAIMING,
+    w.SQL_POISON: PG_POISON,
     **{
         sql: placeholders(sql)
         for sql in (

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core.worker import DEAD_REASONS
 from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ __all__ = [
 CONTENT_TYPE = "text/plain"
 CHARSET = "utf-8"
 FORMAT = "0.0.4"
-REASONS = ("exhausted", "deadline", "permanent")
+REASONS = DEAD_REASONS
 STATUSES = ("pending", "leased", "done", "dead")
 # Prometheus' default buckets, in seconds: sends take milliseconds to a lease's length.
 SEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
