@@ -82,12 +82,24 @@ class UntilDeadline(io.RawIOBase):
 
 
 class BoundedResponse(http.client.HTTPResponse):
-    """``http.client``'s response, reading its status line, headers and body by a deadline."""
+    """``http.client``'s response, reading its status line, headers and body by a deadline.
+
+    Interim answers (``102 Processing``, ``103 Early Hints``, any other 1xx but ``101``) are
+    read past, as ``http.client`` reads past ``100 Continue``: the final answer is the one
+    judged.  ``101 Switching Protocols`` is a final answer here (and no ACK).
+    """
 
     def __init__(self, sock: socket.socket, *args: Any, exchange: Exchange, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
         self.fp.close()  # the unbounded reader the base class made
         self.fp = io.BufferedReader(UntilDeadline(sock, exchange))
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 102 <= status <= 199:  # (100: skipped by http.client itself)
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers, unused
 
 
 class Connection(http.client.HTTPConnection):
