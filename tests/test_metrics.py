@@ -184,6 +184,18 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
                 )
             refused.value.close()
             assert refused.value.code == code
+        # DNS rebinding: a page's own name resolving to 127.0.0.1 is refused, loopback is not.
+        for host, code in (("evil.example", 421), ("evil.example:80", 421), ("10.0.0.1", 421)):
+            request = urllib.request.Request(url, headers={"Host": host})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=5)
+            refused.value.close()
+            assert refused.value.code == code, host
+        port = url.split(":")[2].split("/")[0]
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
+            request = urllib.request.Request(url, headers={"Host": host})
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                assert answer.status == 200, host
         work.send_signal(signal.SIGTERM)
         out, err = work.communicate(timeout=30)
     finally:
@@ -211,7 +223,7 @@ def test_work_exposes_its_counters_and_send_latency_while_it_runs(tmp_path, slow
         assert (
             value(families, f"asnackq_worker_{key}", f"asnackq_worker_{key}_total") == summary[key]
         ), key
-    for reason in ("exhausted", "deadline", "permanent"):
+    for reason in ("exhausted", "deadline", "permanent", "poison"):
         assert (
             value(families, "asnackq_worker_dead", "asnackq_worker_dead_total", reason=reason) == 0
         )

@@ -21,6 +21,7 @@ from asnackq.wire.metrics import (
     render,
     serving,
 )
+from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -181,7 +182,8 @@ class WorkerMetrics:
             app = web.Application()
             app.router.add_get("/metrics", self.get_metrics)
             log = logging.getLogger("asnackq.work.metrics")
-            url = await self._stack.enter_async_context(serving(app, self.host, self.port, log))
+            own = serving(app, self.host, self.port, log, loopback_names=is_loopback(self.host))
+            url = await self._stack.enter_async_context(own)
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 

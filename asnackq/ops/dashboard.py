@@ -36,7 +36,6 @@ from asnackq.ops import inspect
 from asnackq.ops.watcher import Watcher
 from asnackq.store.targets import Target
 from asnackq.wire import logs, metrics
-from asnackq.wire.send import is_loopback
 
 __all__ = ["dashboard_app", "serve"]
 
@@ -90,18 +89,10 @@ def authorized(header: str, token: str) -> bool:
     return password.isascii() and hmac.compare_digest(password, token)
 
 
-def host_name(host: str) -> str:
-    """The name in a Host header, without its port (``[::1]:80`` -> ``::1``)."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
 def guard(token: str | None, loopback_only: bool) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        host = request.headers.get("Host")
-        if loopback_only and host is not None and not is_loopback(host_name(host)):
+        if loopback_only and not metrics.loopback_name(request):
             return web.Response(status=421, text="this dashboard answers loopback names only\n")
         if token is not None and not authorized(request.headers.get("Authorization", ""), token):
             return web.Response(

@@ -168,6 +168,21 @@ class Histogram:
 # --- serving ------------------------------------------------------------------------------
 
 
+def host_name(host: str) -> str:
+    """The name in a Host header, without its port (``[::1]:80`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def loopback_name(request: web.BaseRequest) -> bool:
+    """Whether the request's Host header (if any) names a loopback address or ``localhost``:
+    a server bound to loopback refuses any other name (421), so that no web page can read
+    it through DNS rebinding (a name of the page's that resolves to 127.0.0.1)."""
+    host = request.headers.get("Host")
+    return host is None or is_loopback(host_name(host))
+
+
 def check_host(host: str, allow_remote: bool) -> None:
     if not allow_remote and not is_loopback(host):
         raise ValueError(f"refusing to bind non-loopback host {host!r} without --allow-remote")
@@ -208,19 +223,37 @@ def screen_expect(handler: RequestHandler, shape: Refusal | None = None) -> Requ
     return screened
 
 
+def screen_host(handler: RequestHandler) -> RequestHandler:
+    """Refuse (421) a request whose Host names anything but loopback (``loopback_name``)."""
+    from aiohttp import web
+
+    async def screened(request: web.BaseRequest) -> web.StreamResponse:
+        if not loopback_name(request):
+            raise web.HTTPMisdirectedRequest(text="this server answers loopback names only\n")
+        return await handler(request)
+
+    return screened
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    app: web.Application, host: str, port: int, log: logging.Logger | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    log: logging.Logger | None = None,
+    loopback_names: bool = False,
 ) -> AsyncIterator[str]:
     """Serve ``app`` on ``host:port`` and yield its base URL (``http://HOST:PORT``);
-    aiohttp's server errors (a malformed request) go to ``log``."""
+    aiohttp's server errors (a malformed request) go to ``log``.  ``loopback_names``: a
+    request whose Host names anything but loopback is refused, 421 (``loopback_name``)."""
     from aiohttp import web
 
     options: dict[str, Any] = {} if log is None else {"logger": log}
     runner = web.AppRunner(app, handle_signals=False, access_log=None, **options)
     await runner.setup()
     assert runner.server is not None
-    runner.server.request_handler = screen_expect(runner.server.request_handler)
+    handler = screen_expect(runner.server.request_handler)
+    runner.server.request_handler = screen_host(handler) if loopback_names else handler
     try:
         await web.TCPSite(runner, host, port).start()
         bound = runner.addresses[0]
