@@ -15,6 +15,16 @@ __all__ = ["server_context", "tls_cause", "tls_context"]
 
 T = TypeVar("T")
 KEY_WHY = "not PEM, or no key that matches the certificate"
+ENCRYPTED = "the key is encrypted: give an unencrypted key file (no pass phrase is asked for)"
+
+
+class Encrypted(Exception):
+    """Raised instead of asking for a key's pass phrase (OpenSSL would ask the terminal)."""
+
+
+def no_pass_phrase() -> str:
+    """The ``password`` of ``load_cert_chain``: an encrypted key is refused, never prompted."""
+    raise Encrypted(ENCRYPTED)
 
 
 def tls_context(
@@ -35,7 +45,9 @@ def tls_context(
     context = pem("ca_file", ca_file, lambda: ssl.create_default_context(cafile=cafile))
     if cert_file is not None:
         keyfile = None if key_file is None else str(key_file)
-        load = lambda: context.load_cert_chain(str(cert_file), keyfile)  # noqa: E731
+        load = lambda: context.load_cert_chain(  # noqa: E731
+            str(cert_file), keyfile, password=no_pass_phrase
+        )
         pem("cert_file/key_file", cert_file, load, KEY_WHY)
     return context
 
@@ -102,6 +114,8 @@ def pem(name: str, path: object, load: Callable[[], T], why: str = "not PEM") ->
     ``ValueError`` line."""
     try:
         return load()
+    except Encrypted:
+        raise ValueError(f"{name} {str(path)!r}: {ENCRYPTED}") from None
     except (OSError, ssl.SSLError) as error:
         plain = isinstance(error, OSError) and not isinstance(error, ssl.SSLError)
         reason = error.strerror if plain and error.strerror else why
@@ -113,7 +127,7 @@ def server_context(cert_file: Path, key_file: Path, client_ca: Path | None) -> s
     certificate signed by that CA is required of every connection."""
     files({"tls_cert": cert_file, "tls_key": key_file, "tls_client_ca": client_ca})
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    load = lambda: context.load_cert_chain(cert_file, key_file)  # noqa: E731
+    load = lambda: context.load_cert_chain(cert_file, key_file, password=no_pass_phrase)  # noqa: E731
     pem("tls_cert/tls_key", cert_file, load, KEY_WHY)
     if client_ca is not None:
         pem("tls_client_ca", client_ca, lambda: context.load_verify_locations(client_ca))
