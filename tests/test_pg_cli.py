@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -155,3 +156,26 @@ def test_work_rides_out_sessions_terminated_from_its_first_moment(pg_db, tmp_pat
     assert work.returncode == 0, err
     assert sum(killed) >= 1  # (sessions were there to terminate)
     assert query(url, "SELECT status, count(*) FROM jobs GROUP BY 1") == [("done", 30)]
+
+
+@pytest.mark.parametrize("password", ["hu?nt#er2-x", "a#b?c&password=d", "q?#"])
+def test_a_password_holding_query_and_fragment_characters_is_never_shown(
+    pg_pool, pg_db, tmp_path, password
+):
+    """libpq takes '?' and '#' in a URL's password (up to the '@'); every command that
+    names the queue shows it as ***, on success and on error, and never a piece of it."""
+    url = login(pg_pool, "tester", password, pg_db())
+    outputs: list[str] = []
+    run(outputs, "init", url, "--json")
+    run(outputs, "enqueue", url, "--id", "a", "--qty", "1")
+    run(outputs, "stats", url)
+    run(outputs, "stats", url, "--json")
+    run(outputs, "dead", url, "--json")
+    run(outputs, "history", url, "zz", code=1)
+    run(outputs, "audit", url, "--sink-db", tmp_path / "none.db", code=1)
+    down = url.replace(url.split("@")[1].split("/")[0], f"127.0.0.1:{free_port()}")
+    run(outputs, "stats", down, code=1)
+    printed = "".join(outputs)
+    assert "tester:***@" in printed
+    pieces = [piece for piece in re.split(r"[?#&]", password) if len(piece) > 2]
+    assert password not in printed and not [p for p in pieces if p in printed], pieces

@@ -44,8 +44,10 @@ def parse_target(text: str) -> Target:
 def shown(value: Target | os.PathLike[str]) -> str:
     """A target fit for output: a URL's password replaced by ``***``."""
     text = os.fspath(value)
-    text = re.sub(r"^([a-z]+://[^:/@?#]*):[^@/?#]*@", r"\1:***@", text)
-    return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", text)
+    # As libpq reads a URL: the user and password run to an '@' before any '/' ('?' and '#'
+    # included), and a parameter's value to the next '&'.
+    text = re.sub(r"^([a-z]+://[^:/@]*):[^@/]*@", r"\1:***@", text)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", text)
 
 
 def one_line(error: BaseException) -> str:
