@@ -25,6 +25,7 @@ WRITERS = {
     "redrive": lambda path: ("redrive", path, "a", "--ttl-ms", "1000", "--note", "n"),
     "work": lambda path: ("work", path, "--sink", SINK, "--until-empty"),
     "sink": lambda path: ("sink", "--db", path),
+    "outbox-accept": lambda path: ("outbox", "accept", path, "--id", "a", "--qty", "1"),
 }
 
 
@@ -81,7 +82,8 @@ CASES = [
     *(("jobs-alone", writer) for writer in ("init", "enqueue")),
     *(("queue-columns", writer) for writer in ("init", "work")),
     ("queue", "sink"),
-    *(("sink", writer) for writer in ("init", "enqueue", "work")),
+    *(("sink", writer) for writer in ("init", "enqueue", "work", "outbox-accept")),
+    ("queue", "outbox-accept"),
 ]
 
 

@@ -38,7 +38,7 @@ from asnackq.cli.common import (
     within,
 )
 from asnackq.cli.otel import add_otel
-from asnackq.store import readers
+from asnackq.store import files, readers, sessions
 from asnackq.wire.send import DEFAULT_TIMEOUT_S, is_loopback
 
 __all__ = ["add_dashboard", "add_outbox", "add_sink"]
@@ -225,6 +225,8 @@ def run_outbox(args: argparse.Namespace) -> int:
         return 0
     if args.action == "accept":
         check_event({"id": args.id, "qty": args.qty})  # before the file is created
+        # A new or empty file, or a source DB already: never another application's file.
+        sessions.take_turn(lambda: files.holds(args.source, outbox.SOURCE_SCHEMA), args.source)
     else:
         check_sink(args.sink, args.allow_remote)
         sender = HttpSender(
