@@ -77,6 +77,7 @@ __all__ = [
     "SQL_QUARANTINE_RECLAIMING",
     "SQL_REDRIVE",
     "SQL_SETTLE",
+    "STATUSES",
     "BadAck",
     "Conflict",
     "Cycle",
@@ -454,6 +455,7 @@ SQL_QUARANTINE = _QUARANTINE.format(
     AND lease_until <= :now"""
 )
 QUARANTINE_REASONS = ("deadline", "exhausted")
+STATUSES = ("pending", "leased", "done", "dead")  # a job's, as the schema's CHECK lists them
 # Why a job is dead: out of attempts, past its deadline, rejected by the receiver, or its
 # leases ended without a result ``Limits.max_losses`` times (the product's claims only).
 DEAD_REASONS = ("exhausted", "deadline", "permanent", "poison")

@@ -17,13 +17,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from asnackq.core import worker as w
+
 __all__ = ["latency", "measured", "percentile", "series"]
 
 # Bucket widths for "finished per interval": the smallest giving at most MAX_BUCKETS bars.
 INTERVALS_MS = (100, 200, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000)
 MAX_BUCKETS = 120
 HISTOGRAM_BINS = 40
-STATUSES = ("pending", "leased", "done", "dead")
+STATUSES = w.STATUSES
 SINK_COUNTERS = ("requests", "applied", "duplicates", "overloaded", "inflight")
 LIMIT_FRESH_MS = 1000  # a worker's limit line older than this is not counted (killed, ended)
 FINISHED = {"done": "done", "dead": "dead", "pending": "retried"}  # finish status -> series

@@ -22,7 +22,7 @@ from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD
-from asnackq.ops.queries import ATTENTION, VIOLATIONS, describe
+from asnackq.ops.queries import ATTENTION, VIOLATIONS, as_json_value, describe
 from asnackq.store.reads import fetch
 
 __all__ = [
@@ -145,7 +145,9 @@ def leases(now_ms: int) -> w.Plan[list[dict[str, Any]]]:
         yield from fetch(SQL_LEASES, (LEASES_LISTED, LEASE_ROWS))
     ):
         entry = owners.setdefault(owner, {"owner": owner, "count": held, "jobs": []})
-        entry["jobs"].append({"id": job_id, "token": token, "left_ms": until - now_ms})
+        left = until - now_ms if type(until) is int else None  # (None: a row written by hand)
+        row = {"id": job_id, "token": token, "left_ms": left}
+        entry["jobs"].append({key: as_json_value(value) for key, value in row.items()})
     return list(owners.values()), False
 
 

@@ -8,6 +8,7 @@ URIs, so inspecting never creates a file, takes a write lock or changes a byte; 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -83,7 +84,7 @@ def stats(con: Reader, now_ms: int) -> dict[str, Any]:
 
 def plan_stats(now_ms: int) -> w.Plan[dict[str, Any]]:
     """``stats`` as a read plan."""
-    by_status = {status: 0 for status in ("pending", "leased", "done", "dead")}
+    by_status = dict.fromkeys(w.STATUSES, 0)
     by_status.update((yield from fetch("SELECT status, count(*) FROM jobs GROUP BY status")))
     reasons: dict[str, int] = dict(
         (
@@ -219,6 +220,7 @@ VIOLATIONS = {
     "qty-mismatch": "the inbox qty differs from the job's qty",
     "orphan-inbox-row": "an inbox row for an id the queue does not hold",
     "token-never-issued": "the inbox names a token the queue never issued for the job",
+    "wrong-type": "a column holds a value of another type than the schema's (written by hand?)",
     "stock-mismatch": "the sink's stock differs from the sum of its inbox rows' qty",
 }
 ATTENTION = {
@@ -228,8 +230,33 @@ ATTENTION = {
 }
 
 
+# The types the audit's tuples hold (``AUDIT_SQL``); None where a column may be NULL.
+JOB_TYPES = ((str,), (int,), (str,), (str, type(None)), (int,), (str, type(None)))
+LEASE_TYPES = (int, type(None))
+INBOX_TYPES = ((str,), (int,), (int, type(None)), (int, type(None)), (int,))
+
+
+def well_typed(job: tuple[Any, ...], inbox: tuple[Any, ...]) -> bool:
+    """Whether every value of an audit row has its column's type (SQLite lets a hand-written
+    row hold text in an INTEGER column): a row that does not is judged ``wrong-type`` and
+    nothing more."""
+
+    def fits(value: Any, kinds: tuple[type, ...]) -> bool:
+        return type(value) in kinds  # (exact: a bool or a float is no int here)
+
+    job_ok = job[0] is None or (
+        all(map(fits, job[:6], JOB_TYPES))
+        and job[2] in w.STATUSES
+        and (fits(job[6], LEASE_TYPES) if job[2] != "leased" else fits(job[6], (int,)))
+    )
+    inbox_ok = inbox[0] is None or all(map(fits, inbox, INBOX_TYPES))
+    return job_ok and inbox_ok
+
+
 def stage(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> str:
     """How far the evidence for one job reaches."""
+    if not well_typed(job, inbox):
+        return "malformed"
     status, lease_until = job[2], job[6]
     if status in ("done", "dead"):
         return str(status)
@@ -244,6 +271,8 @@ def judge(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> list[str
     """The violation and attention flags of one audit row."""
     job_id, qty, status, _, token, _, lease_until = job
     inbox_id, inbox_qty, first_token, last_token, _ = inbox
+    if not well_typed(job, inbox):
+        return ["wrong-type"]
     if job_id is None:
         return ["orphan-inbox-row"]
     flags = []
@@ -264,9 +293,19 @@ def judge(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> list[str
     return flags
 
 
+def as_json_value(value: Any) -> Any:
+    """A stored value as JSON can hold it: a blob as SQLite writes its literal (``x'00'``),
+    a float that is no number as text."""
+    if isinstance(value, bytes):
+        return f"x'{value.hex()}'"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def describe(job: tuple[Any, ...], inbox: tuple[Any, ...], now_ms: int) -> dict[str, Any]:
-    job_id, qty, status, reason, token, owner, lease_until = job
-    inbox_id, inbox_qty, first_token, last_token, deliveries = inbox
+    job_id, qty, status, reason, token, owner, lease_until = map(as_json_value, job)
+    inbox_id, inbox_qty, first_token, last_token, deliveries = map(as_json_value, inbox)
     entry: dict[str, Any] = {
         "id": job_id or inbox_id,
         "stage": stage(job, inbox, now_ms) if job_id is not None else "orphan",

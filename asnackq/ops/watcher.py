@@ -84,6 +84,11 @@ async def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
                 ) from None
             if isinstance(error, ValueError):
                 raise
+            if isinstance(error, (TypeError, ArithmeticError)):  # a value of another type
+                raise ValueError(
+                    f"the {what} {shown(where)} holds a value of another type than its "
+                    f"schema's ({one_line(error)}): asnackq audit names the row"
+                ) from None
             if not database_error(error):
                 raise
             raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None

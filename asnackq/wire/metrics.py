@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asnackq.core.worker import DEAD_REASONS
+from asnackq.core.worker import STATUSES as JOB_STATUSES
 from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ CONTENT_TYPE = "text/plain"
 CHARSET = "utf-8"
 FORMAT = "0.0.4"
 REASONS = DEAD_REASONS
-STATUSES = ("pending", "leased", "done", "dead")
+STATUSES = JOB_STATUSES
 # Prometheus' default buckets, in seconds: sends take milliseconds to a lease's length.
 SEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 Labels = dict[str, str]
