@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.live import Live
@@ -44,15 +45,50 @@ from asnackq.cli.render import emit, key_values, plural, progress_line
 from asnackq.core import worker as w
 from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, MIN_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
-from asnackq.store.targets import one_line
+from asnackq.store.targets import Target, one_line
 from asnackq.wire.send import DEFAULT_TIMEOUT_S
 
 __all__ = ["add_work"]
 
 if TYPE_CHECKING:
+    from asnackq.aio import AsyncQueue
     from asnackq.wire.send import AsyncSend
 
+T = TypeVar("T")
+
 CLOCK_OFFSET_MS = 86_400_000  # --clock-offset-ms: at most a day either way
+
+
+def when_up(call: Callable[[], T], where: Target, gives_up: float) -> T:
+    """``call()`` once the queue's server answers (``wait_for_database``), again if the
+    server went away in between (a restart, a shutdown), until ``gives_up`` (monotonic)."""
+    while True:
+        wait_for_database(where, max(0.0, gives_up - time.monotonic()), "work")
+        try:
+            return call()
+        except ConnectionError:  # (``pg.Unreachable``: refused, or shutting down)
+            if time.monotonic() >= gives_up:
+                raise
+        time.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def queue_when_up(where: Target, gives_up: float) -> AsyncIterator[AsyncQueue]:
+    """``AsyncQueue.open(where)``, tried again while its server refuses (``when_up``)."""
+    from asnackq.aio import AsyncQueue
+
+    while True:
+        try:
+            queue = await AsyncQueue.connect(where)
+            break
+        except ConnectionError:
+            if time.monotonic() >= gives_up:
+                raise
+        await asyncio.sleep(0.2)
+    try:
+        yield queue
+    finally:
+        await queue.close()
 
 
 def send_rate(text: str) -> float | str:
@@ -212,7 +248,7 @@ def offset_clock(offset_ms: int) -> Callable[[], int]:
 
 
 def run_work(args: argparse.Namespace) -> int:
-    from asnackq.aio import AsyncQueue, Dispatcher, Summary, default_owner
+    from asnackq.aio import Dispatcher, Summary, default_owner
     from asnackq.dispatch.breaker import BreakerPolicy
     from asnackq.dispatch.metrics import WorkerMetrics
     from asnackq.wire.send import AsyncHttpSender
@@ -233,8 +269,8 @@ def run_work(args: argparse.Namespace) -> int:
     clear = args.rate == "off"
     rate = None if clear else args.rate
     log_to_stderr(args, "work")
-    wait_for_database(args.queue, args.db_wait_s, "work")
-    existing_queue(args.queue)
+    gives_up = time.monotonic() + args.db_wait_s
+    when_up(lambda: existing_queue(args.queue), args.queue, gives_up)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(
         args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls
@@ -245,7 +281,7 @@ def run_work(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     async def main() -> tuple[Summary, Rate | None, bool, BaseException | None]:
-        async with AsyncQueue.open(args.queue) as queue, sender as http, exporter:
+        async with queue_when_up(args.queue, gives_up) as queue, sender as http, exporter:
             if clear:
                 await queue.clear_rate()
             send: AsyncSend = http
