@@ -265,3 +265,46 @@ def test_a_collector_that_accepts_and_never_answers_delays_a_command_about_two_s
         listener.close()
     assert done.returncode == 0, done.stderr
     assert took < 2.0 + 2.5, (took, done.stderr)  # (2 s, the interpreter's start, slack)
+
+
+@pytest.mark.process
+def test_spans_to_a_full_device_drop_the_spans_in_one_line_and_every_job_is_done(tmp_path):
+    """``--spans /dev/full``: every write fails (ENOSPC); the run delivers every job and
+    says once that spans are dropped: no traceback per span."""
+    from asnackq.lab.procs import sink_process
+
+    queue = tmp_path / "q.db"
+    con = w.open_queue(queue)
+    w.enqueue_many(con, [({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(200)], w.epoch_ms())
+    con.close()
+    with sink_process(tmp_path / "sink.db") as url:
+        argv = ["work", queue, "--sink", url, "--until-empty", "--json", "--spans", "/dev/full"]
+        done = subprocess.run(
+            [sys.executable, "-m", "asnackq", *map(str, argv)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["done"] == 200
+    said = [line for line in done.stderr.splitlines() if "spans" in line]
+    assert len(said) == 1 and "No space left on device" in said[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.process
+def test_spans_to_a_fifo_is_one_line_at_start_and_never_blocks(tmp_path):
+    fifo = tmp_path / "spans"
+    os.mkfifo(fifo)
+    queue = tmp_path / "q.db"
+    w.open_queue(queue).close()
+    argv = ["work", queue, "--sink", "http://127.0.0.1:9/e", "--until-empty", "--spans", fifo]
+    done = subprocess.run(
+        [sys.executable, "-m", "asnackq", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"asnackq work: --spans {fifo}: not a file to append spans to"
+    ], done.stderr

@@ -6,6 +6,10 @@ Rules of this module:
   every worker and sink; the lab's own process (its intake) is configured by the command
   line.  Every process appends to the one FILE, a JSON object per span and line (a line a
   SIGKILL cut short is skipped; the killed process's unended spans are never written).
+* Spans are not worth a delivery: a FILE that cannot take a line (a full disk, a device
+  refusing writes) drops spans, said in one line of the ``asnackq.spans`` logger, and one more
+  when lines go in again; the run goes on.  A FIFO, a directory or a socket is refused at
+  start (a FIFO with no reader would block the command).
 * ``timelines`` picks the jobs that were delivered more than once (more than one attempt
   span, or more than one request at the sink) and lays out their attempts in time: owner,
   token, attempt, result, and what the sink decided for each token.
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import stat
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,23 +42,49 @@ def options(exporter: str | None, spans: Path | None) -> tuple[object, ...]:
     )
 
 
+LOG = logging.getLogger("asnackq.spans")
+
+
 def json_lines(path: Path) -> Any:
     """An SDK exporter appending each span to ``path`` as one JSON line (``record``), each
     line in one ``write`` (line-buffered, ``O_APPEND``): processes sharing the file never
-    mix their lines."""
+    mix their lines.  ``ValueError`` (one line) for a path that is no file to append to."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    with contextlib.suppress(FileNotFoundError):
+        kind = stat.S_IFMT(path.stat().st_mode)
+        if kind in (stat.S_IFIFO, stat.S_IFDIR, stat.S_IFSOCK):
+            raise ValueError(f"--spans {path}: not a file to append spans to")
+    try:
+        file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+    except OSError as error:
+        raise ValueError(f"--spans {path}: {error.strerror}") from None
 
     class Exporter(SpanExporter):
         def __init__(self) -> None:
-            self.file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            self.file, self.failing = file, False
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            for span in spans:
-                self.file.write(json.dumps(record(span)) + "\n")
+            try:
+                for span in spans:
+                    self.file.write(json.dumps(record(span)) + "\n")
+            except OSError as error:
+                if not self.failing:
+                    LOG.warning(
+                        "spans: cannot append to %s (%s): spans are dropped until it can",
+                        path,
+                        error.strerror,
+                    )
+                self.failing = True
+                return SpanExportResult.FAILURE
+            if self.failing:
+                LOG.warning("spans: appending to %s again", path)
+                self.failing = False
             return SpanExportResult.SUCCESS
 
         def shutdown(self) -> None:
-            self.file.close()
+            with contextlib.suppress(OSError):  # (a last line that cannot go in)
+                self.file.close()
 
     return Exporter()
 
