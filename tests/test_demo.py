@@ -51,7 +51,7 @@ def test_the_demo_tells_the_story_of_a_worker_killed_after_a_send(entry):
     assert 1 <= redelivered <= duplicates
     assert int(rows["jobs lab-w1 held, done by another worker (token > 1)"][0]) >= 1
     verdicts = [cells for cells in rows.values() if len(cells) == 2]
-    assert len(verdicts) == 13 and set(map(tuple, verdicts)) == {("0", "holds")}
+    assert len(verdicts) == 14 and set(map(tuple, verdicts)) == {("0", "holds")}
 
 
 @pytest.mark.process

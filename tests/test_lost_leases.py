@@ -21,7 +21,7 @@ from asnackq.store import pg
 from .conftest import T0, job
 from .drivers import DRIVERS, AioBridge, PgCon, connect, on_pg, q
 
-LEASE = 1000
+LEASE = 500  # (MAX_LOSSES leases fit in the 60 s ttl the contract allows)
 LOSSES = w.PRODUCT.max_losses
 
 

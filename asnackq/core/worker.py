@@ -233,7 +233,7 @@ class Limits(NamedTuple):
         return MAX_TOKEN - max(self.ttl_ms, self.lease_ms, self.delay_ms)
 
 
-MAX_LOSSES = 20  # the product's bound on leases ended without a result (a poison job)
+MAX_LOSSES = 100  # the product's bound on leases ended without a result (a poison job)
 CONTRACT = Limits()
 PRODUCT = Limits(ttl_ms=30 * DAY_MS, lease_ms=HOUR_MS, delay_ms=HOUR_MS, max_losses=MAX_LOSSES)
 
