@@ -127,10 +127,10 @@ def test_work_waits_out_a_reader_and_a_lock_mid_run_and_every_job_is_done_once(q
     """A worker delivering to a slow sink meets a reader's transaction, then an exclusive
     lock: it says the queue's database is away and back, keeps no stale lease, and every
     job is done once (the sink applied each once)."""
-    count = 60
-    items = [({"id": f"j-{i}", "qty": 1}, 60_000, 5) for i in range(count)]
+    count = 400  # (at 4 x 100 ms a send: 10 s of work, far longer than the two holds)
+    items = [({"id": f"j-{i}", "qty": 1}, 3_600_000, 5) for i in range(count)]
     con = w.open_queue(queue)
-    w.enqueue_many(con, items, w.epoch_ms())
+    w.drive(con, w.plan_enqueue_many(items, w.epoch_ms(), limits=w.PRODUCT))
     con.close()
     with sink_process(tmp_path / "sink.db", "--delay-ms", 100) as url:
         work = procs.start(

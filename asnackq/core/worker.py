@@ -478,11 +478,13 @@ ORDER BY seq"""
 # budget; ``SQL_NEXT_RECLAIMABLE`` reads, with each job, whether it is such a reclaim and how
 # many of its leases have ended so since its intake or redrive: its claims (``token``, which
 # every claim raises) less those that were attempts (``attempts``, which only a claim of a
-# pending job raises), counted from the token its last redrive recorded.
+# pending job raises), counted from the token its last redrive recorded.  The redrives are
+# looked up only for a job whose count could reach the bound (``:losses``) without them:
+# a reclaim after a crash costs no scan of the audit trail, however long it is.
 SQL_QUARANTINE_RECLAIMING = _QUARANTINE.format(leased="")
 SQL_NEXT_RECLAIMABLE = f"""
 SELECT seq, id, qty, attempts, token, deadline, status = 'leased',
-  CASE WHEN status = 'leased' THEN token - attempts
+  CASE WHEN status = 'leased' AND token - attempts + 1 >= :losses THEN token - attempts
     - coalesce((SELECT max(r.token) FROM redrives AS r WHERE r.id = jobs.id), 0) ELSE 0 END
 FROM jobs WHERE seq IN ({_CLAIMABLE_SEQS})
 ORDER BY seq"""
@@ -765,20 +767,25 @@ def _take(
 ) -> Generator[Step, Any, list[Ticket]]:
     """Lease the jobs ``sql`` selects (up to ``count``): one claim each, in ``seq`` order."""
     rows = yield Sql(sql, {"now": now_ms, "n": count})
-    tickets: list[Ticket] = [
-        {
-            "id": job_id,
-            "qty": qty,
-            "owner": owner,
-            "token": token + 1,
-            "attempt": attempts + 1,
-            "lease_until": min(now_ms + lease_ms, deadline),
-        }
-        for _, job_id, qty, attempts, token, deadline in rows
-    ]
+    tickets = [_ticket(row, owner, now_ms + lease_ms, 1) for row in rows]
     if tickets:
         yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
     return tickets
+
+
+def _ticket(row: tuple[Any, ...], owner: str, lease_until: int, spent: int) -> Ticket:
+    """The ticket of a claimed row ``(seq, id, qty, attempts, token, deadline, ...)``: the
+    next token, the attempt ``spent`` (1) or not (0) by this claim, the lease within the
+    deadline."""
+    _, job_id, qty, attempts, token, deadline = row[:6]
+    return {
+        "id": job_id,
+        "qty": qty,
+        "owner": owner,
+        "token": token + 1,
+        "attempt": attempts + spent,
+        "lease_until": min(lease_until, deadline),
+    }
 
 
 def _retake(
@@ -787,20 +794,12 @@ def _retake(
     """``_take`` for the product (``Limits.max_losses``): a job whose lease ended without a
     result is leased again at the same attempt, unless this is its ``losses``-th such end:
     then it is dead ('poison').  Returns the tickets and the number of poisoned jobs."""
-    rows = yield Sql(sql, {"now": now_ms, "n": count})
-    poisoned = [row for row in rows if row[6] and row[7] + 1 >= losses]
-    taken = [row for row in rows if not (row[6] and row[7] + 1 >= losses)]
-    tickets: list[Ticket] = [
-        {
-            "id": job_id,
-            "qty": qty,
-            "owner": owner,
-            "token": token + 1,
-            "attempt": attempts + (0 if reclaim else 1),
-            "lease_until": min(now_ms + lease_ms, deadline),
-        }
-        for _, job_id, qty, attempts, token, deadline, reclaim, _ in taken
-    ]
+    rows = yield Sql(sql, {"now": now_ms, "n": count, "losses": losses})
+    poisoned: list[tuple[Any, ...]] = []
+    taken: list[tuple[Any, ...]] = []
+    for row in rows:  # (..., reclaim, its earlier lost leases where they could reach the bound)
+        (poisoned if row[6] and row[7] + 1 >= losses else taken).append(row)
+    tickets = [_ticket(row, owner, now_ms + lease_ms, 0 if row[6] else 1) for row in taken]
     if poisoned:
         yield from _write_set(SQL_POISON, (), [row[0] for row in poisoned])
     if tickets:

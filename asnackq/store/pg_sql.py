@@ -98,8 +98,8 @@ expired AS (
   ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
 SELECT *, false, 0::bigint FROM pending
 UNION ALL
-SELECT *, true, token - attempts
-  - coalesce((SELECT max(r.token) FROM redrives AS r WHERE r.id = expired.id), 0)
+SELECT *, true, CASE WHEN token - attempts + 1 >= %(losses)s THEN token - attempts
+  - coalesce((SELECT max(r.token) FROM redrives AS r WHERE r.id = expired.id), 0) ELSE 0 END
 FROM expired
 ORDER BY seq LIMIT %(n)s"""
 PG_NEXT_FRESH_RECLAIMING = """
