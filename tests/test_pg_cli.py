@@ -109,7 +109,7 @@ def test_a_url_without_a_queue_a_server_down_and_a_refused_login_are_one_line(ur
 @pytest.mark.parametrize("every_s", [0.01, 0.05])
 def test_work_rides_out_sessions_terminated_from_its_first_moment(pg_db, tmp_path, every_s):
     """Every session of the queue's database is terminated every ``every_s`` from the moment
-    ``asnackq work`` starts, for 1.5 s: through its first checks, its queue's opening and
+    ``asnackq work`` opens its first, for 1.5 s: through its first checks, its queue's opening and
     its first cycles.  It exits 0 with every job done once, and never says it lost the
     session as if that were the end of it."""
     import subprocess
@@ -129,6 +129,17 @@ def test_work_rides_out_sessions_terminated_from_its_first_moment(pg_db, tmp_pat
 
     def terminate() -> None:
         with psycopg.connect(url, autocommit=True) as con:
+            # From the worker's first session on (a start takes seconds on a busy machine).
+            first = time.monotonic() + 60
+            while time.monotonic() < first and not stop.is_set():
+                ((n,),) = con.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (database,),
+                ).fetchall()
+                if n:
+                    break
+                stop.wait(0.005)
             ends = time.monotonic() + 1.5
             while time.monotonic() < ends and not stop.is_set():
                 ((n,),) = con.execute(
