@@ -7,6 +7,7 @@ a lab whose workers are SIGKILLed every 0.3 s ends no job dead."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from functools import partial
 from pathlib import Path
@@ -150,3 +151,34 @@ def test_a_lab_killing_a_worker_every_300_ms_ends_no_job_dead(tmp_path, request,
     assert result["kills"] >= 3, result["kills"]
     assert result["statuses"] == {"done": 3000} and result["violations"] == []
     assert result["liveness_failures"] == []
+
+
+@pytest.mark.process
+def test_a_lab_kills_only_a_worker_that_has_delivered_since_it_started(tmp_path):
+    """The victim has a committed result in its trace; a worker still starting or on its
+    first round trip (claims only, a fenced finish, a line the kill cut) is spared, so kills
+    faster than a start on a slow machine cannot stop all progress."""
+    workers = procs.Workers(tmp_path, tmp_path / "q.db", ["http://127.0.0.1:9/events"], [])
+    claim = {"e": "claim", "id": "a", "token": 1, "owner": "x", "at": T0}
+    lines = {
+        "starting": [],
+        "claimed": [claim],
+        "fenced": [claim, {**claim, "e": "finish", "status": False}],
+    }
+    for owner, records in lines.items():
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        (tmp_path / f"{owner}.trace").write_text(text)
+        workers.procs[owner] = procs.start(["sleep", "60"])
+    (tmp_path / "cut.trace").write_text(json.dumps({**claim, "e": "finish", "status": "done"})[:30])
+    workers.procs["cut"] = procs.start(["sleep", "60"])
+    try:
+        assert not workers.kill_one(random.Random(1))
+        assert workers.kills == 0 and all(p.poll() is None for p in workers.procs.values())
+        with open(tmp_path / "cut.trace", "w") as trace:  # the line completed: a delivery
+            trace.write(json.dumps({**claim, "e": "finish", "status": "done"}) + "\n")
+        assert workers.kill_one(random.Random(1))
+        assert workers.kills == 1 and workers.procs["cut"].poll() == -9
+        assert [p.poll() for o, p in workers.procs.items() if o in lines] == [None] * 3
+        assert len(workers.procs) == 5  # its replacement started
+    finally:
+        workers.stop()

@@ -287,7 +287,7 @@ def watch(
                     if config.kill_sinks and (workers.kills + sinks.kills) % 2:
                         sinks.kill_one(rng)
                         next_kill = now + config.kill_every
-                    elif workers.kill_one(rng):  # else: at the next look, once one has started
+                    elif workers.kill_one(rng):  # else: at a later look, once one has delivered
                         next_kill = now + config.kill_every
                 if now - began > config.timeout_s:
                     return True

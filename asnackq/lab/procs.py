@@ -259,7 +259,8 @@ def add(one: dict[str, int], two: dict[str, int]) -> dict[str, int]:
     return {key: one.get(key, 0) + two.get(key, 0) for key in one.keys() | two.keys()}
 
 
-STARTED = b"asnackq work: started "  # a worker's first line once its run has begun
+FINISHED = b'"e": "finish"'  # a trace line: a result committed (see asnackq.dispatch.traces)
+STALE = b'"status": false'  # ... or refused by the fence (not a delivery)
 
 
 @dataclass
@@ -279,6 +280,8 @@ class Workers:
     kills: int = 0
     failures: dict[str, str] = field(default_factory=dict)
     reaped: set[str] = field(default_factory=set)
+    delivered: set[str] = field(default_factory=set)  # owners with a result committed
+    trace_read: dict[str, int] = field(default_factory=dict)  # bytes of each trace looked at
 
     def start(self, *extra: object) -> str:
         """Start one more worker (with ``extra`` options); return its owner name."""
@@ -315,19 +318,21 @@ class Workers:
         self.kills += 1
 
     def kill_one(self, rng: random.Random) -> bool:
-        """SIGKILL a random live worker that has started, and start a new one (it reclaims
-        the leases later); False if none has started yet.
+        """SIGKILL a random live worker that has delivered, and start a new one (it reclaims
+        the leases later); False if none has delivered yet.
 
-        A worker still starting is never the victim: on a slow machine a start can take
-        longer than the kill period, and killing starters would stop all progress.  Every
-        started worker is a victim alike, whether or not it holds work: a choice among the
-        workers holding leases would follow the work, killing, near the end of a run, the
-        one worker that took up the last jobs each time it does.
+        A worker is never the victim before its first delivery is committed (a ``finish``
+        line in its trace): on a slow machine a start and a first round trip can take longer
+        than the kill period, and killing workers that never got to deliver would stop all
+        progress, so every kill follows some.  Every such worker is a victim alike, whether
+        or not it holds work: a choice among the workers holding leases would follow the
+        work, killing, near the end of a run, the one worker that took up the last jobs each
+        time it does.
         """
         live = sorted(
             owner
             for owner, proc in self.procs.items()
-            if proc.poll() is None and self.has_started(owner)
+            if proc.poll() is None and self.has_delivered(owner)
         )
         if not live:
             return False
@@ -337,13 +342,24 @@ class Workers:
         self.start()
         return True
 
-    def has_started(self, owner: str) -> bool:
-        """Whether ``owner`` has started its run (said so on stderr: its queue is open)."""
+    def has_delivered(self, owner: str) -> bool:
+        """Whether ``owner`` has committed a delivery's result since it started (a ``finish``
+        line with a status in its trace; the trace is read on from where the last look left
+        off, whole lines only)."""
+        if owner in self.delivered:
+            return True
+        read = self.trace_read.get(owner, 0)
         try:
-            with open(self.root / f"{owner}.err", "rb") as err:
-                return STARTED in err.read(8192)
+            with open(self.root / f"{owner}.trace", "rb") as trace:
+                trace.seek(read)
+                chunk = trace.read()
         except FileNotFoundError:
             return False
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        self.trace_read[owner] = read + len(whole)
+        if any(FINISHED in line and STALE not in line for line in whole.splitlines()):
+            self.delivered.add(owner)
+        return owner in self.delivered
 
     def exited(self) -> list[tuple[str, int]]:
         """The workers that exited since the last call (reaped), with their exit codes; an
