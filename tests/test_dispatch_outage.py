@@ -126,6 +126,29 @@ async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, 
     assert_each_effect_once(tmp_path / "s.db", 30)
 
 
+async def test_probes_go_on_when_the_wait_between_them_outgrows_the_lease(queue, db, tmp_path):
+    """Probes 20 ms apart, doubling up to 2 s, under 400 ms leases: once the wait outgrows
+    what a lease has left, probes still go (the sink answers 503 for a while, then all is
+    done); the probe's time is not reset by each send that waits for it."""
+    await fill(queue, 12)
+    mode = {"down": True, "how": "503"}
+    slow = BreakerPolicy(after=4, base_ms=20, max_ms=2000)
+    async with (
+        sink(tmp_path / "s.db") as real,
+        serving(gate(real.url, mode)) as front,
+        AsyncHttpSender(front.url, timeout_s=0.3) as send,
+    ):
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, lease_ms=400, breaker=slow)
+        run = asyncio.ensure_future(dispatcher.run())
+        await until(lambda: dispatcher.snapshot()["probes"] >= 7)  # waits 640, 1280 ms passed
+        mode["down"] = False
+        summary = await asyncio.wait_for(run, 60)
+    assert (summary.done, summary.dead, summary.retried, summary.stale) == (12, 0, 0, 0)
+    assert summary.outages >= 1 and summary.probes >= 8  # the last probe found the sink
+    assert_all_done_first_attempt(db, 12)
+    assert_each_effect_once(tmp_path / "s.db", 12)
+
+
 async def test_a_job_s_own_failure_is_still_charged(queue, db, tmp_path):
     await fill(queue, 3)
 

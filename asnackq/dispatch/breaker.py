@@ -8,7 +8,11 @@ Rules of this module:
   (TLS refused: this worker's set-up or the sink's certificate, ``why`` names it) or
   ``away``; its opening, first probe and closing are events (``asnackq.dispatch.events``).
 * ``after`` such failures in a row open the breaker: no send passes but one probe at a
-  time, the first ``base_ms`` after the opening, each next wait doubled up to ``max_ms``.
+  time, the first ``base_ms`` after the opening, each next ``base_ms`` doubled (up to
+  ``max_ms``) after the last probe found no sink.  The next probe's time is fixed when the
+  last one fails, not when a send starts waiting for it: a send whose lease ends sooner
+  gives its turn back and waits again, and the probe still goes at that time, however
+  short the leases are against the longest wait.
   Any answer from the sink closes it, and every waiting send goes at once.
 * The breaker only gates sends.  The job whose send found no sink stays held (its lease
   kept) and is sent again under the same lease: the sink's absence never spends an attempt.
@@ -75,6 +79,7 @@ class Breaker:
         self._on_close = on_close
         self._in_a_row = 0
         self._wait_ms = policy.base_ms
+        self._probe_at = 0.0  # (loop time) when the next probe may go
         self._opened_at = 0.0
         self._probes_at_open = 0
         self._stopped = False
@@ -97,13 +102,13 @@ class Breaker:
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self.closed.wait(), min(self._wait_ms / 1000, give_up - loop.time())
+                    self.closed.wait(), min(self._probe_at, give_up) - loop.time()
                 )
         except BaseException:  # cancelled: the turn passes on
             self._turn.release()
             raise
-        if not self.is_open or loop.time() >= give_up:
-            self._turn.release()  # closed meanwhile, or no time left to probe
+        if not self.is_open or loop.time() < self._probe_at:
+            self._turn.release()  # closed meanwhile, or the lease ends before the probe's time
             return False if not self.is_open else None
         if self.counts.probes == self._probes_at_open:  # the pause's first probe
             self.events.emit(
@@ -123,6 +128,7 @@ class Breaker:
             self.cause, self.why = cause, why
             if probe:
                 self._wait_ms = min(2 * self._wait_ms, self.policy.max_ms)
+                self._probe_at = asyncio.get_running_loop().time() + self._wait_ms / 1000
             elif not self.is_open and self._in_a_row >= self.policy.after:
                 self._open()
         elif unavailable is False:
@@ -149,6 +155,7 @@ class Breaker:
         self.closed.clear()
         self._opened_at = asyncio.get_running_loop().time()
         self._wait_ms = self.policy.base_ms
+        self._probe_at = self._opened_at + self._wait_ms / 1000
         self.counts.outages += 1
         self._probes_at_open = self.counts.probes
         self.events.emit(
