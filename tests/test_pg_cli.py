@@ -165,6 +165,7 @@ def test_work_rides_out_sessions_terminated_from_its_first_moment(pg_db, tmp_pat
             stop.set()
             killer.join()
     assert work.returncode == 0, err
+    assert all(line.startswith("asnackq work: ") for line in err.splitlines()), err
     assert sum(killed) >= 1  # (sessions were there to terminate)
     assert query(url, "SELECT status, count(*) FROM jobs GROUP BY 1") == [("done", 30)]
 

@@ -9,6 +9,7 @@ checked before any file is opened or created.
 from __future__ import annotations
 
 import argparse
+import logging
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Command = args.run
     # A file another program holds is waited for, said in one line (``store.sessions``).
     logs.to_stderr(STORE_LOG, f"asnackq {args.command}", getattr(args, "log_format", "text"))
+    # psycopg's warnings on cleaning up after a lost session (several lines each) say what
+    # the command's own lines say once: the database is away.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     try:
         with otel.exporting(args, f"asnackq-{args.command}"):  # (tracing, when asked for)
             return run(args)
