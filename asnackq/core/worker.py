@@ -554,6 +554,15 @@ WHERE id = :id AND status = 'dead' AND token = :token"""
 
 SQL_CHANGES = "SELECT changes()"
 
+# A set of one key travels as the key itself: a statement on one row (a primary-key or
+# unique-index lookup) costs less than reading a JSON array of one, and a claim or finish of
+# one job is the contract's cycle.  The same statement otherwise, row for row.
+SET_OF = "IN (SELECT value FROM json_each(?))"
+ONE = {
+    sql: sql.replace(SET_OF, "= ?")
+    for sql in (SQL_LEASE, SQL_LEASE_RECLAIMING, SQL_POISON, SQL_JOBS)
+}
+
 # Read-only: how many jobs are still in flight (pending or leased).
 SQL_ACTIVE = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'leased')"
 
@@ -632,14 +641,18 @@ def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[St
     ``sql`` takes the parameters ``head``, then the keys as one JSON array, and returns one
     row per row it changed: it must change exactly one row per key.
     """
-    rows = yield Sql(sql, (*head, json_set(keys)))
+    one = len(keys) == 1
+    rows = yield Sql(ONE[sql], (*head, keys[0])) if one else Sql(sql, (*head, json_set(keys)))
     if len(rows) != len(keys):  # the plan read every row under the same lock: a bug
         raise RuntimeError(f"guarded writes changed {len(rows)} rows, expected {len(keys)}")
 
 
 def _jobs(ids: Iterable[str]) -> Sql:
     """The step reading the rows of the jobs ``ids`` (one statement, however many)."""
-    return Sql(SQL_JOBS, (json_set(sorted(set(ids))),))
+    unique = sorted(set(ids))
+    return (
+        Sql(ONE[SQL_JOBS], (unique[0],)) if len(unique) == 1 else Sql(SQL_JOBS, (json_set(unique),))
+    )
 
 
 def plan_enqueue(

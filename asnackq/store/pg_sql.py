@@ -137,6 +137,10 @@ WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
   AND status IN ('pending', 'leased')
 RETURNING seq"""
 
+# A set of one key: the key itself (``w.ONE``).
+ANY_SEQ = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))"
+ANY_ID = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
+
 # Each core statement -> its PostgreSQL text.
 STATEMENTS: dict[str, str] = {
     w.SQL_QUARANTINE: PG_QUARANTINE,
@@ -150,6 +154,15 @@ STATEMENTS: dict[str, str] = {
     w.SQL_NEXT_FRESH_RECLAIMING: PG_NEXT_FRESH_RECLAIMING,
     w.SQL_LEASE_RECLAIMING: PG_LEASE_RECLAIMING,
     w.SQL_POISON: PG_POISON,
+    **{
+        w.ONE[sql]: pg.replace(ANY_SEQ, "= %s").replace(ANY_ID, "= %s")
+        for sql, pg in (
+            (w.SQL_LEASE, PG_LEASE),
+            (w.SQL_LEASE_RECLAIMING, PG_LEASE_RECLAIMING),
+            (w.SQL_POISON, PG_POISON),
+            (w.SQL_JOBS, PG_JOBS),
+        )
+    },
     **{
         sql: placeholders(sql)
         for sql in (
