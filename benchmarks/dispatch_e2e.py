@@ -35,7 +35,11 @@ from sink_throughput import load, rate, start, tree_env
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
-from asnackq.wire.send import AsyncHttpSender, HttpSender
+
+try:
+    from asnackq.wire.send import AsyncHttpSender, HttpSender
+except ImportError:  # a baseline tree from before the package's layers
+    from asnackq.http_send import AsyncHttpSender, HttpSender  # type: ignore[import-not-found,no-redef]
 
 
 def fill(path: Path, jobs: int, prefix: str) -> None:

@@ -31,7 +31,11 @@ from sink_throughput import start, tree_env
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.wire.send import AsyncHttpSender
+
+try:
+    from asnackq.wire.send import AsyncHttpSender
+except ImportError:  # a baseline tree from before the package's layers
+    from asnackq.http_send import AsyncHttpSender  # type: ignore[import-not-found,no-redef]
 
 
 async def null_send(event: dict[str, object], token: int | None) -> bool:
