@@ -1,0 +1,197 @@
+"""CPU per job: the Dispatcher with a no-op send at concurrency 64, on SQLite and PostgreSQL.
+
+    python benchmarks/cpu_per_job.py [--jobs 20000] [--rounds 3] [--concurrency 64]
+
+Each round fills a queue (a file; a fresh database on a throwaway local PostgreSQL 15 with
+``fsync=on``, ``synchronous_commit=on`` and ``pg_stat_statements``), then runs one worker
+process - a Dispatcher whose send answers True at once - until the queue is empty, and
+reports per job, over the run only (from the moment the connected worker is told to go):
+
+* worker CPU us: the worker process's user + system time (``getrusage``);
+* server CPU us (PostgreSQL): the server's processes' user + system time, summed from
+  ``/proc/PID/stat`` over the postmaster and its children;
+* statements: SQLite statements stepped (the connection's trace callback: BEGIN and
+  COMMIT count, an ``executemany`` counts each row), or PostgreSQL's
+  ``pg_stat_statements`` calls (BEGIN and COMMIT count);
+* jobs per transaction: over SQLite's BEGINs, or PostgreSQL's ``xact_commit`` +
+  ``xact_rollback``.  Round trips are not counted here: on SQLite a transaction is at
+  most ``asnackq.store.sqlite_aio.HOPS`` awaits on its connection's thread (7 for a
+  Dispatcher's cycle).
+
+Printed: the median of each over the rounds, with its range.  Figures with their date and
+commit go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import psycopg
+from pg_queue import database, fill
+
+from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.lab.pg_server import DURABLE, local_server
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+READING = 2  # statements (and transactions) of one ``server_counts``
+FIGURES = ("worker CPU us", "server CPU us", "statements", "jobs per transaction")
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def worker(target: str, concurrency: int) -> None:
+    """The measured child: connect, say ready, run on "go", report its own counts, and
+    keep its session (its server process's CPU) until told to end."""
+
+    async def null(event: dict[str, Any], token: int) -> bool:
+        return True
+
+    stepped = [0, 0]  # statements, BEGINs (SQLite)
+
+    def traced(sql: str) -> None:
+        stepped[0] += 1
+        stepped[1] += sql.lstrip().startswith("BEGIN")
+
+    async with AsyncQueue.open(target) as queue:
+        sqlite = getattr(queue._db, "db", None)  # (a file's aiosqlite connection)
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        if sqlite is not None:
+            await sqlite.set_trace_callback(traced)
+        cpu = cpu_s()
+        summary = await Dispatcher(
+            queue, null, owner="bench", concurrency=concurrency, lease_ms=10_000
+        ).run(until_empty=True)
+        cpu = cpu_s() - cpu
+        if sqlite is not None:
+            await sqlite.set_trace_callback(None)
+        report = {
+            "done": summary.done,
+            "cpu_s": cpu,
+            "statements": stepped[0],
+            "transactions": stepped[1],
+        }
+        print(json.dumps(report), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+
+
+def server_cpu_s(data: Path) -> float:
+    """User + system seconds of the postmaster and its children, from /proc."""
+    postmaster = int((data / "postmaster.pid").read_text().split()[0])
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            pid, ppid = int(stat.parent.name), int(fields[1])
+            if postmaster in (pid, ppid):
+                total += (int(fields[11]) + int(fields[12])) * TICK_S
+    return total
+
+
+def server_counts(url: str) -> tuple[int, int]:
+    """(statements by pg_stat_statements, transactions) of the database so far."""
+    with psycopg.connect(url, autocommit=True) as con:
+        ((calls,),) = con.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s"
+            " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database()"
+        ).fetchall()
+        ((xacts,),) = con.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        ).fetchall()
+    return int(calls), int(xacts)
+
+
+def run_worker(target: str, concurrency: int, data: Path | None) -> dict[str, float]:
+    """One measured run: the child's report, with the server's share on PostgreSQL."""
+    command = [sys.executable, __file__, "--worker", target, str(concurrency)]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        if proc.stdout.readline() != "ready\n":
+            raise RuntimeError("the worker did not start")
+        before = (server_cpu_s(data), *server_counts(target)) if data is not None else None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        report = json.loads(proc.stdout.readline())
+        server_s = server_cpu_s(data) if data is not None else None  # (its session still open)
+        proc.stdin.write("bye\n")
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    jobs, transactions = report["done"], report["transactions"]
+    figures = {"worker CPU us": report["cpu_s"] * 1e6, "statements": report["statements"]}
+    if before is not None and server_s is not None:
+        time.sleep(1)  # a server process reports its transactions as it ends
+        _, calls, xacts = before
+        after = server_counts(target)
+        figures["server CPU us"] = (server_s - before[0]) * 1e6
+        # (less the readings' own statements and transactions, which land in between)
+        figures["statements"] = after[0] - calls - READING
+        transactions = after[1] - xacts - READING
+    per_job = {name: value / jobs for name, value in figures.items()}
+    per_job["jobs per transaction"] = jobs / max(1, transactions)
+    return per_job
+
+
+def show(name: str, rounds: list[dict[str, float]]) -> None:
+    print(f"{name}: {len(rounds)} rounds")
+    for figure in FIGURES:
+        values = sorted(r[figure] for r in rounds if figure in r)
+        if values:
+            print(
+                f"  {figure if 'per' in figure else figure + ' per job':>26}: {median(values):9.2f}"
+                f"  ({values[0]:.2f}-{values[-1]:.2f})"
+            )
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        asyncio.run(worker(sys.argv[2], int(sys.argv[3])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {"SQLite": [], "PostgreSQL": []}
+    settings = {**DURABLE, "shared_preload_libraries": "pg_stat_statements"}
+    with (
+        local_server(settings) as server,
+        tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp,
+    ):
+        for r in range(args.rounds):
+            path = str(Path(tmp) / f"r{r}.db")
+            fill(path, args.jobs, "s")
+            results["SQLite"].append(run_worker(path, args.concurrency, None))
+            with database(server.url(), "bench_cpu") as url:
+                with psycopg.connect(url, autocommit=True) as con:
+                    con.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                fill(url, args.jobs, "p")
+                results["PostgreSQL"].append(run_worker(url, args.concurrency, server.data))
+    print(f"{args.jobs} jobs a round, one worker process at concurrency {args.concurrency}")
+    for name, rounds in results.items():
+        show(name, rounds)
+
+
+if __name__ == "__main__":
+    main()
