@@ -33,7 +33,7 @@ from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
 from asnackq.store.outage import Backoff
-from asnackq.store.pg_sql import SCHEMAS, plan_open, text, translate
+from asnackq.store.pg_sql import SCHEMAS, many, plan_open, text, translate
 from asnackq.store.targets import one_line, shown
 
 __all__ = [
@@ -234,6 +234,8 @@ def _steps(con: psycopg.Connection[Any], plan: w.Plan[Any], fault: w.Fault) -> t
             cursor = con.execute(*translate(step.sql, step.params))
             count = cursor.rowcount
             reply = cursor.fetchall() if cursor.description is not None else []
+        elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
+            reply = [(con.execute(*one).rowcount,)]
         elif isinstance(step, w.SqlMany):
             with con.cursor() as cursor:
                 cursor.executemany(text(step.sql), step.params)
@@ -348,6 +350,8 @@ async def asteps(
             cursor = await con.execute(*translate(step.sql, step.params))
             count = cursor.rowcount
             reply = await cursor.fetchall() if cursor.description is not None else []
+        elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
+            reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):
             async with con.cursor() as cursor:
                 await cursor.executemany(text(step.sql), step.params)

@@ -19,6 +19,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
@@ -136,6 +137,33 @@ UPDATE jobs SET status = 'leased', attempts = attempts + 1, token = token + 1, o
 WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
   AND status IN ('pending', 'leased')
 RETURNING seq"""
+
+# A cycle's finishes and extensions (``w.SQL_SETTLE``, one fenced write per job) as one
+# statement over a JSON array of them: the server plans and runs one UPDATE instead of one
+# per job.  The same fence and the same new values, row for row; the rows were read and
+# locked first (``PG_JOBS``).  A settle naming a job twice (an extension that leaves its
+# lease where it was, then another) runs row by row: one UPDATE changes a row once.
+PG_SETTLE_SET = """
+UPDATE jobs SET status = x.status, reason = x.reason,
+  available_at = coalesce(x.available_at, jobs.available_at),
+  owner = x.new_owner, lease_until = x.new_lease_until
+FROM json_to_recordset(%s::json) AS x(id text, token bigint, owner text, attempt bigint,
+  lease_until bigint, status text, reason text, available_at bigint, new_owner text,
+  new_lease_until bigint)
+WHERE jobs.id = x.id AND jobs.status = 'leased' AND jobs.token = x.token
+  AND jobs.owner = x.owner AND jobs.attempts = x.attempt AND jobs.lease_until = x.lease_until"""
+SETS = {w.SQL_SETTLE: PG_SETTLE_SET}  # a core statement run for many rows -> one set statement
+
+
+def many(sql: str, params: list[Any]) -> tuple[str, tuple[str]] | None:
+    """The one set statement (and its JSON parameter) that runs ``sql`` for every row of
+    ``params``, where there is one, for more than one row, each of another job; else None
+    (``executemany``)."""
+    found = SETS.get(sql)
+    if found is None or len(params) < 2 or len({row["id"] for row in params}) < len(params):
+        return None
+    return found, (json.dumps(params, separators=(",", ":")),)
+
 
 # A set of one key: the key itself (``w.ONE``).
 ANY_SEQ = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))"
