@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 import pytest
@@ -106,15 +107,22 @@ def gate(upstream, mode):
     return peer(handler)
 
 
-@pytest.mark.parametrize("how", ["503", "hang"])
-async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, how):
-    await fill(queue, 30)
-    mode = {"down": True, "how": how}
+@contextlib.asynccontextmanager
+async def gated_sender(tmp_path, mode):
+    """A sender to a real sink behind ``gate(..., mode)``."""
     async with (
         sink(tmp_path / "s.db") as real,
         serving(gate(real.url, mode)) as front,
         AsyncHttpSender(front.url, timeout_s=0.3) as send,
     ):
+        yield send
+
+
+@pytest.mark.parametrize("how", ["503", "hang"])
+async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, how):
+    await fill(queue, 30)
+    mode = {"down": True, "how": how}
+    async with gated_sender(tmp_path, mode) as send:
         dispatcher = Dispatcher(queue, send, owner="d1", concurrency=6, lease_ms=2000, breaker=FAST)
         run = asyncio.ensure_future(dispatcher.run())
         await until(lambda: held_through_an_outage(dispatcher, 6))
@@ -127,24 +135,21 @@ async def test_a_sink_answering_503_or_hanging_for_a_while(queue, db, tmp_path, 
 
 
 async def test_probes_go_on_when_the_wait_between_them_outgrows_the_lease(queue, db, tmp_path):
-    """Probes 20 ms apart, doubling up to 2 s, under 400 ms leases: once the wait outgrows
-    what a lease has left, probes still go (the sink answers 503 for a while, then all is
-    done); the probe's time is not reset by each send that waits for it."""
+    """Probes 20 ms apart, doubling up to 8 s, under 1.5 s leases: once the wait outgrows
+    what a lease has left (the 8th probe comes 2.56 s after the 7th), probes still go (the
+    sink answers 503 for a while, then all is done); the probe's time is not reset by each
+    send that waits for it."""
     await fill(queue, 12)
     mode = {"down": True, "how": "503"}
-    slow = BreakerPolicy(after=4, base_ms=20, max_ms=2000)
-    async with (
-        sink(tmp_path / "s.db") as real,
-        serving(gate(real.url, mode)) as front,
-        AsyncHttpSender(front.url, timeout_s=0.3) as send,
-    ):
-        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, lease_ms=400, breaker=slow)
+    slow = BreakerPolicy(after=4, base_ms=20, max_ms=8000)
+    async with gated_sender(tmp_path, mode) as send:
+        dispatcher = Dispatcher(queue, send, owner="d1", concurrency=4, lease_ms=1500, breaker=slow)
         run = asyncio.ensure_future(dispatcher.run())
-        await until(lambda: dispatcher.snapshot()["probes"] >= 7)  # waits 640, 1280 ms passed
+        await until(lambda: dispatcher.snapshot()["probes"] >= 8)
         mode["down"] = False
         summary = await asyncio.wait_for(run, 60)
     assert (summary.done, summary.dead, summary.retried, summary.stale) == (12, 0, 0, 0)
-    assert summary.outages >= 1 and summary.probes >= 8  # the last probe found the sink
+    assert summary.outages >= 1 and summary.probes >= 9  # the last probe found the sink
     assert_all_done_first_attempt(db, 12)
     assert_each_effect_once(tmp_path / "s.db", 12)
 
