@@ -1,0 +1,188 @@
+"""Standard Webhooks (v1.0.0) signatures: sign a delivery, verify one, and keep secrets.
+
+Rules (one place for the sender and every receiver):
+
+* A secret is ``whsec_`` + base64 of 24-64 random bytes; anything else is ``BadSecret``,
+  whose message never contains the text it was given.
+* A signed request carries ``webhook-id`` (the delivery's id, the same on every attempt),
+  ``webhook-timestamp`` (Unix seconds, when this attempt was signed) and
+  ``webhook-signature``: space-separated ``v1,<base64 HMAC-SHA256 of id.timestamp.body>``,
+  one entry per active secret, so a receiver keeps verifying while secrets rotate.
+* A receiver accepts a request when some ``v1`` entry matches some key it holds
+  (compared in constant time), the timestamp is within ``tolerance_s`` of its clock (either
+  way), and the headers are within bounds: an id of 1-256 visible ASCII characters, a
+  timestamp of at most 12 digits, at most ``MAX_SIGNATURES`` entries in at most
+  ``MAX_SIGNATURE_HEADER`` characters. Anything else is ``Unverified`` with a one-line
+  reason. Entries of other versions (``v1a``, ed25519) are skipped, as the specification
+  asks, yet they count towards the bound.
+* A ``Keyring`` is an endpoint's secrets over time: the newest signs, and a secret it
+  replaced keeps signing beside it until its ``until`` (by default 24 h after the rotation).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import secrets as random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ID_HEADER",
+    "MAX_SIGNATURES",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "TOLERANCE_S",
+    "BadSecret",
+    "Keyring",
+    "Unverified",
+    "new_secret",
+    "parse_secret",
+    "sign",
+    "signed_headers",
+    "verify",
+]
+
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+PREFIX = "whsec_"
+TOLERANCE_S = 300  # the specification's five minutes, either way
+ROTATION_S = 86_400  # how long a replaced secret keeps signing beside the new one
+MAX_SIGNATURES = 16  # more entries in one header are refused, not searched
+MAX_SIGNATURE_HEADER = 2048
+ID_RULE = re.compile(r"[!-~]{1,256}")
+TIMESTAMP_RULE = re.compile(r"[0-9]{1,12}")
+SECRET_RULE = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
+
+
+class BadSecret(ValueError):
+    """Raised for a secret that is not ``whsec_`` + base64 of 24-64 bytes (its text is
+    never repeated)."""
+
+
+class Unverified(Exception):
+    """Raised by ``verify`` when a request's signature headers do not prove it came from a
+    holder of a key: ``reason`` says which check failed, in one line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def parse_secret(text: object) -> bytes:
+    """The key bytes of a ``whsec_`` secret."""
+    if type(text) is not str or not SECRET_RULE.fullmatch(text):
+        raise BadSecret("a webhook secret must be 'whsec_' followed by base64")
+    try:
+        key = base64.b64decode(text[len(PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise BadSecret("a webhook secret must be 'whsec_' followed by base64") from None
+    if not 24 <= len(key) <= 64:
+        raise BadSecret(f"a webhook secret must hold 24-64 bytes, not {len(key)}")
+    return key
+
+
+def new_secret(size: int = 32) -> str:
+    """A fresh random secret in ``whsec_`` form."""
+    return PREFIX + base64.b64encode(random.token_bytes(size)).decode()
+
+
+def _digest(key: bytes, msg_id: str, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(key, b"%s.%s." % (msg_id.encode(), timestamp.encode()), hashlib.sha256)
+    mac.update(body)
+    return base64.b64encode(mac.digest()).decode()
+
+
+def sign(keys: Iterable[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: one ``v1`` entry per key."""
+    stamp = str(timestamp)
+    return " ".join(f"v1,{_digest(key, msg_id, stamp, body)}" for key in keys)
+
+
+def signed_headers(
+    keys: Sequence[bytes], msg_id: str, body: bytes, now_s: float | None = None
+) -> dict[str, str]:
+    """The three Standard Webhooks headers for one attempt, signed at ``now_s``."""
+    timestamp = int(time.time() if now_s is None else now_s)
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(keys, msg_id, timestamp, body),
+    }
+
+
+def verify(
+    keys: Sequence[bytes],
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance_s: float = TOLERANCE_S,
+    now_s: float | None = None,
+) -> str:
+    """Return the request's ``webhook-id`` if its signature holds; raise ``Unverified``.
+
+    ``headers`` is looked up by the lower-case names (aiohttp's and http.server's header
+    mappings match any case)."""
+    msg_id, stamp, listed = (
+        headers.get(name) for name in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)
+    )
+    if not msg_id or not stamp or not listed:
+        raise Unverified(
+            "the webhook-id, webhook-timestamp and webhook-signature headers are required"
+        )
+    if not ID_RULE.fullmatch(msg_id):
+        raise Unverified("webhook-id must be 1-256 visible ASCII characters")
+    if not TIMESTAMP_RULE.fullmatch(stamp):
+        raise Unverified("webhook-timestamp must be Unix seconds")
+    now = time.time() if now_s is None else now_s
+    if abs(now - int(stamp)) > tolerance_s:
+        side = "old" if int(stamp) < now else "far in the future"
+        raise Unverified(f"webhook-timestamp is too {side} (tolerance {tolerance_s:g} s)")
+    entries = listed.split(" ")
+    if len(listed) > MAX_SIGNATURE_HEADER or len(entries) > MAX_SIGNATURES:
+        raise Unverified(f"webhook-signature lists more than {MAX_SIGNATURES} signatures")
+    given = [entry[3:].encode() for entry in entries if entry.startswith("v1,")]
+    for key in keys:
+        expected = _digest(key, msg_id, stamp, body).encode()
+        # every entry is compared, so the time taken tells nothing about which one matched
+        if sum(hmac.compare_digest(expected, entry) for entry in given):
+            return msg_id
+    raise Unverified("no webhook-signature entry matches a key")
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """An endpoint's secrets over time: ``(secret, until)`` pairs, newest first; ``until``
+    (Unix seconds) ends a replaced secret's signing, None for the current one."""
+
+    entries: tuple[tuple[str, float | None], ...] = ()
+
+    @classmethod
+    def of(cls, *secrets: str) -> Keyring:
+        """A keyring whose every secret signs until it is rotated out."""
+        for secret in secrets:
+            parse_secret(secret)
+        return cls(tuple((secret, None) for secret in secrets))
+
+    def rotate(self, secret: str, now_s: float, overlap_s: float = ROTATION_S) -> Keyring:
+        """A new keyring: ``secret`` signs from now; the current ones keep signing beside
+        it for ``overlap_s``; ones already retired and expired are dropped."""
+        parse_secret(secret)
+        if not 0 <= overlap_s <= 30 * 86_400:
+            raise ValueError("a rotation's overlap must be 0-30 days")
+        kept = tuple(
+            (old, now_s + overlap_s if until is None else until)
+            for old, until in self.entries
+            if (until is None or until > now_s) and old != secret
+        )
+        return Keyring(((secret, None), *kept))
+
+    def keys(self, now_s: float | None = None) -> list[bytes]:
+        """The keys that sign at ``now_s``."""
+        now = time.time() if now_s is None else now_s
+        return [parse_secret(s) for s, until in self.entries if until is None or until > now]
