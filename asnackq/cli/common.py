@@ -17,8 +17,9 @@ from asnackq.store import sessions
 from asnackq.store.targets import Target, is_url, parse_target, shown
 from asnackq.wire import logs
 from asnackq.wire.logs import FORMATS
-from asnackq.wire.send import check_url, is_loopback
+from asnackq.wire.send import SUCCESS_RULES, check_url, is_loopback
 from asnackq.wire.tls import tls_context
+from asnackq.wire.webhooks import read_secrets
 
 __all__ = [
     "DELAY_MS",
@@ -36,6 +37,7 @@ __all__ = [
     "add_files",
     "add_log_format",
     "add_metrics_options",
+    "add_receiver_rules",
     "add_sink_tls",
     "add_tls_files",
     "check_sink",
@@ -44,6 +46,7 @@ __all__ = [
     "existing_queue",
     "log_to_stderr",
     "port",
+    "receiver_rules",
     "renamed",
     "sink_tls",
     "sink_url",
@@ -214,6 +217,47 @@ def add_sink_tls(parser: argparse.ArgumentParser) -> None:
             "--sink-key": "its private key (PEM; default: in --sink-cert)",
         },
     )
+
+
+def add_receiver_rules(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that sends: what proves a delivery, and what signs it."""
+    parser.add_argument(
+        "--success",
+        choices=SUCCESS_RULES,
+        default="ack",
+        help="what proves a delivery: the sink's verified ACK (default), or any 2xx answer "
+        "within --timeout-s (an ordinary webhook receiver)",
+    )
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="sign every send (Standard Webhooks: webhook-id, webhook-timestamp, "
+        "webhook-signature) with each whsec_ secret in FILE, one per line",
+    )
+
+
+class ReceiverRules(TypedDict):
+    """A sender's ``success`` rule and ``secrets``."""
+
+    success: str
+    secrets: list[str] | None
+
+
+def receiver_rules(args: argparse.Namespace) -> ReceiverRules:
+    """``add_receiver_rules``'s options, the secret file read and checked now (a usage
+    error names the line, never its text)."""
+    if args.secret_file is None:
+        return ReceiverRules(success=args.success, secrets=None)
+    try:
+        secrets = read_secrets(args.secret_file)
+    except (OSError, UnicodeError) as error:
+        why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise Usage(f"--secret-file {str(args.secret_file)!r}: {why}") from None
+    except ValueError as error:
+        raise Usage(f"--secret-file: {error}") from None
+    return ReceiverRules(success=args.success, secrets=secrets)
 
 
 class SinkTls(TypedDict):

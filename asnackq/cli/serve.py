@@ -24,12 +24,14 @@ from asnackq.cli.common import (
     add_faults,
     add_files,
     add_log_format,
+    add_receiver_rules,
     add_sink_tls,
     add_tls_files,
     check_sink,
     exact_int,
     log_to_stderr,
     port,
+    receiver_rules,
     renamed,
     sink_tls,
     sink_url,
@@ -201,6 +203,7 @@ def add_outbox(commands: Commands) -> None:
     dispatch.add_argument("source", type=Path)
     dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(dispatch)
+    add_receiver_rules(dispatch)
     dispatch.add_argument(
         "--limit", type=within(int, 1, 16), default=16, help="items sent in the batch"
     )
@@ -230,7 +233,11 @@ def run_outbox(args: argparse.Namespace) -> int:
     else:
         check_sink(args.sink, args.allow_remote)
         sender = HttpSender(
-            args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **sink_tls(args)
+            args.sink,
+            timeout_s=args.timeout_s,
+            allow_remote=args.allow_remote,
+            **sink_tls(args),
+            **receiver_rules(args),
         )
         with readers.read_only(args.source, "outbox", "source DB"):
             pass  # an existing source DB only

@@ -28,12 +28,14 @@ from asnackq.cli.common import (
     add_db_wait,
     add_log_format,
     add_metrics_options,
+    add_receiver_rules,
     add_sink_tls,
     check_sink,
     concurrency_arg,
     exact_int,
     existing_queue,
     log_to_stderr,
+    receiver_rules,
     sink_tls,
     sink_url,
     target,
@@ -116,6 +118,7 @@ def add_work(commands: Commands) -> None:
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(work)
+    add_receiver_rules(work)
     work.add_argument(
         "--concurrency",
         type=concurrency_arg,
@@ -254,6 +257,7 @@ def run_work(args: argparse.Namespace) -> int:
     from asnackq.wire.send import AsyncHttpSender
 
     tls = sink_tls(args)
+    rules = receiver_rules(args)
     check_sink(args.sink, args.allow_remote)
     try:
         retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
@@ -273,7 +277,7 @@ def run_work(args: argparse.Namespace) -> int:
     when_up(lambda: existing_queue(args.queue), args.queue, gives_up)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(
-        args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls
+        args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls, **rules
     )
     exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None

@@ -1,19 +1,28 @@
-"""Senders: POST one event to a sink and turn the answer into evidence, or an exception.
+"""Senders: POST one event to a receiver and turn the answer into evidence, or an exception.
 
 Rules (shared by the sync and the async sender; the decision lives in ``judge`` once):
 
-* Only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
-  ``applied`` or ``duplicate`` is evidence of completion: the sender returns ``True``.
+* What proves a delivery is the sender's ``success`` rule: ``"ack"`` (the default, the
+  sink's): only ``200`` with a JSON ACK whose ``id`` is the sent id and whose status is
+  ``applied`` or ``duplicate``; ``"2xx"`` (an ordinary webhook receiver): any ``2xx``
+  answer within ``timeout_s``, whatever its body. Either way the sender returns ``True``.
 * ``400 409 413 415 422`` raise ``Permanent``; ``408 425 5xx`` raise ``Retryable``;
   ``502 503 504``, connection errors and resets raise its subclass ``Unavailable`` (the
   sink is not there: nothing about the job), and no whole answer within ``timeout_s`` on a
   connection made raises ``Unavailable``'s subclass ``TimedOut`` (the sink is there, but
-  slower than the sender waits: nothing about the job either); ``429``, and ``503`` with
-  a ``Retry-After`` that can be read, raise its subclass ``Overloaded`` (the sink is there
-  but over its capacity: nothing about the job either), carrying the wait asked for
-  (``retry_after``: delta-seconds or an HTTP-date, at most ``RETRY_AFTER_MAX_S``; garbage is
-  no wait asked); a redirect, a wrong id,
-  a malformed or oversized ACK, or any other status raise ``BadAck`` - none of them proves anything.
+  slower than the sender waits: nothing about the job either); ``410`` raises its subclass
+  ``Gone`` (the receiver asks for nothing more: the run pauses, and spends no attempt);
+  ``429``, and ``502 503 504`` with a ``Retry-After`` that can be read, raise its subclass
+  ``Overloaded`` (the sink is there but over its capacity: nothing about the job either),
+  carrying the wait asked for (``retry_after``: delta-seconds or an HTTP-date, at most
+  ``RETRY_AFTER_MAX_S``; garbage is no wait asked); a redirect (``3xx``, never followed),
+  a wrong id, a malformed or oversized ACK, or any other status raise ``BadAck`` - none of
+  them proves anything.
+* Signed when the sender holds secrets (``secrets``: ``whsec_`` strings or a
+  ``webhooks.Keyring``): every request carries Standard Webhooks headers, the event's id
+  as ``webhook-id`` (the same on every attempt) and one ``v1`` signature per active secret,
+  signed when the request is made (``asnackq.wire.webhooks``). The fencing token travels
+  in its own header (``TOKEN_HEADER``) either way.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
 * ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``, 15 s: what webhook receivers are given)
@@ -38,7 +47,7 @@ import ssl
 import time
 import urllib.parse
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,9 +61,10 @@ from asnackq.core.worker import (
     check_event,
     check_int,
 )
-from asnackq.wire import http_spans, strict_json
+from asnackq.wire import http_spans, strict_json, webhooks
 from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
 from asnackq.wire.tls import tls_cause, tls_context
+from asnackq.wire.webhooks import Keyring
 
 # aiohttp is imported by AsyncHttpSender alone: a command that only checks a URL or uses
 # HttpSender starts 0.15 s sooner.
@@ -88,6 +98,8 @@ MAX_ACK_BYTES = 4096
 PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+OVERLOAD_STATUSES = frozenset({429, 502, 503, 504})  # with a Retry-After: an overload
+SUCCESS_RULES = ("ack", "2xx")
 ACK_STATUSES = ("applied", "duplicate")
 RETRY_AFTER_MAX_S = 60.0  # the longest wait a Retry-After header is taken at its word for
 
@@ -113,19 +125,28 @@ def retry_after(value: str | None, now_s: float | None = None) -> float | None:
 Answered = tuple[int, bytes, str | None]  # a status, the body, the Retry-After header
 
 
-def judge(status: int, body: bytes, event_id: str, wait: str | None = None) -> bool:
-    """Return True for a verified ACK of ``event_id``; raise the exception the answer means
-    (``wait``: the answer's ``Retry-After`` header, if any)."""
+def judge(
+    status: int, body: bytes, event_id: str, wait: str | None = None, success: str = "ack"
+) -> bool:
+    """Return True for evidence of ``event_id``'s delivery under the ``success`` rule (the
+    sink's verified ACK, or any 2xx); raise the exception the answer means (``wait``: the
+    answer's ``Retry-After`` header, if any)."""
+    if success == "2xx" and 200 <= status <= 299:
+        return True
+    if status == 410:
+        raise Gone(f"sink answered 410 for {event_id!r}: the receiver is gone")
     if status in PERMANENT_STATUSES:
         raise Permanent(f"sink rejected {event_id!r} with {status}")
-    wait_s = retry_after(wait) if status in (429, 503) else None
+    wait_s = retry_after(wait) if status in OVERLOAD_STATUSES else None
     if status == 429 or wait_s is not None:
         raise Overloaded(f"sink answered {status} for {event_id!r}: over its capacity", wait_s)
     if status in UNAVAILABLE_STATUSES:
         raise Unavailable(f"sink answered {status} for {event_id!r}")
     if status in RETRYABLE_STATUSES or 500 <= status <= 599:
         raise Retryable(f"sink answered {status} for {event_id!r}")
-    if status != 200:
+    if 300 <= status <= 399:
+        raise BadAck(f"sink answered {status} for {event_id!r}: a redirect, never followed")
+    if status != 200 or success != "ack":
         raise BadAck(f"sink answered {status} for {event_id!r}: not an ACK")
     if len(body) > MAX_ACK_BYTES:
         raise BadAck(f"ACK for {event_id!r} is over {MAX_ACK_BYTES} bytes")
@@ -136,6 +157,12 @@ def judge(status: int, body: bytes, event_id: str, wait: str | None = None) -> b
     if type(ack) is not dict or ack.get("id") != event_id or ack.get("status") not in ACK_STATUSES:
         raise BadAck(f"ACK {ack!r} does not confirm {event_id!r}")
     return True
+
+
+class Gone(Unavailable):
+    """Raised for ``410 Gone``: the receiver asks to be sent nothing more. Like
+    ``Unavailable`` it spends no attempt: the run pauses its sends (the breaker) and its
+    probes find the receiver when it is back."""
 
 
 def check_url(url: object, allow_remote: bool) -> urllib.parse.SplitResult:
@@ -183,14 +210,31 @@ def check_timeout(timeout_s: object) -> float:
     return check_number(timeout_s, "timeout_s", 0, 600, open_low=True)
 
 
-def request_parts(event: object, token: object) -> tuple[str, bytes, dict[str, str]]:
-    """Validate an event (and optional token) and return ``(id, body, headers)``."""
+def request_parts(
+    event: object, token: object, keys: Sequence[bytes] = ()
+) -> tuple[str, bytes, dict[str, str]]:
+    """Validate an event (and optional token) and return ``(id, body, headers)``, signed
+    with ``keys`` (Standard Webhooks: the event's id is the ``webhook-id``) if any."""
     event_id, qty = check_event(event)
+    # json.dumps's very bytes: a checked id is [A-Za-z0-9_-], nothing in it to escape.
+    body = b'{"id": "%s", "qty": %d}' % (event_id.encode(), qty)
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers[TOKEN_HEADER] = str(check_int(token, "token", 1, 10**15))
-    # json.dumps's very bytes: a checked id is [A-Za-z0-9_-], nothing in it to escape.
-    return event_id, b'{"id": "%s", "qty": %d}' % (event_id.encode(), qty), headers
+    if keys:
+        headers.update(webhooks.signed_headers(keys, event_id, body))
+    return event_id, body, headers
+
+
+def check_rules(success: object, secrets: object) -> Keyring | None:
+    """Check a sender's success rule and secrets (a ``Keyring``, or ``whsec_`` strings)."""
+    if success not in SUCCESS_RULES:
+        raise ValueError(f"success must be 'ack' or '2xx': {success!r}")
+    if secrets is None or isinstance(secrets, Keyring):
+        return secrets
+    if isinstance(secrets, (str, bytes)) or not isinstance(secrets, Sequence):
+        raise ValueError("secrets must be a Keyring or a list of whsec_ secrets")
+    return Keyring.of(*secrets) if secrets else None
 
 
 async def read_bounded(stream: aiohttp.StreamReader) -> bytes:
@@ -279,11 +323,15 @@ class HttpSender:
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
+        success: str = "ack",
+        secrets: Keyring | Sequence[str] | None = None,
     ) -> None:
         self.parts = check_url(url, allow_remote)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
+        self.keyring = check_rules(success, secrets)
+        self.success = success
         self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self.path = self.parts.path or "/"
         if self.parts.query:
@@ -292,14 +340,15 @@ class HttpSender:
         self.pool = Pool(self.parts.hostname or "", self.port, self.connect)
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
-        event_id, body, headers = request_parts(event, token)
+        keys = () if self.keyring is None else self.keyring.keys()
+        event_id, body, headers = request_parts(event, token, keys)
         if self.tracer is None:
             status, answer, wait = self._post(event_id, body, headers)
-            return judge(status, answer, event_id, wait)
+            return judge(status, answer, event_id, wait, self.success)
         with http_spans.client(self.tracer, self.url, headers) as span:
             status, answer, wait = self._post(event_id, body, headers)
             http_spans.answered(span, status)
-            return judge(status, answer, event_id, wait)
+            return judge(status, answer, event_id, wait, self.success)
 
     def _post(self, event_id: str, body: bytes, headers: dict[str, str]) -> Answered:
         deadline = time.monotonic() + self.timeout_s
@@ -367,12 +416,16 @@ class AsyncHttpSender:
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
+        success: str = "ack",
+        secrets: Keyring | Sequence[str] | None = None,
     ) -> None:
         parts = check_url(url, allow_remote)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
         self.tls = tls_context(parts.scheme, ca_file, cert_file, key_file)
+        self.keyring = check_rules(success, secrets)
+        self.success = success
         self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self._session: aiohttp.ClientSession | None = None
 
@@ -397,14 +450,15 @@ class AsyncHttpSender:
     async def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         if self._session is None:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
-        event_id, body, headers = request_parts(event, token)
+        keys = () if self.keyring is None else self.keyring.keys()
+        event_id, body, headers = request_parts(event, token, keys)
         if self.tracer is None:
             status, answer, wait = await self._post(self._session, event_id, body, headers)
-            return judge(status, answer, event_id, wait)
+            return judge(status, answer, event_id, wait, self.success)
         with http_spans.client(self.tracer, self.url, headers) as span:
             status, answer, wait = await self._post(self._session, event_id, body, headers)
             http_spans.answered(span, status)
-            return judge(status, answer, event_id, wait)
+            return judge(status, answer, event_id, wait, self.success)
 
     async def _post(
         self, session: aiohttp.ClientSession, event_id: str, body: bytes, headers: dict[str, str]

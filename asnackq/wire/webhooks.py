@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
+import os
 import re
 import secrets as random
 import time
@@ -42,6 +44,7 @@ __all__ = [
     "Unverified",
     "new_secret",
     "parse_secret",
+    "read_secrets",
     "sign",
     "signed_headers",
     "verify",
@@ -85,6 +88,23 @@ def parse_secret(text: object) -> bytes:
     if not 24 <= len(key) <= 64:
         raise BadSecret(f"a webhook secret must hold 24-64 bytes, not {len(key)}")
     return key
+
+
+def read_secrets(path: str | os.PathLike[str]) -> list[str]:
+    """The ``whsec_`` secrets of a file, one per line (blank lines and ``#`` comments
+    skipped), checked; ``ValueError`` (naming the line, never its text) for a bad one or
+    none, ``OSError`` for a file that cannot be read."""
+    with open(path, encoding="utf-8", errors="strict") as lines:
+        found = [(n, line.strip()) for n, line in enumerate(lines, 1)]
+    secrets = [(n, text) for n, text in found if text and not text.startswith("#")]
+    for n, text in secrets:
+        try:
+            parse_secret(text)
+        except BadSecret as error:
+            raise BadSecret(f"line {n} of {os.fspath(path)!r}: {error}") from None
+    if not secrets:
+        raise BadSecret(f"{os.fspath(path)!r} holds no whsec_ secret")
+    return [text for _, text in secrets]
 
 
 def new_secret(size: int = 32) -> str:
@@ -185,4 +205,7 @@ class Keyring:
     def keys(self, now_s: float | None = None) -> list[bytes]:
         """The keys that sign at ``now_s``."""
         now = time.time() if now_s is None else now_s
-        return [parse_secret(s) for s, until in self.entries if until is None or until > now]
+        return [_key(s) for s, until in self.entries if until is None or until > now]
+
+
+_key = functools.lru_cache(maxsize=1024)(parse_secret)  # a keyring's secrets, read once
