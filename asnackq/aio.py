@@ -61,12 +61,13 @@ from asnackq.dispatch.settings import Settings, SharedRate, Trace
 from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
-from asnackq.store import job_traces
+from asnackq.store import attempts, job_traces
+from asnackq.store.attempts import Record
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
 from asnackq.store.targets import is_url, one_line
-from asnackq.wire.send import AsyncSend, TimedOut, Untrusted
+from asnackq.wire.send import LAST_ANSWER, AsyncSend, Gone, TimedOut, Untrusted
 
 __all__ = [
     "NOT_AN_INTAKE",
@@ -363,7 +364,11 @@ class AsyncQueue:
         lease_ms: int,
         count: int,
         fresh: int = 0,
+        *,
+        attempts: Sequence[Record] = (),
     ) -> w.Cycle:
+        """One transaction of a Dispatcher (``core.worker.plan_cycle``), with the answers
+        of its requests kept (``attempts``: ``asnackq.store.attempts``)."""
         make = partial(
             w.plan_cycle,
             results,
@@ -375,8 +380,12 @@ class AsyncQueue:
             fresh,
             limits=self.limits,
         )
-        outcome: w.Cycle = await self._run(make)
+        outcome: w.Cycle = await self._run(with_records(make, attempts))
         return outcome
+
+    async def keep_attempts(self) -> None:
+        """Create the table of the requests' answers, if absent (``asnackq.store.attempts``)."""
+        await self._run(attempts.plan_create)
 
     async def limit_rate(self, rate: r.Rate) -> None:
         """Make ``rate`` the queue's shared send rate (its table, when absent, too)."""
@@ -414,13 +423,14 @@ class AsyncQueue:
         *,
         again: int = 0,
         lead_us: int = 0,
+        attempts: Sequence[Record] = (),
     ) -> r.Paced:
         """``cycle`` whose claims take permits of the shared ``rate`` in its transaction
         (``core.rate.plan_paced_cycle``)."""
         claim = (owner, now_ms, lease_ms, count, fresh)
         make = partial(r.plan_paced_cycle, rate, results, held, *claim, again=again)
         make = partial(make, lead_us=lead_us, limits=self.limits)
-        outcome: r.Paced = await self._run(make)
+        outcome: r.Paced = await self._run(with_records(make, attempts))
         return outcome
 
     async def redrive(
@@ -532,10 +542,14 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
             port.report(Attempt(probe, None))
             return Sent(claimed, None)  # lost while it waited
         jitter = w.check_jitter(port.settings.jitter())
+        at_ms = port.now()
         seen, result = await send_once(port, send, claimed, jitter)
         overloaded = seen.overloaded is not None
+        record = kept(port, claimed, seen, at_ms, again)
         port.report(
-            Attempt(probe, seen.unavailable, True, again > 0, overloaded, seen.cause, seen.why)
+            Attempt(
+                probe, seen.unavailable, True, again > 0, overloaded, seen.cause, seen.why, record
+            )
         )
         again += 1
         if result is not None:
@@ -558,6 +572,7 @@ class Seen(NamedTuple):
     overloaded: w.Overloaded | None = None
     cause: str = "away"
     why: str = ""
+    verdict: str = "error"  # what the request came to (``asnackq.store.attempts``)
 
 
 async def send_once(
@@ -566,25 +581,54 @@ async def send_once(
     """One request for the ticket: what it showed of the sink, and the ticket's result
     (None: no outcome, the ticket is sent again under its lease)."""
     ticket, settings, gate = claimed.ticket, port.settings, port.gate
+    LAST_ANSWER.set(None)  # (a sender of the application's own may tell nothing)
     try:
         event = w.fresh_event(ticket)
         token = ticket["token"]
         sending = send(event, token) if gate is None else gate.send(send, event, token)
         outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
     except w.Overloaded as error:
-        return Seen(False, error), None  # the sink is there
+        return Seen(False, error, verdict="overloaded"), None  # the sink is there
     except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
-        return Seen(True, cause="tls", why=error.why), None
+        return Seen(True, cause="tls", why=error.why, verdict="tls"), None
     except w.Unavailable as error:
-        return Seen(True, cause="timing_out" if isinstance(error, TimedOut) else "away"), None
+        cause = "timing_out" if isinstance(error, TimedOut) else "away"
+        return Seen(True, cause=cause, verdict="gone" if isinstance(error, Gone) else cause), None
     except (w.Retryable, w.Permanent) as error:
         outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
     except Exception as error:  # stays leased; reclaimed after the lease
         bad = isinstance(error, w.BadAck)
-        return Seen(False if bad else None), Sent(
+        return Seen(False if bad else None, verdict="bad_ack" if bad else "error"), Sent(
             claimed, None, failure="bad_acks" if bad else "errors"
         )
-    return Seen(False), Sent(claimed, *outcome_at(port, claimed, outcome))
+    return Seen(False, verdict=outcome[0]), Sent(claimed, *outcome_at(port, claimed, outcome))
+
+
+def with_records(make: Callable[[], w.Plan[T]], rows: Sequence[Record]) -> Callable[[], w.Plan[T]]:
+    """``make``'s plan, writing ``rows`` in its transaction (none: the plan itself)."""
+    if not rows:
+        return make
+    return lambda: attempts.recorded(make(), rows)
+
+
+def kept(port: Port, claimed: Claimed, seen: Seen, at_ms: int, again: int) -> Record | None:
+    """The record of a request, if the run keeps them and the claim has not kept its
+    ``PER_CLAIM`` yet (``asnackq.store.attempts``)."""
+    if not port.settings.keep_attempts or again >= attempts.PER_CLAIM:
+        return None
+    answer = LAST_ANSWER.get()
+    status, latency_ms, body = (None, 0, b"") if answer is None else answer
+    ticket = claimed.ticket
+    return Record(
+        ticket["id"],
+        ticket["token"],
+        ticket["attempt"],
+        at_ms,
+        status,
+        latency_ms,
+        seen.verdict,
+        attempts.excerpt(body),
+    )
 
 
 async def wait_overload(
@@ -633,7 +677,9 @@ class Dispatcher:
     permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
     than its slot; it becomes the queue's rate, which a run given none keeps to as well,
     looking for it at its start and every ``RATE_CHECK_S`` (``settings.rate``: the run's
-    now; ``AsyncQueue.clear_rate`` removes it).
+    now; ``AsyncQueue.clear_rate`` removes it).  ``keep_attempts``: each request's status,
+    latency, verdict and first KiB of its answer are written with the cycle that follows it
+    (``asnackq.store.attempts``; shown by ``asnackq inspect``).
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -658,6 +704,7 @@ class Dispatcher:
         rate: float | None = None,
         burst: int = 1,
         on_event: Listener | None = None,
+        keep_attempts: bool = True,
     ) -> None:
         limits = queue.limits
         if queue.intakes_only:
@@ -703,6 +750,7 @@ class Dispatcher:
             shared=SharedRate(shared, own=shared is not None),
             spans=DeliverySpans.of(owner),
             events=self._events,
+            keep_attempts=bool(keep_attempts),
         )
         self.summary = Summary()
         self._breaker: Breaker | None = None
@@ -769,6 +817,8 @@ class Dispatcher:
         if max_jobs is not None:
             w.check_int(max_jobs, "max_jobs", 0, 10**12)
         queue = self.queue
+        if self.settings.keep_attempts:
+            await outlasting(queue.keep_attempts)
         if self.rate is not None:  # the queue's row: this rate for every worker
             await outlasting(partial(queue.limit_rate, self.rate))
         else:  # the queue's, if it has one (looked for again as the run goes on)

@@ -22,12 +22,12 @@ from asnackq.cli.common import (
     target,
 )
 from asnackq.cli.otel import add_otel
-from asnackq.cli.render import emit, iso, key_values, plural, rows_table
+from asnackq.cli.render import emit, iso, key_values, plural, rows_table, shown_text
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS
 from asnackq.store import readers, sessions
 from asnackq.store.outage import database_error
-from asnackq.store.targets import Target, one_line, shown
+from asnackq.store.targets import Target, is_url, one_line, shown
 from asnackq.wire import strict_json
 
 __all__ = ["add_audit", "add_enqueue", "add_init", "add_inspect"]
@@ -310,7 +310,7 @@ def run_redrive(args: argparse.Namespace) -> int:
 
 def run_history(args: argparse.Namespace) -> int:
     with readers.read_only(args.queue, "jobs") as con:
-        result = ops.history(con, args.id)
+        result = ops.history(con, args.id, on_sqlite=not is_url(args.queue))
 
     def human(out: Console) -> None:
         out.print(
@@ -320,6 +320,12 @@ def run_history(args: argparse.Namespace) -> int:
         )
         redrives = [{**row, "at": iso(row["at_ms"])} for row in result["redrives"]]
         out.print(rows_table(plural(len(redrives), "redrive"), redrives, ("token", "at", "note")))
+        requests = [
+            {**row, "at": iso(row["at_ms"]), "answer": shown_text(row["answer"][:60])}
+            for row in result["requests"]
+        ]
+        columns = ("token", "attempt", "at", "status", "latency_ms", "verdict", "answer")
+        out.print(rows_table(plural(len(requests), "request"), requests, columns))
 
     emit(args, result, human)
     return 0

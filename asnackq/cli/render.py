@@ -9,9 +9,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["emit", "iso", "key_values", "plural", "progress_line", "rows_table"]
+__all__ = [
+    "emit",
+    "iso",
+    "key_values",
+    "plural",
+    "progress_line",
+    "rows_table",
+    "shown_text",
+]
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -45,6 +54,13 @@ def key_values(title: str, pairs: Sequence[tuple[str, object]]) -> Table:
     for key, value in pairs:
         table.add_row(key, "-" if value is None else str(value))
     return table
+
+
+def shown_text(text: str) -> str:
+    """Text from outside (a receiver's answer) safe on a terminal: no control characters
+    (each shown escaped), no console markup."""
+    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return escape(printable)
 
 
 def rows_table(title: str, rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:

@@ -50,6 +50,7 @@ from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
+from asnackq.store.attempts import Record
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 from asnackq.store.targets import one_line
 
@@ -102,6 +103,7 @@ class Committer:
         self.ready: collections.deque[Claimed] = collections.deque()
         self.waiters: collections.deque[asyncio.Future[Claimed | None]] = collections.deque()
         self.returned: list[Sent] = []  # results handed back, not yet finished
+        self.records: list[Record] = []  # requests' answers to keep, not yet written
         self.kick = asyncio.Event()
         self.cycling = False  # a transaction is in flight
         self.gathering = False  # results are let gather (no kick per result)
@@ -173,6 +175,8 @@ class Committer:
             if attempt.unavailable:
                 self.summary.unanswered(attempt.cause)
         self.breaker.record(attempt.probe, attempt.unavailable, attempt.cause, attempt.why)
+        if attempt.record is not None:
+            self.records.append(attempt.record)
 
     def kick_now(self) -> None:
         self.kick.set()
@@ -350,12 +354,13 @@ class Committer:
     async def _cycle(self, now: int, due: list[w.Ticket], want: Want, asking: bool) -> None:
         """One transaction: settle what came back, keep what is held, claim ``want``."""
         sent, self.returned = self.returned, []
+        records, self.records = self.records, []
         finishes = self._finishes(sent)
         started = self.pacer.begin()
         self.cycling = True
         try:
             (statuses, extended, tickets, ended), slots = await self._transact(
-                finishes, due, now, want, asking
+                finishes, due, now, want, asking, records
             )
             if self.settings.spans is not None:  # (before any ticket is handed out)
                 finished = [finish.ticket for finish in finishes]
@@ -365,6 +370,7 @@ class Committer:
             raise
         except StoreUnavailable:  # nothing committed: the finishes wait for the next cycle
             self.returned[:0] = [item for item in sent if item.outcome is not None]
+            self.records[:0] = records
             raise
         finally:
             self.cycling = False
@@ -406,7 +412,13 @@ class Committer:
         self.told = (steps, cuts)
 
     async def _transact(
-        self, finishes: list[Finish], due: list[w.Ticket], now: int, want: Want, asking: bool
+        self,
+        finishes: list[Finish],
+        due: list[w.Ticket],
+        now: int,
+        want: Want,
+        asking: bool,
+        records: list[Record],
     ) -> tuple[w.Cycle, list[float]]:
         """The cycle's transaction; under a shared rate its claims (and, ``asking``, the
         held tickets waiting for a new slot) take permits, and each ticket gets its send
@@ -415,11 +427,11 @@ class Committer:
         claim = (self.settings.owner, now, self.settings.lease_ms, *want)
         rate = self.settings.rate
         if rate is None:
-            return await self.queue.cycle(finishes, due, *claim), []
+            return await self.queue.cycle(finishes, due, *claim, attempts=records), []
         began, lead = self.loop_time(), self.slots.lead_us()
         waiting = [waiter for waiter in self.slot_waiters if not waiter.done()] if asking else []
         paced = await self.queue.paced_cycle(
-            rate, finishes, due, *claim, again=len(waiting), lead_us=lead
+            rate, finishes, due, *claim, again=len(waiting), lead_us=lead, attempts=records
         )
         self.rate_short = paced.short
         self.permits_at = self.loop_time() + paced.retry_us / 1e6 if paced.short else 0.0

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from asnackq.core import rate as r
 from asnackq.core import worker as w
+from asnackq.store.attempts import Record
 from asnackq.store.outage import Health
 
 __all__ = ["Queue"]
@@ -45,6 +46,8 @@ class Queue(Protocol):
         lease_ms: int,
         count: int,
         fresh: int = 0,
+        *,
+        attempts: Sequence[Record] = (),
     ) -> w.Cycle: ...
 
     async def paced_cycle(
@@ -60,4 +63,7 @@ class Queue(Protocol):
         *,
         again: int = 0,
         lead_us: int = 0,
+        attempts: Sequence[Record] = (),
     ) -> r.Paced: ...
+
+    async def keep_attempts(self) -> None: ...

@@ -54,6 +54,7 @@ class Settings:
     shared: SharedRate = field(default_factory=SharedRate)  # every worker's, of the queue
     spans: DeliverySpans | None = None  # None: the run is not traced
     events: Events = field(default_factory=lambda: Events(""))  # what the run tells
+    keep_attempts: bool = False  # each request's answer kept (``asnackq.store.attempts``)
 
     @property
     def rate(self) -> Rate | None:

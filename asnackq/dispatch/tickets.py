@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from asnackq.core import worker as w
+from asnackq.store.attempts import Record
 
 __all__ = ["Attempt", "Claimed", "Sent"]
 
@@ -45,3 +46,4 @@ class Attempt(NamedTuple):
     overloaded: bool = False
     cause: str = "away"
     why: str = ""
+    record: Record | None = None  # the request's answer, kept (``asnackq.store.attempts``)

@@ -23,7 +23,8 @@ from typing import Any
 from asnackq.core import worker as w
 from asnackq.core.inbox import RECORD_FIELDS, SQL_RECORD
 from asnackq.ops.queries import ATTENTION, VIOLATIONS, as_json_value, describe
-from asnackq.store.reads import fetch
+from asnackq.store import attempts
+from asnackq.store.reads import fetch, has_table
 
 __all__ = [
     "BAD_ID",
@@ -48,12 +49,6 @@ JOB_FIELDS = (
 SQL_JOB_REDRIVES = "SELECT token, at_ms, note FROM redrives WHERE id = ? ORDER BY seq"
 BAD_ID = "a job id is 1-64 ASCII letters, digits, '_' or '-'"
 TRACES = "asnackq_job_traces"
-SQL_HAS_TRACES_SQLITE = (
-    f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '{TRACES}'"
-)
-SQL_HAS_TRACES_PG = (
-    f"SELECT count(*) FROM (SELECT to_regclass('{TRACES}') AS t) AS r WHERE t IS NOT NULL"
-)
 SQL_TRACE = f"SELECT traceparent FROM {TRACES} WHERE job_id = ?"
 # W3C trace context: version (never ff), trace id and parent id (never all zeros), flags.
 TRACEPARENT = re.compile(
@@ -100,13 +95,14 @@ def job_story(job_id: str, now_ms: int, on_sqlite: bool) -> w.Plan[dict[str, Any
         for token, at_ms, note in (yield from fetch(SQL_JOB_REDRIVES, (job_id,)))
     ]
     traced, _ = yield from trace_id(job_id, on_sqlite)
-    return {"job": job, "redrives": redrives, "trace_id": traced}, False
+    tried, _ = yield from attempts.of_job(check_job_id(job_id), on_sqlite)
+    return {"job": job, "redrives": redrives, "trace_id": traced, "attempts": tried}, False
 
 
 def trace_id(job_id: str, on_sqlite: bool) -> w.Plan[str | None]:
     """The trace id of the job's enqueue context, if the queue keeps one."""
-    ((tables,),) = yield from fetch(SQL_HAS_TRACES_SQLITE if on_sqlite else SQL_HAS_TRACES_PG)
-    if not tables:
+    present, _ = yield from has_table(TRACES, on_sqlite)
+    if not present:
         return None, False
     rows = yield from fetch(SQL_TRACE, (job_id,))
     found = rows and isinstance(rows[0][0], str) and TRACEPARENT.fullmatch(rows[0][0])

@@ -19,6 +19,7 @@ from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
 from asnackq.store import job_traces, readers, reads, sessions
+from asnackq.store.attempts import of_job
 from asnackq.store.readers import read_only
 from asnackq.store.reads import fetch
 from asnackq.store.sessions import Reader, Session
@@ -137,8 +138,9 @@ def dead(con: Reader, reason: str | None = None) -> list[dict[str, Any]]:
     return [dict(zip(keys, row, strict=True)) for row in con.execute(sql, {"reason": reason})]
 
 
-def history(con: Reader, job_id: str) -> dict[str, Any]:
-    """A job's current row and its redrive records, oldest first."""
+def history(con: Reader, job_id: str, on_sqlite: bool = True) -> dict[str, Any]:
+    """A job's current row, its redrive records and the requests kept of it
+    (``asnackq.store.attempts``), oldest first."""
     w.check_identifier(job_id, "job_id")
     row = con.execute(
         "SELECT status, reason, attempts, token FROM jobs WHERE id = ?", (job_id,)
@@ -159,6 +161,7 @@ def history(con: Reader, job_id: str) -> dict[str, Any]:
         "attempts": attempts,
         "token": token,
         "redrives": redrives,
+        "requests": reads.run(con, of_job(job_id, on_sqlite)),
     }
 
 

@@ -211,6 +211,7 @@ class Watcher:
             "at_ms": now,
             "job": job,
             "redrives": story["redrives"] if story else [],
+            "attempts": story["attempts"] if story else [],
             "trace_id": story and story["trace_id"],
             "sink_db": self.sink_db is not None,
             "inbox": inbox,

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from asnackq.core import inbox, rate
 from asnackq.core import worker as w
-from asnackq.store import job_traces
+from asnackq.store import attempts, job_traces
 
 __all__ = [
     "QUEUE",
@@ -338,6 +338,7 @@ STATEMENTS.update(
     {
         **job_traces.PG_TEXTS,
         **{sql: placeholders(sql) for sql in job_traces.SAME_TEXTS},
+        **attempts.PG_TEXTS,
     }
 )
 

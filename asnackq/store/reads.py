@@ -35,6 +35,18 @@ def fetch(sql: str, params: Any = ()) -> Generator[w.Step, w.Reply, Rows]:
     return rows or []
 
 
+SQL_HAS_TABLE_SQLITE = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+SQL_HAS_TABLE_PG = "SELECT count(*) FROM (SELECT to_regclass(?) AS t) AS r WHERE t IS NOT NULL"
+
+
+def has_table(name: str, on_sqlite: bool) -> w.Plan[bool]:
+    """Whether the database holds the table ``name`` (a product's table may be absent)."""
+    ((tables,),) = yield from fetch(
+        SQL_HAS_TABLE_SQLITE if on_sqlite else SQL_HAS_TABLE_PG, (name,)
+    )
+    return bool(tables), False
+
+
 def run(con: Executes, plan: w.Plan[T]) -> T:
     """A read plan's result on a sync reader."""
     reply: w.Reply = None

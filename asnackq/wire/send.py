@@ -38,6 +38,7 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import email.utils
 import http.client
@@ -49,7 +50,7 @@ import urllib.parse
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asnackq.core import tracing
 from asnackq.core.worker import (
@@ -73,9 +74,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "LAST_ANSWER",
     "MAX_ACK_BYTES",
     "RETRY_AFTER_MAX_S",
     "TOKEN_HEADER",
+    "Answer",
     "AsyncHttpSender",
     "AsyncSend",
     "HttpSender",
@@ -123,6 +126,22 @@ def retry_after(value: str | None, now_s: float | None = None) -> float | None:
 
 
 Answered = tuple[int, bytes, str | None]  # a status, the body, the Retry-After header
+
+
+class Answer(NamedTuple):
+    """What the last request of a send got: its status (None: no answer), how long it took,
+    and the start of its body (at most ``MAX_ACK_BYTES + 1`` bytes)."""
+
+    status: int | None
+    latency_ms: int
+    body: bytes
+
+
+# The last request's answer, set by either sender in the caller's context (a delivery
+# coroutine reads it after each send to keep it: ``asnackq.store.attempts``).
+LAST_ANSWER: contextvars.ContextVar[Answer | None] = contextvars.ContextVar(
+    "asnackq_last_answer", default=None
+)
 
 
 def judge(
@@ -301,6 +320,11 @@ def failure(event_id: str, error: BaseException, timeout_s: float) -> Unavailabl
     return Unavailable(text)
 
 
+def answered(began: float, status: int | None, body: bytes) -> None:
+    """Tell the caller's context what the request got (``LAST_ANSWER``)."""
+    LAST_ANSWER.set(Answer(status, round((time.monotonic() - began) * 1000), body))
+
+
 def connecting(error: BaseException) -> bool:
     """Whether a timeout struck before a connection was made."""
     return type(error).__name__ == "ConnectionTimeoutError" or isinstance(error, ConnectTimeout)
@@ -351,11 +375,14 @@ class HttpSender:
             return judge(status, answer, event_id, wait, self.success)
 
     def _post(self, event_id: str, body: bytes, headers: dict[str, str]) -> Answered:
-        deadline = time.monotonic() + self.timeout_s
+        began = time.monotonic()
+        deadline = began + self.timeout_s
         try:
             answer = self.pool.post(self.path, body, headers, deadline, MAX_ACK_BYTES + 1)
         except (OSError, http.client.HTTPException, zlib.error) as error:  # resets, timeouts
+            answered(began, None, b"")
             raise failure(event_id, error, self.timeout_s) from error
+        answered(began, answer.status, answer.body)
         if answer.short:
             raise Unavailable(f"the answer for {event_id!r} ended {answer.short} bytes short")
         return answer.status, answer.body, answer.retry_after
@@ -465,13 +492,16 @@ class AsyncHttpSender:
     ) -> Answered:
         import aiohttp
 
+        began = time.monotonic()
         try:
             async with session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 answer = await read_bounded(response.content)
+                answered(began, response.status, answer)
                 return response.status, answer, response.headers.get("Retry-After")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            answered(began, None, b"")
             if (
                 isinstance(error, aiohttp.ClientConnectorError)
                 and error.ssl is not False

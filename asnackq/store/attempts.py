@@ -1,0 +1,129 @@
+"""Each delivery attempt's answer, kept: status, latency and the first KiB of the body.
+
+Rules of this module:
+
+* The product's own table ``asnackq_attempts``, on SQLite and PostgreSQL alike, never part
+  of the contract's schema: one row per request a Dispatcher made (a re-send under the same
+  lease is a request of its own), in the order made. A run that keeps them creates the table
+  when it starts.
+* The rows of a cycle's requests are written in the cycle's own transaction, after the
+  core's plan, in one statement (a JSON array), so keeping them adds no transaction and no
+  commit; a cycle that commits nothing keeps its rows for the next.
+* What is kept of an answer: its status (none when no answer came), the request's latency,
+  a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
+  ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
+  ``EXCERPT_BYTES`` of its body, as text (undecodable bytes replaced). Headers are not kept.
+* A claim records at most ``PER_CLAIM`` requests (its first ones): a receiver answering 429
+  for an hour does not grow the table by the hour.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from asnackq.core import worker as w
+from asnackq.store.reads import fetch, has_table
+
+__all__ = [
+    "EXCERPT_BYTES",
+    "PER_CLAIM",
+    "PG_TEXTS",
+    "SQL_CREATE",
+    "SQL_OF_JOB",
+    "Record",
+    "of_job",
+    "plan_create",
+    "recorded",
+]
+
+T = TypeVar("T")
+
+EXCERPT_BYTES = 1024
+PER_CLAIM = 20
+VERDICTS = (
+    "ok",
+    "retry",
+    "permanent",
+    "bad_ack",
+    "away",
+    "timing_out",
+    "tls",
+    "overloaded",
+    "gone",
+    "error",
+)
+
+SQL_CREATE = (
+    """CREATE TABLE IF NOT EXISTS asnackq_attempts (seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL, token INTEGER NOT NULL, attempt INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+  status INTEGER, latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS asnackq_attempts_by_job ON asnackq_attempts(id, seq)",
+)
+SQL_RECORD = """INSERT INTO asnackq_attempts
+  (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
+  value ->> 6, value ->> 7
+FROM json_each(?)"""
+SQL_OF_JOB = """SELECT token, attempt, at_ms, status, latency_ms, verdict, answer
+FROM asnackq_attempts WHERE id = ? ORDER BY seq"""
+# The PostgreSQL texts (``asnackq.store.pg_sql``).
+PG_TEXTS = {
+    SQL_CREATE[0]: """CREATE TABLE IF NOT EXISTS asnackq_attempts (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL,
+  token BIGINT NOT NULL, attempt INTEGER NOT NULL, at_ms BIGINT NOT NULL, status INTEGER,
+  latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
+    SQL_CREATE[1]: SQL_CREATE[1],
+    SQL_RECORD: """INSERT INTO asnackq_attempts
+  (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
+SELECT r ->> 0, (r ->> 1)::bigint, (r ->> 2)::int, (r ->> 3)::bigint, (r ->> 4)::int,
+  (r ->> 5)::int, r ->> 6, r ->> 7
+FROM json_array_elements(%s::json) AS r""",
+    SQL_OF_JOB: SQL_OF_JOB.replace("?", "%s"),
+}
+
+
+class Record(NamedTuple):
+    """One request of a delivery and what came of it."""
+
+    id: str
+    token: int
+    attempt: int
+    at_ms: int
+    status: int | None
+    latency_ms: int
+    verdict: str
+    answer: str
+
+
+def excerpt(body: bytes) -> str:
+    """The first ``EXCERPT_BYTES`` of an answer's body, as text."""
+    return body[:EXCERPT_BYTES].decode("utf-8", errors="replace")
+
+
+def plan_create() -> w.Plan[None]:
+    """Create the table (and its index) if absent."""
+    for statement in SQL_CREATE:
+        yield w.Sql(statement)
+    return None, True
+
+
+FIELDS = ("token", "attempt", "at_ms", "status", "latency_ms", "verdict", "answer")
+
+
+def of_job(job_id: str, on_sqlite: bool) -> w.Plan[list[dict[str, Any]]]:
+    """A read plan: each request kept of the job, oldest first (none without the table)."""
+    present, _ = yield from has_table("asnackq_attempts", on_sqlite)
+    if not present:
+        return [], False
+    rows = yield from fetch(SQL_OF_JOB, (job_id,))
+    return [dict(zip(FIELDS, row, strict=True)) for row in rows], False
+
+
+def recorded(plan: w.Plan[T], rows: Sequence[Record]) -> w.Plan[T]:
+    """``plan``, then ``rows`` written in its transaction (which then commits)."""
+    result, changed = yield from plan
+    if rows:
+        yield w.Sql(SQL_RECORD, (json.dumps(rows, separators=(",", ":")),))
+    return result, changed or bool(rows)

@@ -1,0 +1,171 @@
+"""Each request a Dispatcher makes is kept: status, latency, verdict and the first KiB of
+the answer, written with the next cycle, on SQLite and PostgreSQL; shown by ``asnackq
+history`` and the dashboard's job inspector."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.dispatch.breaker import BreakerPolicy
+from asnackq.ops.watcher import Watcher
+from asnackq.store import attempts
+from asnackq.wire.send import AsyncHttpSender
+
+from .pgdb import query
+from .sinks import peer, serving
+
+BREAKER = BreakerPolicy(after=1, base_ms=20, max_ms=100)
+
+
+def scripted(answers: list[tuple[int, bytes, dict[str, str]]]) -> web.Application:
+    """A receiver answering ``answers`` in turn (the last one from then on)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        status, body, headers = answers.pop(0) if len(answers) > 1 else answers[0]
+        return web.Response(status=status, body=body, headers=headers)
+
+    return peer(handler)
+
+
+async def deliver(target: str, answers, *, keep: bool = True, job: str = "j1") -> None:
+    async with AsyncQueue.open(target) as queue, serving(scripted(answers)) as receiver:
+        await queue.enqueue_many([({"id": job, "qty": 1}, 60_000, 3)])
+        async with AsyncHttpSender(receiver.url, success="2xx") as send:
+            summary = await Dispatcher(
+                queue, send, owner="d1", concurrency=1, breaker=BREAKER, keep_attempts=keep
+            ).run(until_empty=True)
+    assert summary.done == 1
+
+
+def kept(target: str | Path, job: str = "j1") -> list[tuple]:
+    sql = attempts.SQL_OF_JOB
+    if isinstance(target, str) and target.startswith("postgresql"):
+        return [tuple(r) for r in query(target, sql.replace("?", "%s"), (job,))]
+    import sqlite3
+
+    con = sqlite3.connect(target)
+    try:
+        return con.execute(sql, (job,)).fetchall()
+    finally:
+        con.close()
+
+
+ANSWERS = [
+    (503, b"down for maintenance", {}),
+    (429, b"slow down", {"Retry-After": "0"}),
+    (410, b"", {}),
+    (500, b'{"error": "boom"}', {}),
+    (204, b"", {}),
+]
+
+
+def check_story(rows: list[tuple]) -> None:
+    # (token, attempt, at_ms, status, latency_ms, verdict, answer), oldest first
+    assert [(r[0], r[1], r[3], r[5], r[6]) for r in rows] == [
+        (1, 1, 503, "away", "down for maintenance"),
+        (1, 1, 429, "overloaded", "slow down"),
+        (1, 1, 410, "gone", ""),
+        (1, 1, 500, "retry", '{"error": "boom"}'),  # the first attempt's end
+        (2, 2, 204, "ok", ""),  # the second attempt, under a new token
+    ]
+    assert all(r[4] >= 0 for r in rows) and [r[2] for r in rows] == sorted(r[2] for r in rows)
+
+
+async def test_each_request_is_kept_in_order_on_sqlite(db: Path) -> None:
+    await deliver(str(db), list(ANSWERS))
+    check_story(kept(db))
+
+
+async def test_each_request_is_kept_in_order_on_postgresql(pg_db) -> None:
+    url = pg_db()
+    await deliver(url, list(ANSWERS))
+    check_story(kept(url))
+
+
+async def test_an_answer_is_kept_to_its_first_kib_and_undecodable_bytes_are_replaced(
+    db: Path,
+) -> None:
+    body = b"\xff\xfe" + "é".encode() * 2000
+    await deliver(str(db), [(200, body, {})])
+    [row] = kept(db)
+    assert row[3] == 200 and row[5] == "ok"
+    assert row[6] == body[:1024].decode("utf-8", errors="replace") and len(row[6]) <= 1024
+
+
+async def test_a_claim_keeps_its_first_twenty_requests_only(db: Path) -> None:
+    busy = [(429, b"busy", {"Retry-After": "0"})] * 30
+    await deliver(str(db), [*busy, (204, b"", {})])
+    rows = kept(db)
+    assert len(rows) == attempts.PER_CLAIM
+    assert {r[5] for r in rows} == {"overloaded"}
+
+
+async def test_a_run_that_keeps_none_writes_no_table(db: Path) -> None:
+    await deliver(str(db), [(204, b"", {})], keep=False)
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    con.close()
+    assert "asnackq_attempts" not in names
+
+
+async def test_a_request_the_database_could_not_take_is_kept_with_a_later_cycle(
+    db: Path,
+) -> None:
+    """The records ride with the cycle after their request: a claim's records reach the
+    table even when the request's cycle is the run's last."""
+    await deliver(str(db), [(202, b"accepted", {})])
+    assert [(r[3], r[6]) for r in kept(db)] == [(202, "accepted")]
+
+
+async def test_the_inspector_shows_the_requests(db: Path) -> None:
+    await deliver(str(db), list(ANSWERS))
+    story = await Watcher(db, None).look_up("j1")
+    assert story is not None
+    assert [(a["status"], a["verdict"]) for a in story["attempts"]] == [
+        (503, "away"),
+        (429, "overloaded"),
+        (410, "gone"),
+        (500, "retry"),
+        (204, "ok"),
+    ]
+    assert await Watcher(db, None).look_up("nothing") is None
+
+
+@pytest.mark.process
+def test_history_shows_the_requests_and_nothing_a_receiver_sends_reaches_the_terminal_raw(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "q.db"
+    hostile = b"\x1b[31mred\x1b[0m [bold]loud[/bold] \x07bell"
+    asyncio.run(deliver(str(db), [(500, hostile, {}), (204, b"", {})]))
+    shown = subprocess.run(
+        [sys.executable, "-m", "asnackq", "history", str(db), "j1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "2 requests" in shown.stdout and "retry" in shown.stdout and "204" in shown.stdout
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    assert "[bold]loud[/bold]" in shown.stdout  # shown as sent, not as console markup
+    as_json = subprocess.run(
+        [sys.executable, "-m", "asnackq", "history", str(db), "j1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    requests = json.loads(as_json.stdout)["requests"]
+    assert [r["status"] for r in requests] == [500, 204]
+    assert requests[0]["answer"] == hostile.decode()
