@@ -4,6 +4,8 @@ Rules of this wing:
 
 * The senders (``send``: stdlib and aiohttp) share one ACK judgement: an ACK counts only
   when it names the sent id with an effect status, read within its size and time bounds.
+* ``guard`` holds the rule of which addresses a sender may reach with remote sinks
+  allowed: globally routable, or in an allowed network.
 * JSON from outside is read strictly in one place (``strict_json``): UTF-8, no duplicate
   keys, no NaN.
 * Servers log one line per event, every byte a client chose escaped (``logs``); Prometheus
@@ -11,6 +13,7 @@ Rules of this wing:
 * Imports: ``asnackq.core`` only.
 """
 
+from asnackq.wire.guard import Refused
 from asnackq.wire.send import AsyncHttpSender, HttpSender, Untrusted
 
-__all__ = ["AsyncHttpSender", "HttpSender", "Untrusted"]
+__all__ = ["AsyncHttpSender", "HttpSender", "Refused", "Untrusted"]
