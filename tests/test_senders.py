@@ -168,7 +168,12 @@ def test_loopback_urls_are_accepted(url):
 
 
 def test_remote_urls_need_the_explicit_flag():
-    assert HttpSender("http://10.0.0.1/events", allow_remote=True).parts.hostname == "10.0.0.1"
+    assert HttpSender("http://sink.test/events", allow_remote=True).parts.hostname == "sink.test"
+    # A private address also needs its network allowed (tests/test_address_guard.py).
+    with pytest.raises(ValueError, match=r"10\.0\.0\.1 is a private address"):
+        HttpSender("http://10.0.0.1/events", allow_remote=True)
+    allowed = HttpSender("http://10.0.0.1/events", allow_remote=True, allow_networks=["10.0.0.0/8"])
+    assert allowed.parts.hostname == "10.0.0.1"
 
 
 @pytest.mark.parametrize(

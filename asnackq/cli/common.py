@@ -8,7 +8,7 @@ import math
 import re
 import sys
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
@@ -16,6 +16,7 @@ from asnackq.sink import capacity, faults
 from asnackq.store import sessions
 from asnackq.store.targets import Target, is_url, parse_target, shown
 from asnackq.wire import logs
+from asnackq.wire.guard import Guard, Network, network
 from asnackq.wire.logs import FORMATS
 from asnackq.wire.send import SUCCESS_RULES, check_url, is_loopback
 from asnackq.wire.tls import tls_context
@@ -32,6 +33,7 @@ __all__ = [
     "Failure",
     "Parser",
     "Usage",
+    "add_allow_network",
     "add_db_wait",
     "add_faults",
     "add_files",
@@ -184,11 +186,42 @@ MAX_INFLIGHT = within(int, *capacity.MAX_INFLIGHT)  # a sink's events in a handl
 SINK_RATE = within(float, 0.001, capacity.SINK_RATES[1])  # a sink's events per second
 
 
-def check_sink(url: str, allow_remote: bool) -> None:
-    """Refuse (usage) a non-loopback sink unless ``--allow-remote`` was given."""
+def check_sink(url: str, allow_remote: bool, allow: Sequence[Network] = ()) -> None:
+    """Refuse (usage) a non-loopback sink unless ``--allow-remote`` was given,
+    ``--allow-network`` without it, and a sink written as an address the guard refuses
+    (``asnackq.wire.guard``: not globally routable, nor in an ``--allow-network``)."""
     host = urllib.parse.urlsplit(url).hostname or ""
     if not allow_remote and not is_loopback(host):
         raise Usage(f"refusing non-loopback sink {host!r} without --allow-remote")
+    if allow and not allow_remote:
+        raise Usage("--allow-network goes with --allow-remote")
+    why = Guard(allow).verdict(host) if allow_remote else None
+    if why is not None:
+        raise Usage(f"refusing sink {host!r}: {why} (allow its network with --allow-network)")
+
+
+def allow_network(text: str) -> Network:
+    """An argparse type: a network (``10.0.0.0/8``, ``fd00::/8``; an address alone is
+    itself), its host bits clear."""
+    try:
+        return network(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_allow_network(parser: argparse.ArgumentParser) -> None:
+    """``--allow-network``: networks a remote sink may be in although not globally routable."""
+    parser.add_argument(
+        "--allow-network",
+        type=allow_network,
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="with --allow-remote: let sends reach this network (repeatable; such as "
+        "10.0.0.0/8; default: none). Without it a sink's every address must be globally routable: "
+        "loopback, private, link-local, unique-local, multicast and cloud metadata "
+        "addresses are refused, checked on every connection",
+    )
 
 
 def sink_url(text: str) -> str:

@@ -20,6 +20,7 @@ from asnackq.cli.common import (
     Commands,
     Failure,
     Usage,
+    add_allow_network,
     add_db_wait,
     add_faults,
     add_files,
@@ -214,6 +215,7 @@ def add_outbox(commands: Commands) -> None:
         help="how long each send waits for the sink's answer",
     )
     dispatch.add_argument("--allow-remote", action="store_true", help="allow a non-loopback sink")
+    add_allow_network(dispatch)
     outbox.set_defaults(run=run_outbox)
 
 
@@ -231,11 +233,12 @@ def run_outbox(args: argparse.Namespace) -> int:
         # A new or empty file, or a source DB already: never another application's file.
         sessions.take_turn(lambda: files.holds(args.source, outbox.SOURCE_SCHEMA), args.source)
     else:
-        check_sink(args.sink, args.allow_remote)
+        check_sink(args.sink, args.allow_remote, args.allow_network)
         sender = HttpSender(
             args.sink,
             timeout_s=args.timeout_s,
             allow_remote=args.allow_remote,
+            allow_networks=args.allow_network,
             **sink_tls(args),
             **receiver_rules(args),
         )

@@ -25,6 +25,7 @@ from asnackq.cli.common import (
     TIMEOUT,
     Commands,
     Usage,
+    add_allow_network,
     add_db_wait,
     add_log_format,
     add_metrics_options,
@@ -197,6 +198,7 @@ def add_work(commands: Commands) -> None:
     work.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback sink (and --metrics-host)"
     )
+    add_allow_network(work)
     work.add_argument(
         "--trace",
         type=Path,
@@ -258,7 +260,7 @@ def run_work(args: argparse.Namespace) -> int:
 
     tls = sink_tls(args)
     rules = receiver_rules(args)
-    check_sink(args.sink, args.allow_remote)
+    check_sink(args.sink, args.allow_remote, args.allow_network)
     try:
         retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
         breaker = BreakerPolicy(
@@ -277,7 +279,12 @@ def run_work(args: argparse.Namespace) -> int:
     when_up(lambda: existing_queue(args.queue), args.queue, gives_up)
     owner = args.owner or default_owner()
     sender = AsyncHttpSender(
-        args.sink, timeout_s=args.timeout_s, allow_remote=args.allow_remote, **tls, **rules
+        args.sink,
+        timeout_s=args.timeout_s,
+        allow_remote=args.allow_remote,
+        allow_networks=args.allow_network,
+        **tls,
+        **rules,
     )
     exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None

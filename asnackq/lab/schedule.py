@@ -5,7 +5,8 @@ Rules of this module:
 * A ``Site`` is what the run was given: the throwaway PostgreSQL server (``--pg-local``),
   the hosts (``--hosts``, ``asnackq.lab.hosts``) and the superuser's password for them.  Workers
   on hosts reach the server over TCP on the hosts' link; sinks stay in the root namespace
-  and listen on the link's sink address (``--allow-remote``: it is not loopback).
+  and listen on the link's sink address (``--allow-remote``: it is not loopback); workers
+  send there with ``--allow-remote --allow-network`` the link's private network.
 * Each fault kind has its own period in seconds (0: never); the first comes one period
   after the workers are first seen at work, the next one period after the last ended.
 * A fault is an event with its kind, what it hit, when it began and when it healed (epoch
@@ -117,7 +118,11 @@ class Site:
 
     @property
     def worker_options(self) -> tuple[object, ...]:
-        return () if self.hosts is None else ("--allow-remote",)
+        """A worker on a host sends to the sink over the hosts' private link: it allows
+        remote sinks, and that link's network."""
+        if self.hosts is None:
+            return ()
+        return ("--allow-remote", "--allow-network", str(self.hosts.subnet))
 
     def host_of(self, n: int) -> int | None:
         return None if self.hosts is None else n % self.hosts.count

@@ -31,9 +31,10 @@ import threading
 import time
 import weakref
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["POOL_IDLE_S", "STALE", "Pool", "time_left"]
+__all__ = ["POOL_IDLE_S", "STALE", "Pool", "dial", "time_left"]
 
 # An idle pooled connection is closed after this, below the sink's idle timeout (10 s):
 # the sender closes first, so a send rarely races the sink closing the same connection.
@@ -49,6 +50,23 @@ def time_left(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError("the request's timeout_s has passed")
     return left
+
+
+def dial(addresses: Sequence[str], port: int, deadline: float) -> socket.socket:
+    """A TCP socket connected to the first of ``addresses`` (IP addresses, never looked
+    up) that takes the connection before the deadline; the last failure if none does."""
+    failure = OSError("no address to connect to")
+    for address in addresses:
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        try:
+            sock.settimeout(time_left(deadline))
+            sock.connect((address, port))
+        except OSError as error:  # (a TimeoutError too)
+            sock.close()
+            failure = error
+            continue
+        return sock
+    raise failure
 
 
 class Exchange:

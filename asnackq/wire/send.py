@@ -25,6 +25,11 @@ Rules (shared by the sync and the async sender; the decision lives in ``judge`` 
   in its own header (``TOKEN_HEADER``) either way.
 * Loopback only unless ``allow_remote``; never follow a redirect; ignore proxy
   variables; read at most ``MAX_ACK_BYTES`` of an answer.
+* With ``allow_remote``, every new connection goes to an address ``asnackq.wire.guard``
+  permits: the sender resolves the host itself, before each connection, and connects to
+  the addresses it checked (none permitted: ``Refused``, a ``Permanent``: nothing is sent).
+  A kept-alive connection is used again unchecked: its peer was checked when it was made
+  and cannot change. ``allow_networks`` permits networks that are not globally routable.
 * ``timeout_s`` (default ``DEFAULT_TIMEOUT_S``, 15 s: what webhook receivers are given)
   bounds the whole request - connect, send, headers and body - not each read; a connection
   not made within it is ``Unavailable``; a body shorter than its ``Content-Length`` proves
@@ -48,7 +53,7 @@ import ssl
 import time
 import urllib.parse
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -63,7 +68,8 @@ from asnackq.core.worker import (
     check_int,
 )
 from asnackq.wire import http_spans, strict_json, webhooks
-from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, time_left
+from asnackq.wire.conn import POOL_IDLE_S, STALE, Pool, dial, time_left
+from asnackq.wire.guard import Lookup, aiohttp_host, aiohttp_resolver, sender_guard
 from asnackq.wire.tls import tls_cause, tls_context
 from asnackq.wire.webhooks import Keyring
 
@@ -335,7 +341,9 @@ class HttpSender:
 
     One connection per thread, kept alive while the server keeps it (``asnackq.wire.conn``);
     ``close()`` (or ``with``) ends them. For https: the system's trust store, or ``ca_file``,
-    and a client certificate from ``cert_file`` and ``key_file``.
+    and a client certificate from ``cert_file`` and ``key_file``. With ``allow_remote``: the
+    guard's rule, ``allow_networks`` permitted, hosts resolved by ``lookup`` (the system's
+    resolver unless given).
     """
 
     def __init__(
@@ -344,6 +352,8 @@ class HttpSender:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         allow_remote: bool = False,
+        allow_networks: Iterable[object] = (),
+        lookup: Lookup | None = None,
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
         key_file: str | Path | None = None,
@@ -351,6 +361,7 @@ class HttpSender:
         secrets: Keyring | Sequence[str] | None = None,
     ) -> None:
         self.parts = check_url(url, allow_remote)
+        self.guard = sender_guard(self.parts.hostname or "", allow_remote, allow_networks, lookup)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
@@ -403,10 +414,14 @@ class HttpSender:
 
     def connect(self, deadline: float) -> socket.socket:
         """A connected (for https, handshaken) socket within the deadline (a host name's
-        resolution aside), its timeout set to the time left for the send."""
+        resolution aside), its timeout set to the time left for the send; with the guard, to
+        an address it permits, looked up now."""
         address = (self.parts.hostname or "", self.port)
         try:
-            sock = socket.create_connection(address, time_left(deadline))
+            if self.guard is None:
+                sock = socket.create_connection(address, time_left(deadline))
+            else:  # (the addresses checked, never the name resolved again)
+                sock = dial(self.guard.addresses(*address), self.port, deadline)
         except TimeoutError as error:
             raise ConnectTimeout(f"no connection to {address} in time") from error
         try:
@@ -430,7 +445,9 @@ class HttpSender:
 class AsyncHttpSender:
     """Asynchronous sender (aiohttp, one pooled session): ``await sender(event, token=None)``.
 
-    Use as ``async with AsyncHttpSender(url) as send: ...``.
+    Use as ``async with AsyncHttpSender(url) as send: ...``. With ``allow_remote``: the
+    guard's rule, as for ``HttpSender``; aiohttp's own DNS cache is off, so each new
+    connection is preceded by a lookup of its own.
     """
 
     def __init__(
@@ -439,6 +456,8 @@ class AsyncHttpSender:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         allow_remote: bool = False,
+        allow_networks: Iterable[object] = (),
+        lookup: Lookup | None = None,
         limit: int = 256,
         ca_file: str | Path | None = None,
         cert_file: str | Path | None = None,
@@ -447,6 +466,8 @@ class AsyncHttpSender:
         secrets: Keyring | Sequence[str] | None = None,
     ) -> None:
         parts = check_url(url, allow_remote)
+        self.guard = sender_guard(parts.hostname or "", allow_remote, allow_networks, lookup)
+        self.host = "" if self.guard is None else aiohttp_host(url)  # (checked each send)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
@@ -460,7 +481,10 @@ class AsyncHttpSender:
         import aiohttp
 
         connector = aiohttp.TCPConnector(
-            limit=self.limit, keepalive_timeout=POOL_IDLE_S, ssl=self.tls or True
+            limit=self.limit,
+            keepalive_timeout=POOL_IDLE_S,
+            ssl=self.tls or True,
+            **self.resolving(),
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -468,6 +492,12 @@ class AsyncHttpSender:
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
         )
         return self
+
+    def resolving(self) -> dict[str, Any]:
+        """The connector's resolver: the guard's, uncached, when there is a guard."""
+        if self.guard is None:
+            return {}
+        return {"resolver": aiohttp_resolver(self.guard), "use_dns_cache": False}
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
@@ -492,6 +522,8 @@ class AsyncHttpSender:
     ) -> Answered:
         import aiohttp
 
+        if self.guard is not None:  # (aiohttp resolves no host written as an IP address)
+            self.guard.check(self.host)
         began = time.monotonic()
         try:
             async with session.post(
