@@ -573,6 +573,7 @@ class Seen(NamedTuple):
     cause: str = "away"
     why: str = ""
     verdict: str = "error"  # what the request came to (``asnackq.store.attempts``)
+    error: str = ""  # why no answer proved anything, in one line (kept when none came)
 
 
 async def send_once(
@@ -590,15 +591,20 @@ async def send_once(
     except w.Overloaded as error:
         return Seen(False, error, verdict="overloaded"), None  # the sink is there
     except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
-        return Seen(True, cause="tls", why=error.why, verdict="tls"), None
+        return Seen(True, cause="tls", why=error.why, verdict="tls", error=error.why), None
     except w.Unavailable as error:
         cause = "timing_out" if isinstance(error, TimedOut) else "away"
-        return Seen(True, cause=cause, verdict="gone" if isinstance(error, Gone) else cause), None
+        verdict = "gone" if isinstance(error, Gone) else cause
+        return Seen(True, cause=cause, verdict=verdict, error=one_line(error)), None
     except (w.Retryable, w.Permanent) as error:
         outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
+        return Seen(False, verdict=outcome[0], error=one_line(error)), Sent(
+            claimed, *outcome_at(port, claimed, outcome)
+        )
     except Exception as error:  # stays leased; reclaimed after the lease
         bad = isinstance(error, w.BadAck)
-        return Seen(False if bad else None, verdict="bad_ack" if bad else "error"), Sent(
+        seen = Seen(False if bad else None, verdict="bad_ack" if bad else "error")
+        return seen._replace(error=one_line(error)), Sent(
             claimed, None, failure="bad_acks" if bad else "errors"
         )
     return Seen(False, verdict=outcome[0]), Sent(claimed, *outcome_at(port, claimed, outcome))
@@ -617,7 +623,7 @@ def kept(port: Port, claimed: Claimed, seen: Seen, at_ms: int, again: int) -> Re
     if not port.settings.keep_attempts or again >= attempts.PER_CLAIM:
         return None
     answer = LAST_ANSWER.get()
-    status, latency_ms, body = (None, 0, b"") if answer is None else answer
+    status, latency_ms, body = (None, 0, seen.error.encode()) if answer is None else answer
     ticket = claimed.ticket
     return Record(
         ticket["id"],

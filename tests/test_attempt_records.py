@@ -169,3 +169,18 @@ def test_history_shows_the_requests_and_nothing_a_receiver_sends_reaches_the_ter
     requests = json.loads(as_json.stdout)["requests"]
     assert [r["status"] for r in requests] == [500, 204]
     assert requests[0]["answer"] == hostile.decode()
+
+
+async def test_a_request_with_no_answer_keeps_why(db: Path) -> None:
+    """A send refused before anything goes out (the guard) keeps its one-line reason."""
+    async with AsyncQueue.open(db) as queue:
+        await queue.enqueue_many([({"id": "j1", "qty": 1}, 60_000, 3)])
+        sender = AsyncHttpSender(
+            "http://hooks.example:8080/in", allow_remote=True, lookup=lambda h, p: ["127.0.0.1"]
+        )
+        async with sender as send:
+            summary = await Dispatcher(queue, send, owner="d1", concurrency=1).run()
+    assert summary.dead == 1
+    [row] = kept(db)
+    assert (row[3], row[5]) == (None, "permanent")
+    assert "hooks.example" in row[6] and "127.0.0.1 is a loopback address" in row[6]
