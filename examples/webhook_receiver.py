@@ -30,6 +30,7 @@ from asnackq.core.worker import epoch_ms
 from asnackq.http_sink import WebhookReceiver
 from asnackq.sink.checks import read_secrets
 from asnackq.sink.receiver import Rejected
+from asnackq.wire.logs import OneLine
 
 TABLES = (
     "CREATE TABLE IF NOT EXISTS accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)",
@@ -110,5 +111,7 @@ def arguments() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = arguments()
-    logging.basicConfig(level=logging.INFO, format="webhook_receiver: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLine("webhook_receiver"))  # every record one line, no traceback
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     asyncio.run(main(args.db, args.port, args.secrets))
