@@ -59,7 +59,7 @@ from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
 from asnackq.sink.checks import Signatures, Unverified, check_token_header
 from asnackq.sink.inbox import LOG, InboxWriter, SinkUnavailable, open_sink_db
-from asnackq.sink.receiver import WebhookReceiver, as_json
+from asnackq.sink.receiver import WebhookReceiver, as_json, read_within
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
 from asnackq.wire import strict_json
@@ -207,22 +207,11 @@ async def read_body(request: web.Request) -> bytes:
     arrived = request.content.is_eof()  # usually the body came with the headers
     if not arrived:
         busy.discard(request.protocol)
-    try:
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
-            body = await request.read()  # over client_max_size: aiohttp raises 413
-    except TimeoutError:
-        refusal: web.HTTPException = web.HTTPRequestTimeout(
-            text=f"the body did not arrive within {timeout_s:g} s"
-        )
-    except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
-        refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
-    else:
-        return decoded(body, wbits)
+    try:  # over client_max_size: aiohttp raises 413
+        body = await read_within(request, request.read, None if arrived else timeout_s)
     finally:
         busy.add(request.protocol)
-    request.content.feed_eof()
-    refusal.force_close()
-    raise refusal
+    return decoded(body, wbits)
 
 
 async def parse_event(request: web.Request) -> tuple[str, int, int | None]:

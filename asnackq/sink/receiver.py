@@ -46,7 +46,16 @@ from asnackq.wire import strict_json
 from asnackq.wire.send import TOKEN_HEADER, check_number
 from asnackq.wire.webhooks import TOLERANCE_S
 
-__all__ = ["COUNTERS", "LOG", "MAX_BODY", "Effect", "Rejected", "WebhookReceiver", "as_json"]
+__all__ = [
+    "COUNTERS",
+    "LOG",
+    "MAX_BODY",
+    "Effect",
+    "Rejected",
+    "WebhookReceiver",
+    "as_json",
+    "read_within",
+]
 
 LOG = logging.getLogger("asnackq.sink")  # one line each, never a traceback
 MAX_BODY = 256 * 1024  # the default body limit; at most MAX_BODY_LIMIT
@@ -153,23 +162,16 @@ class WebhookReceiver(Generic[C]):
 
     async def _body(self, request: web.Request) -> bytes:
         """The whole body, at most ``max_body`` bytes, within ``body_timeout_s``."""
-        data = bytearray()
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while chunk := await request.content.read(self.max_body + 1 - len(data)):
-                    data += chunk
-                    if len(data) > self.max_body:
-                        raise too_large(self.max_body)
-        except TimeoutError:
-            refusal: web.HTTPException = web.HTTPRequestTimeout(
-                text=f"the body did not arrive within {self.body_timeout_s:g} s"
-            )
-        except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
-            refusal = web.HTTPBadRequest(text=f"the body cannot be read: {one_line(error)}")
-        else:
+
+        async def bounded() -> bytes:
+            data = bytearray()
+            while chunk := await request.content.read(self.max_body + 1 - len(data)):
+                data += chunk
+                if len(data) > self.max_body:
+                    raise too_large(self.max_body)
             return bytes(data)
-        refusal.force_close()
-        raise refusal
+
+        return await read_within(request, bounded, self.body_timeout_s)
 
     async def _apply(
         self, request: web.Request, event_id: str, digest: str, token: int | None, payload: Any
@@ -194,6 +196,26 @@ class WebhookReceiver(Generic[C]):
         return web.json_response(
             {"id": event_id, "status": status}, status=409 if status == "conflict" else 200
         )
+
+
+async def read_within(
+    request: web.BaseRequest, read: Callable[[], Awaitable[bytes]], timeout_s: float | None
+) -> bytes:
+    """``read()``'s body within ``timeout_s`` (None: no bound); a body that cannot be had is
+    a 408 or 400 that closes the connection.  It spoils the rest: the body is marked ended,
+    so that aiohttp does not drain it after the answer (nor log its error a second time)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await read()
+    except TimeoutError:
+        refusal: web.HTTPException = web.HTTPRequestTimeout(
+            text=f"the body did not arrive within {timeout_s:g} s"
+        )
+    except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
+        refusal = web.HTTPBadRequest(text=f"the body cannot be read: {one_line(error)}")
+    request.content.feed_eof()
+    refusal.force_close()
+    raise refusal
 
 
 def too_large(limit: int) -> web.HTTPException:
