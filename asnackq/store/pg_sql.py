@@ -1,4 +1,4 @@
-"""PostgreSQL texts of the core's statements (and the sink's), and the schemas.
+"""PostgreSQL texts of the core's statements (the queue's, the inboxes'), and the schemas.
 
 Rules of this module:
 
