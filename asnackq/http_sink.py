@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import random
 import re
 import resource
@@ -58,14 +57,25 @@ from asnackq.core.worker import (
 )
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
+from asnackq.sink.checks import Signatures, Unverified, check_token_header
 from asnackq.sink.inbox import LOG, InboxWriter, SinkUnavailable, open_sink_db
+from asnackq.sink.receiver import WebhookReceiver, as_json, read_within
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
 from asnackq.wire import strict_json
 from asnackq.wire.metrics import screen_expect
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
 
-__all__ = ["BUSY", "SERVER_OPTIONS", "STATS", "SinkConfig", "as_json", "make_app", "serve"]
+__all__ = [
+    "BUSY",
+    "SERVER_OPTIONS",
+    "STATS",
+    "SinkConfig",
+    "WebhookReceiver",
+    "as_json",
+    "make_app",
+    "serve",
+]
 
 COUNTERS = (
     "requests",
@@ -99,7 +109,9 @@ class SinkConfig:
     max_connections: int = 1024
     max_inflight: int | None = None
     max_rate: float | None = None
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # whsec_: verify signatures
     rng: random.Random = field(init=False)
+    signatures: Signatures | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         faults.check(self.fail_rate, self.drop_rate, self.delay_ms)
@@ -113,6 +125,7 @@ class SinkConfig:
         ):
             raise ValueError("auth_token must be 1-256 visible ASCII characters")
         self.rng = random.Random(self.seed)
+        self.signatures = Signatures.of(self.secrets) if self.secrets else None
 
 
 CONFIG = web.AppKey("config", SinkConfig)
@@ -128,15 +141,6 @@ def answer(status: int, event_id: str, outcome: str) -> web.Response:
     are [A-Za-z0-9_-]: nothing to escape)."""
     body = b'{"id": "%s", "status": "%s"}' % (event_id.encode(), outcome.encode())
     return web.Response(body=body, status=status, content_type="application/json")
-
-
-def check_token_header(value: str | None) -> int | None:
-    """The optional lease token header: digits only, 1..10**15."""
-    if value is None:
-        return None
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 10**15:
-        raise ValueError(f"{TOKEN_HEADER} must be an int in 1..10**15")
-    return int(value)
 
 
 def require_token(request: web.Request) -> None:
@@ -203,22 +207,11 @@ async def read_body(request: web.Request) -> bytes:
     arrived = request.content.is_eof()  # usually the body came with the headers
     if not arrived:
         busy.discard(request.protocol)
-    try:
-        async with contextlib.nullcontext() if arrived else asyncio.timeout(timeout_s):
-            body = await request.read()  # over client_max_size: aiohttp raises 413
-    except TimeoutError:
-        refusal: web.HTTPException = web.HTTPRequestTimeout(
-            text=f"the body did not arrive within {timeout_s:g} s"
-        )
-    except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
-        refusal = web.HTTPBadRequest(text=f"the body cannot be read: {error}")
-    else:
-        return decoded(body, wbits)
+    try:  # over client_max_size: aiohttp raises 413
+        body = await read_within(request, request.read, None if arrived else timeout_s)
     finally:
         busy.add(request.protocol)
-    request.content.feed_eof()
-    refusal.force_close()
-    raise refusal
+    return decoded(body, wbits)
 
 
 async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
@@ -226,28 +219,18 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
     if request.content_type != "application/json":
         raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
     body = await read_body(request)
+    signatures = request.app[CONFIG].signatures
+    if signatures is not None:  # Standard Webhooks: before the body is parsed
+        try:
+            signatures.check(request.headers, body)
+        except Unverified as error:
+            raise web.HTTPUnauthorized(text=error.reason) from None
     try:
         event_id, qty = check_event(strict_json.loads(body))
         token = check_token_header(request.headers.get(TOKEN_HEADER))
     except ValueError as error:
         raise web.HTTPBadRequest(text=str(error)) from None
     return event_id, qty, token
-
-
-def as_json(request: web.BaseRequest, refusal: web.HTTPException) -> web.HTTPException:
-    """A refusal with its reason as a JSON body, logged as one line."""
-    detail = refusal.text or ""
-    LOG.info(
-        "%s %s %s from %s: %s",
-        refusal.status,
-        request.method,
-        request.path[:80],
-        request.remote,
-        detail,
-    )
-    refusal.text = json.dumps({"status": (refusal.reason or "").lower(), "error": detail[:200]})
-    refusal.content_type = "application/json"
-    return refusal
 
 
 @web.middleware

@@ -5,6 +5,7 @@ history`` and the dashboard's job inspector."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -184,3 +185,12 @@ async def test_a_request_with_no_answer_keeps_why(db: Path) -> None:
     [row] = kept(db)
     assert (row[3], row[5]) == (None, "permanent")
     assert "hooks.example" in row[6] and "127.0.0.1 is a loopback address" in row[6]
+
+
+async def test_workers_starting_together_create_the_table_once_on_postgresql(pg_db) -> None:
+    url = pg_db()
+    async with contextlib.AsyncExitStack() as stack:
+        queues = [await stack.enter_async_context(AsyncQueue.open(url)) for _ in range(8)]
+        for _ in range(3):
+            await asyncio.gather(*(queue.keep_attempts() for queue in queues))
+    assert query(url, "SELECT count(*) FROM asnackq_attempts") == [(0,)]

@@ -289,11 +289,11 @@ def test_work_signs_for_a_204_receiver_from_a_secret_file(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        ("whsec_tooshort\n", "line 1 of"),
-        (f"{SECRET}\nnot-a-secret-at-all\n", "line 2 of"),
-        ("# nothing\n\n", "holds no whsec_ secret"),
+        ("whsec_tooshort\n", "line 1: "),
+        (f"{SECRET}\nnot-a-secret-at-all\n", "line 2: "),
+        ("# nothing\n\n", "holds 0 secrets"),
         (None, "No such file"),
-        (b"\xff\xfe" + SECRET.encode(), "not UTF-8 text"),
+        (b"\xff\xfe" + SECRET.encode(), "not ASCII text"),
     ],
     ids=["short", "second-line", "none", "missing", "binary"],
 )

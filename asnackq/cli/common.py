@@ -285,12 +285,9 @@ def receiver_rules(args: argparse.Namespace) -> ReceiverRules:
         return ReceiverRules(success=args.success, secrets=None)
     try:
         secrets = read_secrets(args.secret_file)
-    except (OSError, UnicodeError) as error:
-        why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise Usage(f"--secret-file {str(args.secret_file)!r}: {why}") from None
     except ValueError as error:
         raise Usage(f"--secret-file: {error}") from None
-    return ReceiverRules(success=args.success, secrets=secrets)
+    return ReceiverRules(success=args.success, secrets=list(secrets))
 
 
 class SinkTls(TypedDict):

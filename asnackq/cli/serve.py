@@ -41,6 +41,7 @@ from asnackq.cli.common import (
     within,
 )
 from asnackq.cli.otel import add_otel
+from asnackq.sink.checks import read_secrets
 from asnackq.store import files, readers, sessions
 from asnackq.wire.send import DEFAULT_TIMEOUT_S, is_loopback
 
@@ -126,6 +127,14 @@ def add_sink(commands: Commands) -> None:
         help="past this, a new connection closes the oldest idle ones "
         "(default 1024, lowered to fit the descriptor limit)",
     )
+    sink.add_argument(
+        "--secret-file",
+        metavar="PATH",
+        type=secrets_file,
+        default=None,
+        help="verify each event's Standard Webhooks signature with these whsec_ secrets "
+        "(one a line; several: a rotation): 401 and no effect without a valid one",
+    )
     add_tls_files(sink, "serve https")
     add_files(sink, {"--tls-client-ca": "require of every client a certificate from these CAs"})
     add_otel(sink)
@@ -153,6 +162,7 @@ def run_sink(args: argparse.Namespace) -> int:
             max_connections=args.max_connections,
             max_inflight=args.max_inflight,
             max_rate=args.max_rate,
+            secrets=args.secret_file or (),
         )
     except ValueError as error:
         raise Usage(str(error)) from None
@@ -169,6 +179,14 @@ def run_sink(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def secrets_file(text: str) -> tuple[str, ...]:
+    """An argparse type: a file of whsec_ secrets, one a line (never shown in an error)."""
+    try:
+        return read_secrets(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:

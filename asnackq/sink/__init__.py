@@ -10,5 +10,8 @@ Rules of this wing:
 * Imports: ``asnackq.store``, ``asnackq.wire``, ``asnackq.core``.
 * The aiohttp application and its serving are ``asnackq.http_sink``; this wing holds
   its parts, none of which imports aiohttp at import time: ``inbox`` (the group commit),
-  ``capacity``, ``faults``, ``spans``.
+  ``capacity``, ``faults``, ``spans``, ``checks`` (signatures, secrets, the token header).
+* ``receiver`` is the receiving library for any aiohttp application (``WebhookReceiver``,
+  re-exported by ``asnackq.http_sink``): its handler imports aiohttp, and the command line
+  imports it only when it serves.
 """

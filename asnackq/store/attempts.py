@@ -61,6 +61,10 @@ SQL_CREATE = (
   status INTEGER, latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS asnackq_attempts_by_job ON asnackq_attempts(id, seq)",
 )
+# Creating the table takes the schema's lock first: PostgreSQL's CREATE ... IF NOT EXISTS
+# is no guard against a concurrent one (two workers starting at once); SQLite's BEGIN
+# IMMEDIATE is the lock already.
+SQL_LOCK = "SELECT 1"
 SQL_RECORD = """INSERT INTO asnackq_attempts
   (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
@@ -75,6 +79,7 @@ PG_TEXTS = {
   token BIGINT NOT NULL, attempt INTEGER NOT NULL, at_ms BIGINT NOT NULL, status INTEGER,
   latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
     SQL_CREATE[1]: SQL_CREATE[1],
+    SQL_LOCK: "SELECT pg_advisory_xact_lock(1634626401, 1)",  # (pg_sql.SQL_LOCK_SCHEMA's)
     SQL_RECORD: """INSERT INTO asnackq_attempts
   (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
 SELECT r ->> 0, (r ->> 1)::bigint, (r ->> 2)::int, (r ->> 3)::bigint, (r ->> 4)::int,
@@ -104,7 +109,7 @@ def excerpt(body: bytes) -> str:
 
 def plan_create() -> w.Plan[None]:
     """Create the table (and its index) if absent."""
-    for statement in SQL_CREATE:
+    for statement in (SQL_LOCK, *SQL_CREATE):
         yield w.Sql(statement)
     return None, True
 

@@ -1,4 +1,4 @@
-"""PostgreSQL texts of the core's statements (and the sink's), and the schemas.
+"""PostgreSQL texts of the core's statements (the queue's, the inboxes'), and the schemas.
 
 Rules of this module:
 
@@ -33,6 +33,7 @@ __all__ = [
     "SCHEMAS",
     "SINK",
     "STATEMENTS",
+    "WEBHOOK",
     "Missing",
     "Params",
     "Schema",
@@ -311,8 +312,26 @@ SINK = Schema(
     ),
 )
 
+# A webhook receiver's inbox (``core.inbox.plan_webhook``), in the application's database.
+# Its first write is INSERT ... ON CONFLICT DO NOTHING: a concurrent delivery of the same
+# id waits for the transaction that wrote the row, then finds it (READ COMMITTED).
+WEBHOOK = Schema(
+    "webhook_inbox",
+    1,
+    ("asnackq_webhook_inbox",),
+    (
+        """CREATE TABLE IF NOT EXISTS asnackq_webhook_inbox (id TEXT PRIMARY KEY,
+  body_sha256 TEXT NOT NULL, first_token BIGINT, last_token BIGINT,
+  deliveries INTEGER NOT NULL, first_seen_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
+    ),
+)
+
 # The core's schemas -> their PostgreSQL schemas.
-SCHEMAS: dict[tuple[str, ...], Schema] = {w.SCHEMA: QUEUE, inbox.SINK_SCHEMA: SINK}
+SCHEMAS: dict[tuple[str, ...], Schema] = {
+    w.SCHEMA: QUEUE,
+    inbox.SINK_SCHEMA: SINK,
+    inbox.WEBHOOK_SCHEMA: WEBHOOK,
+}
 
 # The inbox's statements -> their PostgreSQL texts.
 STATEMENTS.update(
@@ -330,6 +349,15 @@ STATEMENTS.update(
             )
         },
         **{sql: sql for sql in SINK.ddl},
+        **{
+            sql: placeholders(sql)
+            for sql in (
+                inbox.SQL_WEBHOOK_FIRST,
+                inbox.SQL_WEBHOOK_DIGEST,
+                inbox.SQL_WEBHOOK_AGAIN,
+                inbox.SQL_WEBHOOK_RECORD,
+            )
+        },
     }
 )
 
@@ -356,6 +384,7 @@ for _native in (
     SQL_VERSION,
     SQL_RECORD_VERSION,
     *QUEUE.ddl,
+    *WEBHOOK.ddl,
 ):
     STATEMENTS[_native] = _native
 

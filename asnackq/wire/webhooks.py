@@ -26,15 +26,16 @@ import binascii
 import functools
 import hashlib
 import hmac
-import os
 import re
 import secrets as random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "ID_HEADER",
+    "MAX_SECRETS",
     "MAX_SIGNATURES",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
@@ -58,6 +59,8 @@ TOLERANCE_S = 300  # the specification's five minutes, either way
 ROTATION_S = 86_400  # how long a replaced secret keeps signing beside the new one
 MAX_SIGNATURES = 16  # more entries in one header are refused, not searched
 MAX_SIGNATURE_HEADER = 2048
+MAX_SECRETS = 16  # secrets an endpoint signs or verifies with, at most
+MAX_SECRETS_FILE = 64 * 1024  # bytes
 ID_RULE = re.compile(r"[!-~]{1,256}")
 TIMESTAMP_RULE = re.compile(r"[0-9]{1,12}")
 SECRET_RULE = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
@@ -90,21 +93,34 @@ def parse_secret(text: object) -> bytes:
     return key
 
 
-def read_secrets(path: str | os.PathLike[str]) -> list[str]:
-    """The ``whsec_`` secrets of a file, one per line (blank lines and ``#`` comments
-    skipped), checked; ``ValueError`` (naming the line, never its text) for a bad one or
-    none, ``OSError`` for a file that cannot be read."""
-    with open(path, encoding="utf-8", errors="strict") as lines:
-        found = [(n, line.strip()) for n, line in enumerate(lines, 1)]
-    secrets = [(n, text) for n, text in found if text and not text.startswith("#")]
-    for n, text in secrets:
+def read_secrets(path: Path | str) -> tuple[str, ...]:
+    """The secrets of a file: one ``whsec_`` secret a line, blank lines and ``#`` comments
+    skipped; a file that cannot be read or holds anything else is one ``ValueError`` line
+    naming the line, never its text."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_SECRETS_FILE + 1)
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    if len(data) > MAX_SECRETS_FILE:
+        raise ValueError(f"{path} is over {MAX_SECRETS_FILE // 1024} KiB: not a secrets file")
+    try:
+        lines = data.decode("ascii").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not ASCII text: not a secrets file") from None
+    secrets = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
         try:
             parse_secret(text)
         except BadSecret as error:
-            raise BadSecret(f"line {n} of {os.fspath(path)!r}: {error}") from None
-    if not secrets:
-        raise BadSecret(f"{os.fspath(path)!r} holds no whsec_ secret")
-    return [text for _, text in secrets]
+            raise ValueError(f"{path}, line {number}: {error}") from None
+        secrets.append(text)
+    if not 1 <= len(secrets) <= MAX_SECRETS:
+        raise ValueError(f"{path} holds {len(secrets)} secrets: give 1-{MAX_SECRETS}")
+    return tuple(secrets)
 
 
 def new_secret(size: int = 32) -> str:
