@@ -47,10 +47,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from asnackq.core import endpoints as ep
 from asnackq.core import rate as r
 from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
+from asnackq.core.endpoints import Change, Endpoint
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
 from asnackq.dispatch.events import Event, Events, EventStream, Listener
@@ -394,14 +396,20 @@ class AsyncQueue:
     async def shared_rate(self) -> r.Rate | None:
         """The queue's shared send rate, if one was set (``limit_rate``): read outside any
         write transaction, so a run looking for it every second takes no write lock."""
-        plan, reply = r.plan_shared_rate(), None
-        while True:  # (the plan's steps are reads only)
+        rate: r.Rate | None = await self._read(r.plan_shared_rate())
+        return rate
+
+    async def _read(self, plan: w.Plan[T]) -> T:
+        """A read plan's result, each statement read outside any write transaction."""
+        reply: w.Reply = None
+        while True:
             try:
                 step = plan.send(reply)
             except StopIteration as stop:
-                rate: r.Rate | None = stop.value[0]
-                return rate
-            assert isinstance(step, w.Sql)
+                result: T = stop.value[0]
+                return result
+            if not isinstance(step, w.Sql):
+                raise TypeError(f"a read plan yields statements only: {step!r}")
             reply = await self.read(step.sql, step.params)
 
     async def clear_rate(self) -> bool:
@@ -446,6 +454,67 @@ class AsyncQueue:
         ttl = self.budget.ttl_ms if ttl_ms is None else ttl_ms
         make = partial(w.plan_redrive, job_id, self._now(now_ms), ttl, note, limits=self.limits)
         return bool(await self._run(make, check_async_fault(fault)))
+
+    # A queue's endpoints (``asnackq.core.endpoints``): each change one transaction with its
+    # audit row; None for ``now_ms``: the queue's clock.
+
+    async def add_endpoint(
+        self, endpoint: Endpoint, *, allow_remote: bool = False, now_ms: int | None = None
+    ) -> Endpoint:
+        """Add ``endpoint`` (as stored: its times set); ``EndpointExists`` if the name is
+        taken.  A host that is not loopback only with ``allow_remote``."""
+        now = self._now(now_ms)
+        stored: Endpoint = await self._run(
+            partial(ep.plan_add, endpoint, now, allow_remote=allow_remote)
+        )
+        return stored
+
+    async def endpoint(self, name: str) -> Endpoint:
+        """The endpoint ``name`` (``NoSuchEndpoint`` if the queue has none)."""
+        return await self._read(ep.plan_get(name))
+
+    async def endpoints(self) -> list[Endpoint]:
+        """Every endpoint of the queue, by name."""
+        return await self._read(ep.plan_list())
+
+    async def endpoint_changes(self, name: str | None = None, limit: int = 20) -> list[Change]:
+        """The last ``limit`` audited changes, newest first: of ``name``, or of all."""
+        return await self._read(ep.plan_changes(name, limit))
+
+    async def update_endpoint(
+        self, name: str, *, allow_remote: bool = False, now_ms: int | None = None, **changes: Any
+    ) -> Endpoint:
+        """Change fields of an endpoint (``url``, ``types``, ``secrets``, ``rate``, ``burst``,
+        ``concurrency``, ``timeout_s``, ``retry``, ``success``, ``ordered``, ``headers``);
+        the endpoint now.  Changing nothing writes nothing."""
+        make = partial(ep.plan_update, name, changes, self._now(now_ms), allow_remote=allow_remote)
+        updated: Endpoint = await self._run(make)
+        return updated
+
+    async def rotate_secret(
+        self, name: str, secret: str, overlap_s: float = 86_400, *, now_ms: int | None = None
+    ) -> Endpoint:
+        """Sign with ``secret`` from now; the secrets it replaces keep signing beside it
+        for ``overlap_s`` (0..30 days)."""
+        make = partial(ep.plan_rotate, name, secret, self._now(now_ms), overlap_s)
+        rotated: Endpoint = await self._run(make)
+        return rotated
+
+    async def disable_endpoint(self, name: str, reason: str, *, now_ms: int | None = None) -> bool:
+        """Disable an endpoint for ``reason`` (a worker that met ``410 Gone``: "gone: answered
+        410"); False if it already was (its reason and time kept)."""
+        done: bool = await self._run(partial(ep.plan_disable, name, reason, self._now(now_ms)))
+        return done
+
+    async def enable_endpoint(self, name: str, *, now_ms: int | None = None) -> bool:
+        """Enable an endpoint; False if it already was."""
+        done: bool = await self._run(partial(ep.plan_enable, name, self._now(now_ms)))
+        return done
+
+    async def remove_endpoint(self, name: str, *, now_ms: int | None = None) -> Endpoint:
+        """Remove an endpoint (its audited changes stay); the endpoint removed."""
+        removed: Endpoint = await self._run(partial(ep.plan_remove, name, self._now(now_ms)))
+        return removed
 
     async def run_once(
         self,

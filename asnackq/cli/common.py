@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
+from asnackq.core.receivers import SUCCESS_RULES, check_url, is_loopback
 from asnackq.sink import capacity, faults
 from asnackq.store import sessions
 from asnackq.store.targets import Target, is_url, parse_target, shown
 from asnackq.wire import logs
 from asnackq.wire.guard import Guard, Network, network
 from asnackq.wire.logs import FORMATS
-from asnackq.wire.send import SUCCESS_RULES, check_url, is_loopback
 from asnackq.wire.tls import tls_context
 from asnackq.wire.webhooks import read_secrets
 

@@ -41,9 +41,10 @@ from asnackq.cli.common import (
     within,
 )
 from asnackq.cli.otel import add_otel
+from asnackq.core.receivers import is_loopback
 from asnackq.sink.checks import read_secrets
 from asnackq.store import files, readers, sessions
-from asnackq.wire.send import DEFAULT_TIMEOUT_S, is_loopback
+from asnackq.wire.send import DEFAULT_TIMEOUT_S
 
 __all__ = ["add_dashboard", "add_outbox", "add_sink"]
 

@@ -9,6 +9,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from asnackq.core.receivers import is_loopback
 from asnackq.wire.metrics import (
     REASONS,
     Family,
@@ -21,7 +22,6 @@ from asnackq.wire.metrics import (
     render,
     serving,
 )
-from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
     from aiohttp import web

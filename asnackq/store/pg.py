@@ -88,8 +88,9 @@ def conflict(error: BaseException) -> bool:
     return isinstance(error, errors.UniqueViolation) and error.diag.constraint_name in CONFLICT_KEYS
 
 
-# Unique keys a concurrent intake may hit first (the plan read before the other committed).
-CONFLICT_KEYS = {"jobs_id_key", "pg_type_typname_nsp_index"}  # (and two first CREATE TABLEs)
+# Unique keys a concurrent transaction may hit first (the plan read before the other
+# committed): an intake's job, two first CREATE TABLEs, an endpoint added twice at once.
+CONFLICT_KEYS = {"jobs_id_key", "pg_type_typname_nsp_index", "asnackq_endpoints_pkey"}
 
 
 def conflict_delay_s(attempt: int) -> float:

@@ -1,4 +1,5 @@
-"""PostgreSQL texts of the core's statements (the queue's, the inboxes'), and the schemas.
+"""PostgreSQL texts of the core's statements (the queue's, the inboxes', the endpoints'), and
+the schemas.
 
 Rules of this module:
 
@@ -24,7 +25,7 @@ import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from asnackq.core import inbox, rate
+from asnackq.core import endpoints, inbox, rate
 from asnackq.core import worker as w
 from asnackq.store import attempts, job_traces
 
@@ -227,6 +228,49 @@ STATEMENTS.update(
         rate.SQL_RATE_SHARED: placeholders(rate.SQL_RATE_SHARED),
         rate.SQL_RATE_CLEAR: placeholders(rate.SQL_RATE_CLEAR),
         rate.SQL_RATE_SPEND: placeholders(rate.SQL_RATE_SPEND),
+    }
+)
+
+
+# A queue's endpoints and their audited changes (``core.endpoints``): the tables are made
+# under the schemas' lock, as the rate's; a change reads its row ``FOR UPDATE``, so two
+# changes of one endpoint take turns and each decides on the other's result.
+PG_ENDPOINT_DDL = (
+    """CREATE TABLE IF NOT EXISTS asnackq_endpoints (name TEXT PRIMARY KEY, url TEXT NOT NULL,
+    types TEXT NOT NULL, secrets TEXT NOT NULL, rate DOUBLE PRECISION, burst INTEGER NOT NULL,
+    concurrency INTEGER, timeout_s DOUBLE PRECISION NOT NULL,
+    retry_base_ms BIGINT, retry_cap_ms BIGINT, retry_delays TEXT,
+    success TEXT NOT NULL CHECK (success IN ('ack', '2xx')),
+    ordered INTEGER NOT NULL CHECK (ordered IN (0, 1)), headers TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('enabled', 'disabled')),
+    disabled_reason TEXT, disabled_at_ms BIGINT,
+    created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS asnackq_endpoint_changes (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, endpoint TEXT NOT NULL,
+    at_ms BIGINT NOT NULL, action TEXT NOT NULL CHECK (action IN
+    ('add', 'update', 'rotate', 'disable', 'enable', 'remove')), note TEXT NOT NULL)""",
+    endpoints.SCHEMA[2],
+)
+STATEMENTS.update(
+    {
+        **{
+            sqlite: f"DO $$ BEGIN\n  PERFORM pg_advisory_xact_lock(1634626401, 1);\n  {pg};\nEND $$"
+            for sqlite, pg in zip(endpoints.SCHEMA, PG_ENDPOINT_DDL, strict=True)
+        },
+        endpoints.SQL_PRESENT: "SELECT count(*) FROM pg_catalog.pg_tables"
+        " WHERE schemaname = current_schema() AND tablename = 'asnackq_endpoints'",
+        endpoints.SQL_LOCK: placeholders(endpoints.SQL_LOCK) + " FOR UPDATE",
+        **{
+            sql: placeholders(sql)
+            for sql in (
+                endpoints.SQL_READ,
+                endpoints.SQL_INSERT,
+                endpoints.SQL_WRITE,
+                endpoints.SQL_DELETE,
+                endpoints.SQL_AUDIT,
+                endpoints.SQL_CHANGES,
+            )
+        },
     }
 )
 

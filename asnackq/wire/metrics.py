@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from asnackq.core.receivers import is_loopback
 from asnackq.core.worker import DEAD_REASONS
 from asnackq.core.worker import STATUSES as JOB_STATUSES
-from asnackq.wire.send import is_loopback
 
 if TYPE_CHECKING:
     from aiohttp import web

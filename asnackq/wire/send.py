@@ -47,17 +47,16 @@ import contextvars
 import datetime
 import email.utils
 import http.client
-import ipaddress
 import socket
 import ssl
 import time
-import urllib.parse
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asnackq.core import tracing
+from asnackq.core.receivers import SUCCESS_RULES, check_url
 from asnackq.core.worker import (
     BadAck,
     Overloaded,
@@ -91,8 +90,6 @@ __all__ = [
     "TimedOut",
     "Untrusted",
     "check_number",
-    "check_url",
-    "is_loopback",
     "judge",
     "retry_after",
 ]
@@ -108,7 +105,6 @@ PERMANENT_STATUSES = frozenset({400, 409, 413, 415, 422})
 RETRYABLE_STATUSES = frozenset({408, 425})
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 OVERLOAD_STATUSES = frozenset({429, 502, 503, 504})  # with a Retry-After: an overload
-SUCCESS_RULES = ("ack", "2xx")
 ACK_STATUSES = ("applied", "duplicate")
 RETRY_AFTER_MAX_S = 60.0  # the longest wait a Retry-After header is taken at its word for
 
@@ -188,34 +184,6 @@ class Gone(Unavailable):
     """Raised for ``410 Gone``: the receiver asks to be sent nothing more. Like
     ``Unavailable`` it spends no attempt: the run pauses its sends (the breaker) and its
     probes find the receiver when it is back."""
-
-
-def check_url(url: object, allow_remote: bool) -> urllib.parse.SplitResult:
-    """Parse a sink URL; refuse anything but http(s), and non-loopback hosts unless allowed."""
-    if type(url) is not str:
-        raise ValueError(f"url must be a str: {url!r}")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}")
-    try:
-        port = parts.port
-    except ValueError:  # not a number, or over 65535
-        port = 0
-    if port == 0:
-        raise ValueError(f"url port must be a number in 1..65535: {url!r}")
-    if not allow_remote and not is_loopback(parts.hostname):
-        raise ValueError(f"refusing non-loopback sink {parts.hostname!r} (pass allow_remote=True)")
-    return parts
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_number(

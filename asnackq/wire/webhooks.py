@@ -3,7 +3,8 @@
 Rules (one place for the sender and every receiver):
 
 * A secret is ``whsec_`` + base64 of 24-64 random bytes; anything else is ``BadSecret``,
-  whose message never contains the text it was given.
+  whose message never contains the text it was given (the form, and a keyring's rotation
+  rule, are ``asnackq.core.receivers``', shared with the endpoints).
 * A signed request carries ``webhook-id`` (the delivery's id, the same on every attempt),
   ``webhook-timestamp`` (Unix seconds, when this attempt was signed) and
   ``webhook-signature``: space-separated ``v1,<base64 HMAC-SHA256 of id.timestamp.body>``,
@@ -22,7 +23,6 @@ Rules (one place for the sender and every receiver):
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import hashlib
 import hmac
@@ -32,6 +32,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from asnackq.core.receivers import PREFIX, ROTATION_S, BadSecret, parse_secret, rotated
 
 __all__ = [
     "ID_HEADER",
@@ -54,21 +56,13 @@ __all__ = [
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
-PREFIX = "whsec_"
 TOLERANCE_S = 300  # the specification's five minutes, either way
-ROTATION_S = 86_400  # how long a replaced secret keeps signing beside the new one
 MAX_SIGNATURES = 16  # more entries in one header are refused, not searched
 MAX_SIGNATURE_HEADER = 2048
 MAX_SECRETS = 16  # secrets an endpoint signs or verifies with, at most
 MAX_SECRETS_FILE = 64 * 1024  # bytes
 ID_RULE = re.compile(r"[!-~]{1,256}")
 TIMESTAMP_RULE = re.compile(r"[0-9]{1,12}")
-SECRET_RULE = re.compile(r"whsec_[A-Za-z0-9+/]+={0,2}")
-
-
-class BadSecret(ValueError):
-    """Raised for a secret that is not ``whsec_`` + base64 of 24-64 bytes (its text is
-    never repeated)."""
 
 
 class Unverified(Exception):
@@ -78,19 +72,6 @@ class Unverified(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def parse_secret(text: object) -> bytes:
-    """The key bytes of a ``whsec_`` secret."""
-    if type(text) is not str or not SECRET_RULE.fullmatch(text):
-        raise BadSecret("a webhook secret must be 'whsec_' followed by base64")
-    try:
-        key = base64.b64decode(text[len(PREFIX) :], validate=True)
-    except (binascii.Error, ValueError):
-        raise BadSecret("a webhook secret must be 'whsec_' followed by base64") from None
-    if not 24 <= len(key) <= 64:
-        raise BadSecret(f"a webhook secret must hold 24-64 bytes, not {len(key)}")
-    return key
 
 
 def read_secrets(path: Path | str) -> tuple[str, ...]:
@@ -205,18 +186,19 @@ class Keyring:
             parse_secret(secret)
         return cls(tuple((secret, None) for secret in secrets))
 
+    @classmethod
+    def of_ms(cls, entries: Iterable[tuple[str, int | None]]) -> Keyring:
+        """The keyring of an endpoint's secrets, whose ``until`` is in epoch milliseconds
+        (``asnackq.core.endpoints``)."""
+        return cls(tuple((secret, None if ms is None else ms / 1000) for secret, ms in entries))
+
     def rotate(self, secret: str, now_s: float, overlap_s: float = ROTATION_S) -> Keyring:
         """A new keyring: ``secret`` signs from now; the current ones keep signing beside
         it for ``overlap_s``; ones already retired and expired are dropped."""
         parse_secret(secret)
         if not 0 <= overlap_s <= 30 * 86_400:
             raise ValueError("a rotation's overlap must be 0-30 days")
-        kept = tuple(
-            (old, now_s + overlap_s if until is None else until)
-            for old, until in self.entries
-            if (until is None or until > now_s) and old != secret
-        )
-        return Keyring(((secret, None), *kept))
+        return Keyring(rotated(self.entries, secret, now_s, overlap_s))
 
     def keys(self, now_s: float | None = None) -> list[bytes]:
         """The keys that sign at ``now_s``."""
