@@ -142,7 +142,7 @@ async def test_dispatcher_survives_unknown_failures_and_reclaims_later(queue, db
             raise (RuntimeError if len(failed) % 2 else w.BadAck)("unknown answer")
         return True
 
-    summary = await Dispatcher(queue, flaky, owner="d1", concurrency=8, lease_ms=100).run()
+    summary = await Dispatcher(queue, flaky, owner="d1", concurrency=8, lease_ms=1000).run()
     assert (summary.errors, summary.bad_acks, summary.done) == (10, 10, 20)
     assert all(job(db, f"job-{i}")["token"] == 2 for i in range(20))
 

@@ -32,6 +32,7 @@ __all__ = [
     "Commands",
     "Failure",
     "Parser",
+    "SinkTls",
     "Usage",
     "add_allow_network",
     "add_db_wait",
@@ -257,7 +258,7 @@ def add_receiver_rules(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--success",
         choices=SUCCESS_RULES,
-        default="ack",
+        default=None,
         help="what proves a delivery: the sink's verified ACK (default), or any 2xx answer "
         "within --timeout-s (an ordinary webhook receiver)",
     )
@@ -282,12 +283,12 @@ def receiver_rules(args: argparse.Namespace) -> ReceiverRules:
     """``add_receiver_rules``'s options, the secret file read and checked now (a usage
     error names the line, never its text)."""
     if args.secret_file is None:
-        return ReceiverRules(success=args.success, secrets=None)
+        return ReceiverRules(success=args.success or "ack", secrets=None)
     try:
         secrets = read_secrets(args.secret_file)
     except ValueError as error:
         raise Usage(f"--secret-file: {error}") from None
-    return ReceiverRules(success=args.success, secrets=list(secrets))
+    return ReceiverRules(success=args.success or "ack", secrets=list(secrets))
 
 
 class SinkTls(TypedDict):
@@ -302,8 +303,9 @@ def sink_tls(args: argparse.Namespace) -> SinkTls:
     """The sender's TLS options from ``add_sink_tls``'s, checked now (a usage error:
     exit 2), before any file is opened."""
     files = SinkTls(ca_file=args.sink_ca, cert_file=args.sink_cert, key_file=args.sink_key)
+    sink = getattr(args, "sink", None)  # (None: an endpoint's URL, read when the run starts)
     try:
-        tls_context(args.sink.split(":", 1)[0], **files)
+        tls_context("https" if sink is None else sink.split(":", 1)[0], **files)
     except ValueError as error:
         flags = {"ca_file": "--sink-ca", "cert_file": "--sink-cert", "key_file": "--sink-key"}
         raise Usage(renamed(error, flags)) from None

@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +25,7 @@ from asnackq.cli.common import (
     QUEUE_HELP,
     TIMEOUT,
     Commands,
+    SinkTls,
     Usage,
     add_allow_network,
     add_db_wait,
@@ -55,7 +57,8 @@ __all__ = ["add_work"]
 
 if TYPE_CHECKING:
     from asnackq.aio import AsyncQueue
-    from asnackq.wire.send import AsyncSend
+    from asnackq.dispatch.endpoint import EndpointSend
+    from asnackq.wire.send import AsyncHttpSender, AsyncSend
 
 T = TypeVar("T")
 
@@ -117,7 +120,16 @@ def add_work(commands: Commands) -> None:
         "--until-empty, stop once no job is pending or leased.",
     )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
-    work.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
+    to = work.add_mutually_exclusive_group(required=True)
+    to.add_argument("--sink", type=sink_url, help="the sink's /events URL")
+    to.add_argument(
+        "--endpoint",
+        metavar="NAME",
+        help="send to the queue's endpoint NAME (asnackq endpoint add): its URL, success "
+        "rule, timeout, secrets and headers, read again every second (a rotated secret "
+        "signs from the next send); while it is disabled nothing is sent and no attempt "
+        "spent, and a 410 from it disables it",
+    )
     add_sink_tls(work)
     add_receiver_rules(work)
     work.add_argument(
@@ -152,7 +164,7 @@ def add_work(commands: Commands) -> None:
     work.add_argument(
         "--timeout-s",
         type=TIMEOUT,
-        default=DEFAULT_TIMEOUT_S,
+        default=None,
         help=f"how long a send waits for the sink's whole answer, 0.001..600 (default "
         f"{DEFAULT_TIMEOUT_S:g}); a send longer than the lease keeps its lease. No answer in "
         "time is reported as the sink timing out (no attempt spent; sent again)",
@@ -245,6 +257,46 @@ def add_work(commands: Commands) -> None:
     work.set_defaults(run=run_work)
 
 
+def check_endpoint_options(args: argparse.Namespace) -> None:
+    """With ``--endpoint`` the endpoint's row says how to send: the options that say it
+    for a sink are refused, not ignored."""
+    try:
+        w.check_identifier(args.endpoint, "--endpoint")
+    except ValueError:
+        raise Usage("--endpoint: a name is 1-64 ASCII letters, digits, '_' or '-'") from None
+    given = [
+        flag
+        for flag, value in (
+            ("--success", args.success),
+            ("--secret-file", args.secret_file),
+            ("--timeout-s", args.timeout_s),
+        )
+        if value is not None
+    ]
+    if given:
+        raise Usage(
+            f"{', '.join(given)}: with --endpoint, the endpoint's row says how to send "
+            "(asnackq endpoint update)"
+        )
+    if args.allow_network and not args.allow_remote:
+        raise Usage("--allow-network goes with --allow-remote")
+
+
+def endpoint_send(queue: Any, args: argparse.Namespace, tls: SinkTls) -> EndpointSend:
+    """The run's send to the endpoint ``args.endpoint`` of ``queue``."""
+    from asnackq.dispatch.endpoint import EndpointSend
+
+    name = args.endpoint
+    return EndpointSend(
+        name,
+        read=partial(queue.endpoint, name),
+        disable=partial(queue.disable_endpoint, name),
+        allow_remote=args.allow_remote,
+        allow_networks=args.allow_network,
+        **tls,
+    )
+
+
 def offset_clock(offset_ms: int) -> Callable[[], int]:
     """The run's wall clock (epoch ms) read ``offset_ms`` off."""
     if not offset_ms:
@@ -260,7 +312,10 @@ def run_work(args: argparse.Namespace) -> int:
 
     tls = sink_tls(args)
     rules = receiver_rules(args)
-    check_sink(args.sink, args.allow_remote, args.allow_network)
+    if args.endpoint is not None:
+        check_endpoint_options(args)
+    else:
+        check_sink(args.sink, args.allow_remote, args.allow_network)
     try:
         retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
         breaker = BreakerPolicy(
@@ -278,21 +333,27 @@ def run_work(args: argparse.Namespace) -> int:
     gives_up = time.monotonic() + args.db_wait_s
     when_up(lambda: existing_queue(args.queue), args.queue, gives_up)
     owner = args.owner or default_owner()
-    sender = AsyncHttpSender(
-        args.sink,
-        timeout_s=args.timeout_s,
-        allow_remote=args.allow_remote,
-        allow_networks=args.allow_network,
-        **tls,
-        **rules,
-    )
+    sender: AsyncHttpSender | EndpointSend | None = None
+    if args.sink is not None:
+        sender = AsyncHttpSender(
+            args.sink,
+            timeout_s=DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s,
+            allow_remote=args.allow_remote,
+            allow_networks=args.allow_network,
+            **tls,
+            **rules,
+        )
     exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
     tracer = Tracer(args.trace) if args.trace else None
     console = Console(stderr=True)
     started = time.perf_counter()
 
     async def main() -> tuple[Summary, Rate | None, bool, BaseException | None]:
-        async with queue_when_up(args.queue, gives_up) as queue, sender as http, exporter:
+        async with (
+            queue_when_up(args.queue, gives_up) as queue,
+            sender or endpoint_send(queue, args, tls) as http,
+            exporter,
+        ):
             if clear:
                 await queue.clear_rate()
             send: AsyncSend = http

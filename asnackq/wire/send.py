@@ -51,11 +51,12 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asnackq.core import tracing
+from asnackq.core.endpoints import FIELDS, Headers
 from asnackq.core.receivers import SUCCESS_RULES, check_url
 from asnackq.core.worker import (
     BadAck,
@@ -204,19 +205,29 @@ def check_timeout(timeout_s: object) -> float:
 
 
 def request_parts(
-    event: object, token: object, keys: Sequence[bytes] = ()
+    event: object, token: object, keys: Sequence[bytes] = (), extra: Headers = ()
 ) -> tuple[str, bytes, dict[str, str]]:
-    """Validate an event (and optional token) and return ``(id, body, headers)``, signed
-    with ``keys`` (Standard Webhooks: the event's id is the ``webhook-id``) if any."""
+    """Validate an event (and optional token) and return ``(id, body, headers)``: an
+    endpoint's ``extra`` headers first (checked when the sender was made), then the
+    sender's own, signed with ``keys`` (Standard Webhooks: the event's id is the
+    ``webhook-id``) if any."""
     event_id, qty = check_event(event)
     # json.dumps's very bytes: a checked id is [A-Za-z0-9_-], nothing in it to escape.
     body = b'{"id": "%s", "qty": %d}' % (event_id.encode(), qty)
-    headers = {"Content-Type": "application/json"}
+    headers = dict(extra)
+    headers["Content-Type"] = "application/json"
     if token is not None:
         headers[TOKEN_HEADER] = str(check_int(token, "token", 1, 10**15))
     if keys:
         headers.update(webhooks.signed_headers(keys, event_id, body))
     return event_id, body, headers
+
+
+def check_headers(headers: object) -> Headers:
+    """An endpoint's extra request headers (``asnackq.core.endpoints``' rule: RFC 9110
+    tokens, visible ASCII values, no CR or LF, none the sender sets itself)."""
+    checked: Headers = FIELDS["headers"](headers)
+    return checked
 
 
 def check_rules(success: object, secrets: object) -> Keyring | None:
@@ -327,6 +338,7 @@ class HttpSender:
         key_file: str | Path | None = None,
         success: str = "ack",
         secrets: Keyring | Sequence[str] | None = None,
+        headers: Headers | Mapping[str, str] = (),
     ) -> None:
         self.parts = check_url(url, allow_remote)
         self.guard = sender_guard(self.parts.hostname or "", allow_remote, allow_networks, lookup)
@@ -334,6 +346,7 @@ class HttpSender:
         self.timeout_s = check_timeout(timeout_s)
         self.tls = tls_context(self.parts.scheme, ca_file, cert_file, key_file)
         self.keyring = check_rules(success, secrets)
+        self.extra = check_headers(headers)  # an endpoint's own headers
         self.success = success
         self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self.path = self.parts.path or "/"
@@ -344,7 +357,7 @@ class HttpSender:
 
     def __call__(self, event: dict[str, Any], token: int | None = None) -> bool:
         keys = () if self.keyring is None else self.keyring.keys()
-        event_id, body, headers = request_parts(event, token, keys)
+        event_id, body, headers = request_parts(event, token, keys, self.extra)
         if self.tracer is None:
             status, answer, wait = self._post(event_id, body, headers)
             return judge(status, answer, event_id, wait, self.success)
@@ -432,6 +445,7 @@ class AsyncHttpSender:
         key_file: str | Path | None = None,
         success: str = "ack",
         secrets: Keyring | Sequence[str] | None = None,
+        headers: Headers | Mapping[str, str] = (),
     ) -> None:
         parts = check_url(url, allow_remote)
         self.guard = sender_guard(parts.hostname or "", allow_remote, allow_networks, lookup)
@@ -441,6 +455,7 @@ class AsyncHttpSender:
         self.limit = limit
         self.tls = tls_context(parts.scheme, ca_file, cert_file, key_file)
         self.keyring = check_rules(success, secrets)
+        self.extra = check_headers(headers)  # an endpoint's own headers
         self.success = success
         self.tracer = tracing.tracer()  # None: no spans, no traceparent header
         self._session: aiohttp.ClientSession | None = None
@@ -476,7 +491,7 @@ class AsyncHttpSender:
         if self._session is None:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         keys = () if self.keyring is None else self.keyring.keys()
-        event_id, body, headers = request_parts(event, token, keys)
+        event_id, body, headers = request_parts(event, token, keys, self.extra)
         if self.tracer is None:
             status, answer, wait = await self._post(self._session, event_id, body, headers)
             return judge(status, answer, event_id, wait, self.success)

@@ -1,0 +1,138 @@
+"""A run's send to one named endpoint of its queue, kept in step with the endpoint's row.
+
+Rules of this module:
+
+* The endpoint's row (``asnackq.core.endpoints``) says where and how to send: its URL,
+  success rule, timeout, headers and keyring. It is read again at most every
+  ``refresh_s`` before a send: a rotated secret signs from the next send on; a changed
+  URL, rule, timeout or header set gets a sender of its own (the one before stays open,
+  for the sends in flight, until the run ends).
+* A disabled endpoint is sent nothing: a send finds it disabled and raises ``Disabled``, an
+  ``Unavailable`` - no request, no attempt spent, the run pauses (its breaker) and its
+  probes find the endpoint again once it is enabled.
+* ``410 Gone`` disables the endpoint, its reason ``gone: answered 410``, in a transaction
+  of its own (outside any send), and the send raises as the answer means (``Gone``, an
+  ``Unavailable``): the jobs wait, spending nothing, until an operator enables it.
+* An endpoint removed while the run goes on is treated as disabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asnackq.core import worker as w
+from asnackq.core.endpoints import Endpoint, NoSuchEndpoint
+from asnackq.wire.send import AsyncHttpSender, Gone
+from asnackq.wire.webhooks import Keyring
+
+__all__ = ["GONE_REASON", "REFRESH_S", "Disabled", "EndpointSend"]
+
+REFRESH_S = 1.0
+GONE_REASON = "gone: answered 410"
+
+
+class Disabled(w.Unavailable):
+    """Raised instead of a request while the endpoint is disabled (or removed): nothing is
+    sent and no attempt is spent."""
+
+
+class EndpointSend:
+    """``await send(event, token)`` to the endpoint ``name``, as its row says now.
+
+    ``read()`` returns the endpoint's row (``NoSuchEndpoint`` when it is gone) and
+    ``disable(reason)`` disables it, each a transaction of the queue's
+    (``AsyncQueue.endpoint``, ``AsyncQueue.disable_endpoint``). ``sender_options`` go to
+    each ``AsyncHttpSender`` (``allow_remote``, ``allow_networks``, TLS files, ``limit``).
+    Use as ``async with EndpointSend(...) as send``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        read: Callable[[], Awaitable[Endpoint]],
+        disable: Callable[[str], Awaitable[bool]],
+        *,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+        **sender_options: Any,
+    ) -> None:
+        self.name, self.read, self.disable = name, read, disable
+        self.refresh_s, self.clock, self.options = refresh_s, clock, sender_options
+        self.endpoint: Endpoint | None = None  # the row as last read (None: removed)
+        self.sender: AsyncHttpSender | None = None
+        self.senders: list[AsyncHttpSender] = []  # every one opened, closed at the end
+        self.read_at = -float("inf")
+        self.lock = asyncio.Lock()  # one read of the row at a time
+
+    async def __aenter__(self) -> EndpointSend:
+        await self._refresh(force=True)
+        if self.endpoint is None:
+            raise NoSuchEndpoint(f"no endpoint {self.name!r}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for sender in self.senders:
+            await sender.__aexit__(None, None, None)
+        self.senders.clear()
+
+    async def __call__(self, event: dict[str, Any], token: int | None = None) -> object:
+        await self._refresh()
+        endpoint, sender = self.endpoint, self.sender
+        if endpoint is None or endpoint.state != "enabled" or sender is None:
+            why = "removed" if endpoint is None else f"disabled ({endpoint.disabled_reason})"
+            raise Disabled(f"endpoint {self.name!r} is {why}: nothing sent")
+        try:
+            return await sender(event, token)
+        except Gone:
+            await self._gone()
+            raise
+
+    async def _gone(self) -> None:
+        """Disable the endpoint (once, whoever met the 410 first) and forget the row read."""
+        async with self.lock:
+            if self.endpoint is not None and self.endpoint.state == "enabled":
+                await self.disable(GONE_REASON)
+            self.read_at = -float("inf")  # the next send reads the row again
+
+    async def _refresh(self, force: bool = False) -> None:
+        if not force and self.clock() - self.read_at < self.refresh_s:
+            return
+        async with self.lock:
+            if not force and self.clock() - self.read_at < self.refresh_s:
+                return  # (read meanwhile by another coroutine)
+            try:
+                fresh: Endpoint | None = await self.read()
+            except NoSuchEndpoint:
+                fresh = None
+            self.read_at = self.clock()
+            if fresh is not None and (self.endpoint is None or how(fresh) != how(self.endpoint)):
+                await self._open(fresh)
+            elif fresh is not None and self.sender is not None:
+                self.sender.keyring = keyring(fresh)  # a rotation: from the next send on
+            self.endpoint = fresh
+
+    async def _open(self, endpoint: Endpoint) -> None:
+        sender = AsyncHttpSender(
+            endpoint.url,
+            timeout_s=endpoint.timeout_s,
+            success=endpoint.success,
+            secrets=keyring(endpoint),
+            headers=endpoint.headers,
+            **self.options,
+        )
+        await sender.__aenter__()
+        self.senders.append(sender)
+        self.sender = sender
+
+
+def keyring(endpoint: Endpoint) -> Keyring | None:
+    """The endpoint's secrets as a sender's keyring (None: it signs nothing)."""
+    return Keyring.of_ms(endpoint.secrets) if endpoint.secrets else None
+
+
+def how(endpoint: Endpoint) -> tuple[object, ...]:
+    """What a sender is made with, but for the keyring (which a sender takes as it is)."""
+    return (endpoint.url, endpoint.timeout_s, endpoint.success, endpoint.headers)
