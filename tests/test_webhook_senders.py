@@ -334,3 +334,38 @@ async def test_the_ack_rule_still_needs_the_sinks_ack(db: Path, tmp_path: Path) 
             summary = await Dispatcher(queue, send, owner="d1").run(until_empty=True)
     assert summary.done == 3
     await until(lambda: sink_state(sink_db)[0] == 6)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-Tenant", "acme\r\nX-Evil: 1")],
+        [("X-Tenant", "acme\nX-Evil: 1")],
+        [("X-Evil\r\nHost", "x")],
+        [("Host", "internal.example")],
+        [("webhook-signature", "v1,forged")],
+        [("X-Asnackq-Token", "999")],
+        [("Content-Type", "text/plain")],
+        [("X-Tenant", "caf\u00e9")],
+        [("X-A", "1"), ("x-a", "2")],
+        [(f"X-{i}", "v") for i in range(17)],
+    ],
+    ids=["crlf", "lf", "name-crlf", "host", "signature", "token", "content-type", "non-ascii",
+         "twice", "too-many"],
+)  # fmt: skip
+def test_an_endpoints_header_that_could_inject_or_override_is_refused(headers) -> None:
+    for sender in (HttpSender, AsyncHttpSender):
+        with pytest.raises(ValueError) as refused:
+            sender("http://127.0.0.1:9/x", headers=headers)
+        assert "\n" not in str(refused.value) and "X-Evil: 1" not in str(refused.value)
+
+
+async def test_an_endpoints_headers_are_sent_and_the_senders_own_win() -> None:
+    with receiver() as server:
+        async with AsyncHttpSender(
+            server.url, success="2xx", secrets=[SECRET], headers={"X-Tenant": "acme"}
+        ) as send:
+            assert await send(EVENT, 3) is True
+    [seen] = server.seen
+    assert seen["x-tenant"] == "acme" and seen["content-type"] == "application/json"
+    assert seen["x-asnackq-token"] == "3" and server.refused == 0
