@@ -58,7 +58,7 @@ def add_endpoint(commands: Commands) -> None:
     )
     add.add_argument("--url", required=True, help="http(s)://HOST[:PORT]/PATH")
     add_settings(add, update=False)
-    add_secret_source(add, "sign with each whsec_ secret in FILE, one a line")
+    add_secret_source(add, "sign with each whsec_ secret in FILE, one a line", required=False)
     add.set_defaults(run=run_add)
 
     listing = actions.add_parser("list", help="the queue's endpoints (secrets never shown)")
@@ -78,7 +78,7 @@ def add_endpoint(commands: Commands) -> None:
     rotate = named(
         actions, "rotate-secret", "sign with a new secret; the old ones sign beside it a while"
     )
-    add_secret_source(rotate, "the new whsec_ secret: the one line of FILE")
+    add_secret_source(rotate, "the new whsec_ secret: the one line of FILE", required=True)
     rotate.add_argument(
         "--overlap-s",
         type=within(float, 0, ep.MAX_OVERLAP_S),
@@ -145,8 +145,9 @@ def add_settings(parser: argparse.ArgumentParser, update: bool) -> None:
     )
 
 
-def add_secret_source(parser: argparse.ArgumentParser, text: str) -> None:
-    source = parser.add_mutually_exclusive_group(required=parser.prog.endswith("rotate-secret"))
+def add_secret_source(parser: argparse.ArgumentParser, text: str, required: bool) -> None:
+    """``--secret-file FILE`` or ``--new-secret`` (one of them, when ``required``)."""
+    source = parser.add_mutually_exclusive_group(required=required)
     source.add_argument("--secret-file", default=None, metavar="FILE", help=text)
     source.add_argument(
         "--new-secret", action="store_true", help="generate one, printed once on stdout"
