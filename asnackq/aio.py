@@ -482,7 +482,7 @@ class AsyncQueue:
         return await self._read(ep.plan_changes(name, limit))
 
     async def update_endpoint(
-        self, name: str, *, allow_remote: bool = False, now_ms: int | None = None, **changes: Any
+        self, name: str, /, *, allow_remote: bool = False, now_ms: int | None = None, **changes: Any
     ) -> Endpoint:
         """Change fields of an endpoint (``url``, ``types``, ``secrets``, ``rate``, ``burst``,
         ``concurrency``, ``timeout_s``, ``retry``, ``success``, ``ordered``, ``headers``);

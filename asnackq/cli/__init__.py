@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from asnackq.cli import lifeline, otel
 from asnackq.cli.common import Command, Failure, Parser, Usage, complete_help
+from asnackq.cli.endpoints import add_endpoint
 from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
@@ -38,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     add_work(commands)
     add_inspect(commands)
     add_audit(commands)
+    add_endpoint(commands)
     add_lab(commands)
     add_sink(commands)
     add_outbox(commands)

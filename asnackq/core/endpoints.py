@@ -366,6 +366,8 @@ def check_change(changes: object, allow_remote: bool) -> dict[str, Any]:
             "(rename: remove and add; state: disable or enable)"
         )
     checked = {key: FIELDS[key](value) for key, value in changes.items()}
+    if checked.get("ordered") and checked.get("concurrency", 1) != 1:
+        raise ValueError("an ordered endpoint sends one at a time: concurrency must be 1")
     if "url" in checked:
         check_remote(checked["url"], allow_remote)
     return checked
@@ -374,7 +376,7 @@ def check_change(changes: object, allow_remote: bool) -> dict[str, Any]:
 def check_remote(url: str, allow_remote: bool) -> None:
     host = check_url(url, allow_remote=True).hostname or ""
     if not allow_remote and not is_loopback(host):
-        raise ValueError(f"refusing non-loopback endpoint host {host!r} without allow_remote")
+        raise ValueError(f"refusing a non-loopback endpoint host without allow_remote: {host!r}")
 
 
 def hidden(name: str) -> bool:
