@@ -231,11 +231,8 @@ def secrets_of(args: argparse.Namespace) -> list[str]:
     if args.secret_file is None:
         return []
     try:
-        return read_secrets(args.secret_file)
-    except (OSError, UnicodeError) as error:
-        why = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise Usage(f"--secret-file {args.secret_file!r}: {why}") from None
-    except ValueError as error:
+        return list(read_secrets(args.secret_file))
+    except ValueError as error:  # (a file that cannot be read, too: one line)
         raise Usage(f"--secret-file: {error}") from None
 
 
