@@ -32,3 +32,15 @@ async def test_an_effect_that_leaves_the_transaction_unable_to_commit_is_never_a
         assert (app_con.kind, ledger, inbox) == ("sqlite", [("t-1", 5)], [("t-1", 1, None, None)])
     else:  # refused at COMMIT: nothing kept, so the sender's next attempt applies it
         assert (status, answer["status"], ledger, inbox) == (503, "unavailable", [], [])
+
+
+async def test_a_token_header_of_thousands_of_digits_is_the_token_s_own_refusal(
+    app_con: App,
+) -> None:
+    """``X-Asnackq-Token`` of 5,000 digits was answered with Python's own message ("Exceeds
+    the limit (4300 digits) for integer string conversion ... sys.set_int_max_str_digits()")
+    instead of the header's rule."""
+    async with receiving(app_con, app_con.effect) as app:
+        headers = signed("k-1", body(1), **{"X-Asnackq-Token": "9" * 5000})
+        status, answer = await post(app.url, body(1), headers)
+    assert (status, answer["error"]) == (400, "X-Asnackq-Token must be an int in 1..10**15")
