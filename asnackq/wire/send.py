@@ -475,8 +475,12 @@ class AsyncHttpSender:
         secrets: Keyring | Sequence[str] | None = None,
     ) -> None:
         parts = check_url(url, allow_remote)
+        try:  # (a URL the standard library reads and aiohttp refuses: never sendable)
+            host = aiohttp_host(url)
+        except ValueError:
+            raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}") from None
         self.guard = sender_guard(parts.hostname or "", allow_remote, allow_networks, lookup)
-        self.host = "" if self.guard is None else aiohttp_host(url)  # (checked each send)
+        self.host = "" if self.guard is None else host  # (checked each send)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit
