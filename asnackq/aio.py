@@ -692,7 +692,9 @@ def kept(port: Port, claimed: Claimed, seen: Seen, at_ms: int, again: int) -> Re
     if not port.settings.keep_attempts or again >= attempts.PER_CLAIM:
         return None
     answer = LAST_ANSWER.get()
-    status, latency_ms, body = (None, 0, seen.error.encode()) if answer is None else answer
+    status, latency_ms, body = (None, 0, b"") if answer is None else answer
+    if status is None:  # no answer came (refused, reset, timed out, unreadable): why not
+        body = seen.error.encode()
     ticket = claimed.ticket
     return Record(
         ticket["id"],

@@ -17,7 +17,7 @@ from asnackq.sink import capacity, faults
 from asnackq.store import sessions
 from asnackq.store.targets import Target, is_url, parse_target, shown
 from asnackq.wire import logs
-from asnackq.wire.guard import Guard, Network, network
+from asnackq.wire.guard import Guard, Network, aiohttp_host, network
 from asnackq.wire.logs import FORMATS
 from asnackq.wire.tls import tls_context
 from asnackq.wire.webhooks import read_secrets
@@ -230,6 +230,8 @@ def sink_url(text: str) -> str:
     is applied later, with ``--allow-remote``)."""
     try:
         check_url(text, allow_remote=True)
+        if not aiohttp_host(text):  # (raises for what the standard library reads, yarl not)
+            raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {text!r}")
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text

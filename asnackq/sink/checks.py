@@ -72,6 +72,7 @@ def check_token_header(value: str | None) -> int | None:
     """The optional lease token header: digits only, 1..10**15 (``ValueError``)."""
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 10**15:
+    digits = value.isascii() and value.isdigit() and len(value) <= 16  # (int() refuses 4300+)
+    if not digits or not 1 <= int(value) <= 10**15:
         raise ValueError(f"{TOKEN_HEADER} must be an int in 1..10**15")
     return int(value)

@@ -12,7 +12,8 @@ Rules of this module:
 * What is kept of an answer: its status (none when no answer came), the request's latency,
   a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
   ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
-  ``EXCERPT_BYTES`` of its body, as text (undecodable bytes replaced). Headers are not kept.
+  ``EXCERPT_BYTES`` of its body, as text (undecodable bytes and NUL replaced by U+FFFD:
+  PostgreSQL's text holds no NUL, SQLite's ``->>`` ends at one). Headers are not kept.
 * A claim records at most ``PER_CLAIM`` requests (its first ones): a receiver answering 429
   for an hour does not grow the table by the hour.
 """
@@ -103,8 +104,9 @@ class Record(NamedTuple):
 
 
 def excerpt(body: bytes) -> str:
-    """The first ``EXCERPT_BYTES`` of an answer's body, as text."""
-    return body[:EXCERPT_BYTES].decode("utf-8", errors="replace")
+    """The first ``EXCERPT_BYTES`` of an answer's body, as text (NUL replaced too: a
+    receiver's NUL byte would otherwise fail the cycle's transaction on PostgreSQL)."""
+    return body[:EXCERPT_BYTES].decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 def plan_create() -> w.Plan[None]:

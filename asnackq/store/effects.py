@@ -13,7 +13,10 @@ Rules of this module:
   file: ``QueueBusy``), the plan's steps, the effect awaited at the plan's hook point,
   COMMIT.  Anything raised before COMMIT rolls back every write, the inbox's and the
   effect's, and propagates (a failing ROLLBACK never hides it); an exception of the effect
-  arrives as ``EffectFailed``, its cause the effect's own.  On PostgreSQL a transaction
+  arrives as ``EffectFailed``, its cause the effect's own.  An effect that ends the transaction
+  (COMMIT, ROLLBACK) or, on PostgreSQL, leaves it aborted (a failed statement it caught: the
+  server would answer COMMIT with a silent ROLLBACK) is refused at COMMIT: a ``RuntimeError``,
+  everything rolled back.  On PostgreSQL a transaction
   that met a concurrent one (deadlock, serialization failure) runs again from BEGIN,
   effect included (bounded, jittered): it rolled back, so nothing of it stayed.
 * The transaction runs in a task of its own under ``asyncio.shield``: a cancelled caller
@@ -58,6 +61,10 @@ IDLE = (
     "begins and commits on an idle connection (take turn(con) around the application's own)"
 )
 ENDED = "the effect ended the inbox's transaction: an effect must not commit or roll back"
+ABORTED = (
+    "a statement of the effect failed and the effect went on: the transaction cannot commit "
+    "(let the error propagate, or wrap the statement in a savepoint: con.transaction())"
+)
 
 
 class EffectFailed(Exception):
@@ -115,13 +122,22 @@ async def _pg(con: psycopg.AsyncConnection[Any], make: Callable[[], w.Plan[T]], 
             raise ValueError(IDLE)
         try:
             async with con.transaction():  # BEGIN ... COMMIT, or ROLLBACK and re-raise
-                return await pump(make(), lambda one: asteps(con, one, None, call_plain), hooks)
+                result = await pump(make(), lambda one: asteps(con, one, None, call_plain), hooks)
+                # (PostgreSQL answers COMMIT on an aborted transaction with a ROLLBACK, no error)
+                status = _status(con)  # (read again: the effect ran meanwhile)
+                if status != TransactionStatus.INTRANS:
+                    raise RuntimeError(ABORTED if status == TransactionStatus.INERROR else ENDED)
+                return result
         except Exception as error:
             cause = error.__cause__ if isinstance(error, EffectFailed) else error
             if cause is None or not conflict(cause) or attempt == ATTEMPTS - 1:
                 raise
         await asyncio.sleep(conflict_delay_s(attempt))
     raise AssertionError("unreachable")
+
+
+def _status(con: psycopg.AsyncConnection[Any]) -> psycopg.pq.TransactionStatus:
+    return con.info.transaction_status
 
 
 async def _locked(con: object, make: Callable[[], w.Plan[T]], hooks: Hooks) -> T:

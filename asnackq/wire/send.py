@@ -291,7 +291,7 @@ def failure(event_id: str, error: BaseException, timeout_s: float) -> Unavailabl
     """What a send that got no answer raises: ``Untrusted`` if TLS refused (a certificate,
     a handshake alert: ``ssl.SSLError`` in the error or its causes, but a plain EOF);
     ``TimedOut`` if the time ran out on a connection made; else ``Unavailable``."""
-    text = f"sending {event_id!r}: {error!r}"
+    text = f"sending {event_id!r}: {shown(error)}"
     cause: BaseException | None = error
     while cause is not None:
         if isinstance(cause, HandshakeCut):
@@ -303,6 +303,15 @@ def failure(event_id: str, error: BaseException, timeout_s: float) -> Unavailabl
     if isinstance(error, TimeoutError) and not connecting(error):
         return TimedOut(f"sending {event_id!r}: no answer within {timeout_s:g} s")
     return Unavailable(text)
+
+
+def shown(error: BaseException) -> str:
+    """An error as a failure's text: its repr, but for aiohttp's errors about an answer,
+    whose repr holds the whole request (every header: an ``Authorization`` made of the URL's
+    userinfo, the signature): their type and ``str`` (status, message and URL) only."""
+    if hasattr(error, "request_info"):
+        return f"{type(error).__name__}({str(error)!r})"
+    return repr(error)
 
 
 def answered(began: float, status: int | None, body: bytes) -> None:
@@ -448,8 +457,12 @@ class AsyncHttpSender:
         headers: Headers | Mapping[str, str] = (),
     ) -> None:
         parts = check_url(url, allow_remote)
+        try:  # (a URL the standard library reads and aiohttp refuses: never sendable)
+            host = aiohttp_host(url)
+        except ValueError:
+            raise ValueError(f"url must be http(s)://HOST[:PORT]/PATH: {url!r}") from None
         self.guard = sender_guard(parts.hostname or "", allow_remote, allow_networks, lookup)
-        self.host = "" if self.guard is None else aiohttp_host(url)  # (checked each send)
+        self.host = "" if self.guard is None else host  # (checked each send)
         self.url = url
         self.timeout_s = check_timeout(timeout_s)
         self.limit = limit

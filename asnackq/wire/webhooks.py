@@ -30,7 +30,7 @@ import re
 import secrets as random
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asnackq.core.receivers import PREFIX, ROTATION_S, BadSecret, parse_secret, rotated
@@ -184,7 +184,10 @@ class Keyring:
     """An endpoint's secrets over time: ``(secret, until)`` pairs, newest first; ``until``
     (Unix seconds) ends a replaced secret's signing, None for the current one."""
 
-    entries: tuple[tuple[str, float | None], ...] = ()
+    entries: tuple[tuple[str, float | None], ...] = field(default=(), repr=False)
+
+    def __repr__(self) -> str:  # (the secrets are never shown: how many, and until when)
+        return f"Keyring({len(self.entries)} secrets, until {[u for _, u in self.entries]})"
 
     @classmethod
     def of(cls, *secrets: str) -> Keyring:
