@@ -138,3 +138,14 @@ def test_a_rotation_keeps_the_old_secret_signing_for_its_overlap() -> None:
     assert later.rotate(wh.new_secret(), now_s=100_000).entries[1:] == ((third, 100_000 + 86_400),)
     with pytest.raises(wh.BadSecret):
         ring.rotate("whsec_short", now_s=1000)
+
+
+def test_an_unpadded_secret_is_the_same_key_as_the_official_librarys() -> None:
+    padded = "whsec_" + base64.b64encode(bytes(range(40, 65))).decode()  # 25 bytes: '=' padded
+    assert padded.endswith("=")
+    unpadded = padded.rstrip("=")
+    assert wh.parse_secret(unpadded) == wh.parse_secret(padded) == bytes(range(40, 65))
+    headers = wh.signed_headers([wh.parse_secret(unpadded)], "d-1", BODY)
+    assert Webhook(unpadded).verify(BODY, headers) is not None
+    with pytest.raises(wh.BadSecret):  # URL-safe base64 is another key: refused, not misread
+        wh.parse_secret("whsec_" + base64.urlsafe_b64encode(b"\xfb\xff" * 16).decode())

@@ -82,8 +82,11 @@ def parse_secret(text: object) -> bytes:
     """The key bytes of a ``whsec_`` secret."""
     if type(text) is not str or not SECRET_RULE.fullmatch(text):
         raise BadSecret("a webhook secret must be 'whsec_' followed by base64")
+    encoded = text[len(PREFIX) :]
+    if "=" not in encoded:  # unpadded base64, as the official libraries take it too
+        encoded += "=" * (-len(encoded) % 4)
     try:
-        key = base64.b64decode(text[len(PREFIX) :], validate=True)
+        key = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         raise BadSecret("a webhook secret must be 'whsec_' followed by base64") from None
     if not 24 <= len(key) <= 64:
