@@ -10,7 +10,8 @@ microseconds, the best of 5 repetitions.
 End to end: a Dispatcher with ``success="2xx"`` delivers ``--jobs`` jobs from a SQLite queue to
 an aiohttp receiver in a child process that answers 204, once unsigned and once signed (the
 receiver then verifies every request with the official library and refuses a bad one with
-401: nothing goes unchecked); the two alternate within each round, the signed run first in
+401: nothing goes unchecked; ``--no-verify``: it verifies nothing, which leaves the sender's
+cost alone); the two alternate within each round, the signed run first in
 odd rounds. Printed: each round's jobs/s and the median of the per-round ratios
 signed/unsigned, with their range. Target: >= 0.9.
 """
@@ -66,15 +67,16 @@ def costs(body: bytes) -> dict[str, float]:
     return {k: min(timeit.repeat(f, number=2000, repeat=5)) / 2000 * 1e6 for k, f in steps.items()}
 
 
-def serve() -> None:
-    """A receiver answering 204: a signed request is verified (401 if it fails)."""
+def serve(verifying: bool = True) -> None:
+    """A receiver answering 204: a signed request is verified (401 if it fails), unless
+    ``verifying`` is off (the sender's cost alone)."""
     from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
     verifier = Webhook(SECRET)
 
     async def handler(request: web.Request) -> web.Response:
         body = await request.read()
-        if "webhook-signature" in request.headers:
+        if verifying and "webhook-signature" in request.headers:
             try:
                 verifier.verify(body, dict(request.headers), json_parse=False)
             except WebhookVerificationError:
@@ -114,15 +116,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-verify", action="store_true", help="the receiver verifies nothing: the sender's cost"
+    )
+    parser.add_argument("--serve", choices=("verifying", "plain"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve()
+        serve(args.serve == "verifying")
         return
     per_delivery()
     ratios: list[float] = []
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
-        receiver, url = start([sys.executable, __file__, "--serve"])
+        kind = "plain" if args.no_verify else "verifying"
+        receiver, url = start([sys.executable, __file__, "--serve", kind])
         try:
             for r in range(args.rounds):
                 got: dict[bool, float] = {}
