@@ -239,6 +239,17 @@ async def test_a_partner_taking_4_s_gets_each_job_once_under_a_1_s_lease(db: Pat
         assert fate(db, f"j{i}") == ("done", 1, 1)
 
 
+async def test_a_partner_taking_14_s_is_within_the_default_timeout_and_keeps_its_lease(
+    db: Path,
+) -> None:
+    async with AsyncQueue.open(db) as queue, serving(delayed(14, [204])) as partner:
+        await queue.enqueue_many([({"id": "slow", "qty": 1}, 120_000, 3)])
+        async with AsyncHttpSender(partner.url, success="2xx") as send:  # 15 s by default
+            summary = await Dispatcher(queue, send, owner="d1", concurrency=1).run()
+    assert (summary.done, summary.requests) == (1, 1)
+    assert fate(db, "slow") == ("done", 1, 1)  # its 5 s lease extended, never lapsed
+
+
 async def test_410_spends_no_attempt_and_the_job_is_delivered_when_the_receiver_is_back(
     db: Path,
 ) -> None:
