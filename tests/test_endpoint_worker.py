@@ -162,3 +162,57 @@ def test_work_endpoint_refusals_are_one_line(tmp_path: Path, extra, code, says) 
     assert refused.returncode == code, refused.stderr
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], refused.stderr
+
+
+async def test_the_address_guard_takes_the_endpoints_allowed_networks_beside_the_workers(
+    db: Path,
+) -> None:
+    """A worker allowed remote hosts refuses a name resolving to a loopback address, unless
+    the endpoint (or the worker) allows that network; nothing reaches the receiver before."""
+    with receiver() as server:
+        port = server.server_address[1]
+        url = f"http://hooks.example:{port}/hook"
+        lookup = lambda host, port: ["127.0.0.1"]  # noqa: E731 (a resolver stub)
+        async with AsyncQueue.open(db) as queue:
+            await queue.add_endpoint(Endpoint("partner", url, secrets=(SECRET,)), allow_remote=True)
+            guarded = EndpointSend(
+                "partner",
+                read=lambda: queue.endpoint("partner"),
+                disable=lambda reason: queue.disable_endpoint("partner", reason),
+                refresh_s=0.0,
+                allow_remote=True,
+                lookup=lookup,
+            )
+            async with guarded as send:
+                with pytest.raises(w.Permanent, match="loopback"):
+                    await send({"id": "a", "qty": 1}, 1)
+                assert server.seen == []
+                await queue.update_endpoint(
+                    "partner", allow_networks=("127.0.0.0/8",), allow_remote=True
+                )
+                assert await send({"id": "a", "qty": 1}, 2) is True
+            assert (await queue.endpoint("partner")).allow_networks == ("127.0.0.0/8",)
+    assert len(server.seen) == 1 and server.refused == 0
+
+
+@pytest.mark.parametrize("bad", [("10.0.0.1/8",), ("not-a-net",), (8,), ("10.0.0.0/8",) * 17])
+def test_an_endpoints_allowed_networks_are_checked(bad) -> None:
+    with pytest.raises(ValueError, match="allow_networks"):
+        Endpoint("partner", "http://127.0.0.1:9/x", allow_networks=bad)
+
+
+@pytest.mark.process
+def test_endpoint_add_and_update_take_allowed_networks(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    assert cli("init", str(db)).returncode == 0
+    added = cli(
+        "endpoint", "add", str(db), "partner", "--url", "http://10.1.2.3:8080/hooks",
+        "--allow-remote", "--allow-network", "10.1.0.0/16", "--json",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["endpoint"]["allow_networks"] == ["10.1.0.0/16"]
+    bad = cli("endpoint", "update", str(db), "partner", "--allow-network", "10.1.2.3/16")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    cleared = cli("endpoint", "update", str(db), "partner", "--no-allow-networks", "--json")
+    assert cleared.returncode == 0, cleared.stderr
+    assert json.loads(cleared.stdout)["endpoint"]["allow_networks"] == []

@@ -141,6 +141,18 @@ def add_settings(parser: argparse.ArgumentParser, update: bool) -> None:
     if update:
         parser.add_argument("--no-headers", action="store_true", help="remove every header")
     parser.add_argument(
+        "--allow-network",
+        action="append",
+        metavar="CIDR",
+        help="a network a worker may send to although it is not globally routable (the "
+        "address guard of a worker run with --allow-remote; repeat for more)"
+        + (": replaces them all" if update else ""),
+    )
+    if update:
+        parser.add_argument(
+            "--no-allow-networks", action="store_true", help="remove every allowed network"
+        )
+    parser.add_argument(
         "--allow-remote", action="store_true", help="a URL whose host is not loopback"
     )
 
@@ -189,6 +201,10 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         if args.header is not None and getattr(args, "no_headers", False):
             raise Usage("--header and --no-headers do not go together")
         given["headers"] = tuple(header(text) for text in args.header or ())
+    if args.allow_network is not None or getattr(args, "no_allow_networks", False):
+        if args.allow_network is not None and getattr(args, "no_allow_networks", False):
+            raise Usage("--allow-network and --no-allow-networks do not go together")
+        given["allow_networks"] = tuple(args.allow_network or ())
     return given
 
 
@@ -415,6 +431,7 @@ def view(one: Endpoint) -> dict[str, Any]:
             else {"name": name, "value": value}
             for name, value in one.headers
         ],
+        "allow_networks": list(one.allow_networks),
         "state": one.state,
         "disabled_reason": one.disabled_reason,
         "disabled_at": iso(one.disabled_at_ms),

@@ -21,6 +21,7 @@ Rules of this module (the style of ``worker.py``; standard library only):
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import re
@@ -71,6 +72,7 @@ MAX_DELAYS = 32
 MAX_TYPES = 64
 MAX_SECRETS = 8
 MAX_HEADERS = 16
+MAX_NETWORKS = 16
 MAX_URL = 2048
 MAX_REASON = 200
 MAX_OVERLAP_S = 30 * 86_400
@@ -168,6 +170,7 @@ class Endpoint:
     success: str = "2xx"
     ordered: bool = False
     headers: Headers = ()
+    allow_networks: tuple[str, ...] = ()
     state: Literal["enabled", "disabled"] = "enabled"
     disabled_reason: str | None = None
     disabled_at_ms: int | None = None
@@ -306,6 +309,23 @@ def _headers(value: object) -> Headers:
     return tuple(pairs)
 
 
+def _networks(value: object) -> tuple[str, ...]:
+    """Networks a sender may reach although they are not globally routable (the address
+    guard's allow-list, ``asnackq.wire.guard``): CIDR texts, written canonically."""
+    found = []
+    for item in _sequence(value, "allow_networks", MAX_NETWORKS):
+        try:
+            network = ipaddress.ip_network(item, strict=True) if type(item) is str else None
+        except ValueError:
+            network = None
+        if network is None:
+            raise ValueError(
+                f"allow_networks: not a network such as 10.0.0.0/8: {str(item)[:64]!r}"
+            )
+        found.append(str(network))
+    return tuple(dict.fromkeys(found))
+
+
 def _url(value: object) -> str:
     if type(value) is not str or len(value) > MAX_URL or not URL_CHARS.fullmatch(value):
         raise ValueError(f"url must be 1-{MAX_URL} visible ASCII characters")
@@ -352,6 +372,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "success": _success,
     "ordered": _ordered,
     "headers": _headers,
+    "allow_networks": _networks,
 }
 
 
@@ -415,6 +436,7 @@ SCHEMA = (
   retry_base_ms INTEGER, retry_cap_ms INTEGER, retry_delays TEXT,
   success TEXT NOT NULL CHECK (success IN ('ack', '2xx')),
   ordered INTEGER NOT NULL CHECK (ordered IN (0, 1)), headers TEXT NOT NULL,
+  allow_networks TEXT NOT NULL DEFAULT '[]',
   state TEXT NOT NULL CHECK (state IN ('enabled', 'disabled')),
   disabled_reason TEXT, disabled_at_ms INTEGER,
   created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL)""",
@@ -429,7 +451,8 @@ SCHEMA = (
 # NULL is the exponential retry of ``retry_base_ms`` and ``retry_cap_ms``.
 COLUMNS = (
     "name, url, types, secrets, rate, burst, concurrency, timeout_s, retry_base_ms, "
-    "retry_cap_ms, retry_delays, success, ordered, headers, state, disabled_reason, "
+    "retry_cap_ms, retry_delays, success, ordered, headers, allow_networks, state, "
+    "disabled_reason, "
     "disabled_at_ms, created_ms, updated_ms"
 )
 NAMES = COLUMNS.split(", ")
@@ -483,6 +506,7 @@ def row_of(ep: Endpoint) -> dict[str, Any]:
         **{key: getattr(ep, key) for key in ("success", "state", "disabled_reason")},
         "ordered": int(ep.ordered),
         "headers": _json(ep.headers),
+        "allow_networks": _json(ep.allow_networks),
         **{key: getattr(ep, key) for key in ("disabled_at_ms", "created_ms", "updated_ms")},
     }
 
@@ -505,6 +529,7 @@ def endpoint_of(row: tuple[Any, ...]) -> Endpoint:
             else Delays(tuple(json.loads(delays))),
             ordered=got["ordered"] == 1,
             headers=tuple(tuple(pair) for pair in json.loads(got["headers"])),
+            allow_networks=tuple(json.loads(got["allow_networks"])),
             **{key: got[key] for key in ("disabled_reason", "disabled_at_ms")},
             **{key: got[key] for key in ("created_ms", "updated_ms")},
         )

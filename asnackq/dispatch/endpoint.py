@@ -3,10 +3,11 @@
 Rules of this module:
 
 * The endpoint's row (``asnackq.core.endpoints``) says where and how to send: its URL,
-  success rule, timeout, headers and keyring. It is read again at most every
-  ``refresh_s`` before a send: a rotated secret signs from the next send on; a changed
-  URL, rule, timeout or header set gets a sender of its own (the one before stays open,
-  for the sends in flight, until the run ends).
+  success rule, timeout, headers, keyring, and the networks the address guard lets it reach
+  beside the worker's own allow-list (a worker run with ``allow_remote`` only). It is read
+  again at most every ``refresh_s`` before a send: a rotated secret signs from the next
+  send on; a changed URL, rule, timeout, header set or allow-list gets a sender of its own
+  (the one before stays open, for the sends in flight, until the run ends).
 * A disabled endpoint is sent nothing: a send finds it disabled and raises ``Disabled``, an
   ``Unavailable`` - no request, no attempt spent, the run pauses (its breaker) and its
   probes find the endpoint again once it is enabled.
@@ -115,13 +116,17 @@ class EndpointSend:
             self.endpoint = fresh
 
     async def _open(self, endpoint: Endpoint) -> None:
+        options = dict(self.options)
+        if endpoint.allow_networks and options.get("allow_remote"):  # the worker's and its own
+            worker = tuple(options.get("allow_networks", ()))
+            options["allow_networks"] = worker + endpoint.allow_networks
         sender = AsyncHttpSender(
             endpoint.url,
             timeout_s=endpoint.timeout_s,
             success=endpoint.success,
             secrets=keyring(endpoint),
             headers=endpoint.headers,
-            **self.options,
+            **options,
         )
         await sender.__aenter__()
         self.senders.append(sender)
@@ -135,4 +140,10 @@ def keyring(endpoint: Endpoint) -> Keyring | None:
 
 def how(endpoint: Endpoint) -> tuple[object, ...]:
     """What a sender is made with, but for the keyring (which a sender takes as it is)."""
-    return (endpoint.url, endpoint.timeout_s, endpoint.success, endpoint.headers)
+    return (
+        endpoint.url,
+        endpoint.timeout_s,
+        endpoint.success,
+        endpoint.headers,
+        endpoint.allow_networks,
+    )

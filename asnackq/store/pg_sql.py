@@ -242,6 +242,7 @@ PG_ENDPOINT_DDL = (
     retry_base_ms BIGINT, retry_cap_ms BIGINT, retry_delays TEXT,
     success TEXT NOT NULL CHECK (success IN ('ack', '2xx')),
     ordered INTEGER NOT NULL CHECK (ordered IN (0, 1)), headers TEXT NOT NULL,
+    allow_networks TEXT NOT NULL DEFAULT '[]',
     state TEXT NOT NULL CHECK (state IN ('enabled', 'disabled')),
     disabled_reason TEXT, disabled_at_ms BIGINT,
     created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL)""",
