@@ -218,6 +218,13 @@ def add_work(commands: Commands) -> None:
         help="append one JSON line per claim and per finish (for experiments)",
     )
     work.add_argument("--json", action="store_true", help="print the summary as JSON")
+    work.add_argument(
+        "--keep-attempts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep each request's status, latency and the first KiB of its answer, shown by "
+        "'asnackq history' and the dashboard (default: on; about 6 us of CPU a job)",
+    )
     add_otel(work)
     work.add_argument(
         "--kill-after-acks",
@@ -375,6 +382,7 @@ def run_work(args: argparse.Namespace) -> int:
                     clock=offset_clock(args.clock_offset_ms),
                     rate=rate,
                     burst=args.burst,
+                    keep_attempts=args.keep_attempts,
                 )
             except ValueError as error:
                 raise Usage(str(error)) from None
