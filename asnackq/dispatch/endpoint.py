@@ -15,17 +15,23 @@ Rules of this module:
   of its own (outside any send), and the send raises as the answer means (``Gone``, an
   ``Unavailable``): the jobs wait, spending nothing, until an operator enables it.
 * An endpoint removed while the run goes on is treated as disabled.
+* While the queue's database is away (``StoreUnavailable``) the run sends as the row last
+  read says and reads it again after ``refresh_s``, as a sink's run sends on through an
+  outage: a send never fails for the row's read (nor a 410 for its disabling, tried again
+  at the next 410), so no job is abandoned as an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint, NoSuchEndpoint
+from asnackq.store.outage import StoreUnavailable
 from asnackq.wire.send import AsyncHttpSender, Gone
 from asnackq.wire.webhooks import Keyring
 
@@ -95,7 +101,8 @@ class EndpointSend:
         """Disable the endpoint (once, whoever met the 410 first) and forget the row read."""
         async with self.lock:
             if self.endpoint is not None and self.endpoint.state == "enabled":
-                await self.disable(GONE_REASON)
+                with contextlib.suppress(StoreUnavailable):  # (away: the next 410 disables it)
+                    await self.disable(GONE_REASON)
             self.read_at = -float("inf")  # the next send reads the row again
 
     async def _refresh(self, force: bool = False) -> None:
@@ -108,6 +115,11 @@ class EndpointSend:
                 fresh: Endpoint | None = await self.read()
             except NoSuchEndpoint:
                 fresh = None
+            except StoreUnavailable:
+                if force:
+                    raise
+                self.read_at = self.clock()  # the row as last read, until the next read
+                return
             self.read_at = self.clock()
             if fresh is not None and (self.endpoint is None or how(fresh) != how(self.endpoint)):
                 await self._open(fresh)
