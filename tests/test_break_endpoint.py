@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint
 from asnackq.dispatch.breaker import BreakerPolicy
-from asnackq.dispatch.endpoint import EndpointSend
+from asnackq.dispatch.endpoint import Disabled, EndpointSend
 
 from . import pgdb
 from .test_webhook_senders import SECRET, Receiver, ReceiverHandler, receiver
@@ -114,3 +116,27 @@ async def test_a_database_outage_while_the_row_is_read_abandons_no_job(pg_db, pg
         server.server_close()
     assert summary.done == 3 and summary.db_outages >= 1
     assert (summary.errors, summary.claimed) == (0, 3)
+
+
+async def test_a_url_the_worker_refuses_is_sent_nothing_nor_is_the_url_before(tmp_path) -> None:
+    """The row's URL changed (by an operator allowed remote hosts) to one this worker, not
+    allowed them, refuses: nothing is sent, no send fails as an error (a ValueError: the
+    job abandoned), and the URL the row no longer names is sent nothing either; the row
+    changed back, sends resume."""
+    with receiver() as old:
+        async with AsyncQueue.open(tmp_path / "q.db") as queue:
+            await queue.add_endpoint(Endpoint("partner", old.url, secrets=(SECRET,)))
+            async with send_to(queue, "partner", refresh_s=0.2) as send:
+                assert await send({"id": "a", "qty": 1}, 1) is True
+                await queue.update_endpoint(
+                    "partner", url="http://10.1.2.3:9/hook", allow_remote=True
+                )
+                await asyncio.sleep(0.25)
+                for token in (2, 3, 4):
+                    with pytest.raises(Disabled, match="refused by this worker"):
+                        await send({"id": "b", "qty": 1}, token)
+                assert len(old.seen) == 1  # the replaced URL: nothing more
+                await queue.update_endpoint("partner", url=old.url)
+                await asyncio.sleep(0.25)
+                assert await send({"id": "b", "qty": 1}, 5) is True
+    assert len(old.seen) == 2 and old.refused == 0
