@@ -15,17 +15,26 @@ Rules of this module:
   of its own (outside any send), and the send raises as the answer means (``Gone``, an
   ``Unavailable``): the jobs wait, spending nothing, until an operator enables it.
 * An endpoint removed while the run goes on is treated as disabled.
+* A row changed to what this worker refuses to send to (a URL its address guard refuses, an
+  http:// URL with its TLS files, ...) is treated as disabled until the row changes again:
+  nothing is sent, neither there nor to the URL before.
+* While the queue's database is away (``StoreUnavailable``) the run sends as the row last
+  read says and reads it again after ``refresh_s``, as a sink's run sends on through an
+  outage: a send never fails for the row's read (nor a 410 for its disabling, tried again
+  at the next 410), so no job is abandoned as an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint, NoSuchEndpoint
+from asnackq.store.outage import StoreUnavailable
 from asnackq.wire.send import AsyncHttpSender, Gone
 from asnackq.wire.webhooks import Keyring
 
@@ -64,6 +73,7 @@ class EndpointSend:
         self.refresh_s, self.clock, self.options = refresh_s, clock, sender_options
         self.endpoint: Endpoint | None = None  # the row as last read (None: removed)
         self.sender: AsyncHttpSender | None = None
+        self.refused = ""  # why this worker cannot send as the row says ("": it can)
         self.senders: list[AsyncHttpSender] = []  # every one opened, closed at the end
         self.read_at = -float("inf")
         self.lock = asyncio.Lock()  # one read of the row at a time
@@ -84,6 +94,8 @@ class EndpointSend:
         endpoint, sender = self.endpoint, self.sender
         if endpoint is None or endpoint.state != "enabled" or sender is None:
             why = "removed" if endpoint is None else f"disabled ({endpoint.disabled_reason})"
+            if endpoint is not None and endpoint.state == "enabled":
+                why = f"refused by this worker ({self.refused})"
             raise Disabled(f"endpoint {self.name!r} is {why}: nothing sent")
         try:
             return await sender(event, token)
@@ -95,7 +107,8 @@ class EndpointSend:
         """Disable the endpoint (once, whoever met the 410 first) and forget the row read."""
         async with self.lock:
             if self.endpoint is not None and self.endpoint.state == "enabled":
-                await self.disable(GONE_REASON)
+                with contextlib.suppress(StoreUnavailable):  # (away: the next 410 disables it)
+                    await self.disable(GONE_REASON)
             self.read_at = -float("inf")  # the next send reads the row again
 
     async def _refresh(self, force: bool = False) -> None:
@@ -108,9 +121,19 @@ class EndpointSend:
                 fresh: Endpoint | None = await self.read()
             except NoSuchEndpoint:
                 fresh = None
+            except StoreUnavailable:
+                if force:
+                    raise
+                self.read_at = self.clock()  # the row as last read, until the next read
+                return
             self.read_at = self.clock()
             if fresh is not None and (self.endpoint is None or how(fresh) != how(self.endpoint)):
-                await self._open(fresh)
+                try:
+                    await self._open(fresh)
+                except ValueError as error:
+                    if force:
+                        raise
+                    self.sender, self.refused = None, str(error)  # (the one before: not there)
             elif fresh is not None and self.sender is not None:
                 self.sender.keyring = keyring(fresh)  # a rotation: from the next send on
             self.endpoint = fresh
