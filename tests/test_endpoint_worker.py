@@ -151,6 +151,7 @@ def test_work_endpoint_delivers_signed_to_a_204_receiver(tmp_path: Path) -> None
     [
         (["--success", "2xx"], 2, "--success: with --endpoint, the endpoint's row says"),
         (["--timeout-s", "3"], 2, "--timeout-s: with --endpoint"),
+        (["--secret-file", "/nonexistent"], 2, "--secret-file: with --endpoint"),
         (["--sink", "http://127.0.0.1:9/x"], 2, "not allowed with argument"),
         ([], 1, "no endpoint 'nobody'"),
     ],

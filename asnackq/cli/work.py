@@ -317,11 +317,11 @@ def run_work(args: argparse.Namespace) -> int:
     from asnackq.dispatch.metrics import WorkerMetrics
     from asnackq.wire.send import AsyncHttpSender
 
+    if args.endpoint is not None:  # (before a --secret-file it refuses is read)
+        check_endpoint_options(args)
     tls = sink_tls(args)
     rules = receiver_rules(args)
-    if args.endpoint is not None:
-        check_endpoint_options(args)
-    else:
+    if args.sink is not None:
         check_sink(args.sink, args.allow_remote, args.allow_network)
     try:
         retry = w.Retry(args.retry_base_ms, args.retry_cap_ms).check(w.PRODUCT)
