@@ -217,3 +217,16 @@ def test_endpoint_add_and_update_take_allowed_networks(tmp_path: Path) -> None:
     cleared = cli("endpoint", "update", str(db), "partner", "--no-allow-networks", "--json")
     assert cleared.returncode == 0, cleared.stderr
     assert json.loads(cleared.stdout)["endpoint"]["allow_networks"] == []
+
+
+async def test_an_endpoint_changed_often_keeps_three_senders_open_at_most(db: Path) -> None:
+    with receiver(secret=None) as server:
+        async with AsyncQueue.open(db) as queue:
+            await queue.add_endpoint(Endpoint("partner", server.url))
+            async with send_to(queue, "partner") as send:
+                for timeout_s in (3.0, 4.0, 5.0, 6.0, 7.0):
+                    await queue.update_endpoint("partner", timeout_s=timeout_s)
+                    assert await send({"id": "a", "qty": 1}, 1) is True
+                    assert len(send.senders) <= 3
+                assert send.sender is not None and send.sender.timeout_s == 7.0
+    assert len(server.seen) == 5

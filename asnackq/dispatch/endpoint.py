@@ -7,7 +7,8 @@ Rules of this module:
   beside the worker's own allow-list (a worker run with ``allow_remote`` only). It is read
   again at most every ``refresh_s`` before a send: a rotated secret signs from the next
   send on; a changed URL, rule, timeout, header set or allow-list gets a sender of its own
-  (the one before stays open, for the sends in flight, until the run ends).
+  (the two before it stay open for the sends in flight; an older one is closed: a send
+  still in flight on it ends without an answer, and is sent again, no attempt spent).
 * A disabled endpoint is sent nothing: a send finds it disabled and raises ``Disabled``, an
   ``Unavailable`` - no request, no attempt spent, the run pauses (its breaker) and its
   probes find the endpoint again once it is enabled.
@@ -41,6 +42,7 @@ from asnackq.wire.webhooks import Keyring
 __all__ = ["GONE_REASON", "REFRESH_S", "Disabled", "EndpointSend"]
 
 REFRESH_S = 1.0
+KEPT_SENDERS = 3  # the current sender and the two it replaced last
 GONE_REASON = "gone: answered 410"
 
 
@@ -154,6 +156,8 @@ class EndpointSend:
         await sender.__aenter__()
         self.senders.append(sender)
         self.sender = sender
+        if len(self.senders) > KEPT_SENDERS:  # a sender replaced twice since has no sends left
+            await self.senders.pop(0).__aexit__(None, None, None)
 
 
 def keyring(endpoint: Endpoint) -> Keyring | None:
