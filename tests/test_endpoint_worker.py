@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from asnackq.wire import webhooks as wh
 from .conftest import job
 from .sequencer import until
 from .test_webhook_senders import SECRET, receiver
+from .test_webhook_senders import run_cli as cli
 
 FAST = BreakerPolicy(after=1, base_ms=20, max_ms=100)
 
@@ -120,12 +119,6 @@ async def test_a_removed_or_disabled_endpoint_is_sent_nothing(db: Path) -> None:
                 async with send_to(queue, "partner"):
                     pass
     assert server.seen == []
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asnackq", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.mark.process
