@@ -24,7 +24,7 @@ from asnackq.dispatch import BreakerPolicy
 from asnackq.dispatch.slots import SAMPLES, Slots
 from asnackq.lab import procs
 from asnackq.lab.pace import fill as pace_fill
-from asnackq.lab.pace import pace, recording_sink
+from asnackq.lab.pace import pace, recording_sink, watch_stalls
 from asnackq.store import opening, pg_session
 from asnackq.store.sqlite_aio import HOPS
 from asnackq.wire.send import AsyncHttpSender
@@ -70,6 +70,29 @@ def test_a_busy_limiter_grants_the_rate_and_slots_ahead_only_to_its_horizon():
         sends += slots
     judged = pace([t / 1e6 for t in sends], 200.0)
     assert judged.capped and judged.kept and judged.max_window == 200
+
+
+def test_a_bunch_the_recorder_noted_late_is_left_unjudged_and_any_other_is_caught():
+    steady = [i / 100 for i in range(600)]  # 100 a second for 6 s
+    bunched = sorted([*steady, *[3.0] * 40])  # 40 noted at once when the recorder woke up
+    assert not pace(bunched, 100.0).capped
+    judged = pace(bunched, 100.0, stalls=[(2.6, 3.0)])
+    assert judged.capped and judged.max_window <= 101 and 0 < judged.unjudged < 200, judged
+    assert judged.mean > pace(steady, 100.0).mean  # every arrival still counts for the mean
+    elsewhere = pace(sorted([*steady, *[4.5] * 40]), 100.0, stalls=[(2.6, 3.0)])
+    assert not elsewhere.capped and elsewhere.max_window >= 140, elsewhere
+
+
+async def test_the_recorder_notes_its_own_stalls_and_only_them():
+    stalls: list[tuple[float, float]] = []
+    watchdog = asyncio.ensure_future(watch_stalls(stalls))
+    await asyncio.sleep(0.05)
+    held = asyncio.get_running_loop().time()
+    time.sleep(0.3)  # noqa: ASYNC251  # (the stall is the point)
+    await asyncio.sleep(0.05)
+    watchdog.cancel()
+    await asyncio.gather(watchdog, return_exceptions=True)
+    assert any(start <= held + 0.01 and end >= held + 0.3 for start, end in stalls), stalls
 
 
 def test_a_clock_stepped_back_neither_stops_the_limiter_nor_grants_a_burst():

@@ -16,7 +16,9 @@ WORKER = ("--lease-ms", "1000", "--timeout-s", "0.5")
 def assert_paced(run, jobs: int = JOBS) -> None:
     judged = run.pace
     assert judged.requests >= jobs
-    assert judged.capped, judged  # no one-second window above 110 a second
+    # no one-second window above 110 a second (windows the recording sink's own stalls
+    # bunched are left out: most must be judged)
+    assert judged.capped and judged.unjudged <= judged.requests / 2, judged
     # and no stall: the mean is the rate's on an idle machine (lab.pace: kept, 90 %; measured
     # by benchmarks), and far above half of it on a busy one
     assert judged.mean >= judged.rate / 2, judged
