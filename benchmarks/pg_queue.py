@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from statistics import median
 from typing import Any
 
 import psycopg
+from peer_workers import procrastinate_fill, procrastinate_work
 
 from asnackq import ops
 from asnackq.aio import AsyncQueue, Dispatcher
@@ -79,29 +79,6 @@ async def asnackq_child(target: str, owner: str, concurrency: int, sink: str) ->
             queue, send, owner=owner, concurrency=concurrency, lease_ms=10_000
         ).run(until_empty=True)
         return {"began": began, "ended": time.time(), "done": summary.done}
-
-
-async def procrastinate_child(url: str, concurrency: int) -> dict[str, Any]:
-    app = procrastinate_app(url, concurrency)
-    async with app.open_async():
-        began = await ready()
-        await app.run_worker_async(concurrency=concurrency, wait=False, listen_notify=False)
-        return {"began": began, "ended": time.time(), "done": 0}
-
-
-def procrastinate_app(url: str, concurrency: int) -> Any:
-    import procrastinate
-
-    logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App in __main__" notes
-    app = procrastinate.App(
-        connector=procrastinate.PsycopgConnector(conninfo=url, min_size=4, max_size=concurrency + 4)
-    )
-
-    @app.task(name="noop")
-    async def noop() -> None:
-        return None
-
-    return app
 
 
 async def ready() -> float:
@@ -186,15 +163,6 @@ def procrastinate_only(admin: str, jobs: int, processes: int, concurrency: int) 
     return rate(reports, jobs)
 
 
-async def procrastinate_fill(url: str, jobs: int) -> None:
-    app = procrastinate_app(url, 4)
-    async with app.open_async():
-        await app.schema_manager.apply_schema_async()
-        task = app.tasks["noop"]
-        for start in range(0, jobs, 1000):
-            await task.batch_defer_async(*({} for _ in range(start, min(jobs, start + 1000))))
-
-
 def end_to_end(
     target: str | Path, sink_dbs: list[str | Path], jobs: int, concurrency: int
 ) -> float:
@@ -274,7 +242,7 @@ def main() -> None:
         if kind == "asnackq":
             report = asyncio.run(asnackq_child(rest[0], rest[1], int(rest[2]), rest[3]))
         else:
-            report = asyncio.run(procrastinate_child(rest[0], int(rest[1])))
+            report = {**asyncio.run(procrastinate_work(rest[0], int(rest[1]))), "done": 0}
         print(json.dumps(report))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
