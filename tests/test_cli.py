@@ -88,6 +88,7 @@ def test_help_everywhere_and_usage_errors_exit_2():
         "redrive",
         "history",
         "audit",
+        "purge",
         "lab",
         "sink",
         "demo",

@@ -18,6 +18,7 @@ from asnackq.cli import lifeline, otel
 from asnackq.cli.common import Command, Failure, Parser, Usage, complete_help
 from asnackq.cli.endpoints import add_endpoint
 from asnackq.cli.lab import add_demo, add_lab
+from asnackq.cli.purge import add_purge
 from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
 from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
 from asnackq.cli.work import add_work
@@ -39,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
     add_work(commands)
     add_inspect(commands)
     add_audit(commands)
+    add_purge(commands)
     add_endpoint(commands)
     add_lab(commands)
     add_sink(commands)

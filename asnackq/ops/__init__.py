@@ -2,8 +2,9 @@
 
 Rules of this wing:
 
-* Everything only reads, through read-only openers (``asnackq.store.readers``); the one
-  write, ``redrive_by_reason``, is the core's audited redrive, one job per transaction.
+* Everything only reads, through read-only openers (``asnackq.store.readers``); the two
+  writes are audited: ``redrive_by_reason`` (the core's redrive, one job per transaction)
+  and ``ops.purge`` (finished jobs past a horizon, ``asnackq.store.retention``).
 * The dashboard (``ops.dashboard``) serves these reads, sampled by ``ops.watcher``, and
   one job's story on request (``ops.inspect``); it never writes.
 * Imports: ``asnackq.dispatch``, ``asnackq.sink``, ``asnackq.store``, ``asnackq.wire``,

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from asnackq.core import endpoints, inbox, rate
 from asnackq.core import worker as w
-from asnackq.store import attempts, job_traces
+from asnackq.store import attempts, job_traces, reads, retention
 
 __all__ = [
     "QUEUE",
@@ -412,6 +412,8 @@ STATEMENTS.update(
         **job_traces.PG_TEXTS,
         **{sql: placeholders(sql) for sql in job_traces.SAME_TEXTS},
         **attempts.PG_TEXTS,
+        **retention.PG_TEXTS,
+        reads.SQL_HAS_TABLE_PG: placeholders(reads.SQL_HAS_TABLE_PG),  # (in a driven plan)
     }
 )
 

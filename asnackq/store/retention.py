@@ -1,0 +1,116 @@
+"""How long finished jobs are kept: a purge of done (and, when asked, dead) jobs whose
+deadline passed a horizon ago, with what the product kept of them.
+
+Rules of this module:
+
+* A job's deadline bounds its end: a done or dead job whose deadline is at or before
+  ``cutoff_ms`` ended before it.  So the purge picks by ``(status, deadline)``, the index
+  the core's quarantine uses, and never reads a pending or leased job.
+* One batch (at most ``limit`` jobs) a transaction: the jobs' rows go, guarded by their
+  status (PostgreSQL re-checks it on a row a concurrent redrive changed: a job redriven
+  meanwhile is not purged), and in the same transaction what the product kept of exactly
+  those jobs: their requests (``asnackq_attempts``), their traces (``asnackq_job_traces``)
+  and their redrive records (``redrives``, whose tokens would otherwise count against a
+  new job of the same id).  Each batch is audited by a row of ``asnackq_purges``
+  (when, the cutoff, the status, how many): the product's own table, made by the first
+  purge, never by ``open_queue``.
+* A purged id is forgotten: enqueued again, it is a new job (the horizon is how long an
+  id's enqueue stays a no-op).  Pending and leased jobs are never purged.
+* The statements are SQLite's; ``PG_TEXTS`` holds PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import json
+
+from asnackq.core import worker as w
+from asnackq.store.reads import has_table
+
+__all__ = [
+    "MAX_LIMIT",
+    "PG_TEXTS",
+    "PURGEABLE",
+    "SQL_CREATE",
+    "SQL_PURGES",
+    "check_purge",
+    "plan_create",
+    "plan_purge",
+]
+
+PURGEABLE = ("done", "dead")
+MAX_LIMIT = 10_000  # jobs a transaction
+SQL_LOCK = "SELECT 1"  # (PostgreSQL: the schema's lock, as every product table takes it)
+SQL_CREATE = """CREATE TABLE IF NOT EXISTS asnackq_purges (seq INTEGER PRIMARY KEY,
+  at_ms INTEGER NOT NULL, cutoff_ms INTEGER NOT NULL, status TEXT NOT NULL,
+  jobs INTEGER NOT NULL)"""
+SQL_PURGE = """DELETE FROM jobs WHERE status = :status AND seq IN (
+  SELECT seq FROM jobs WHERE status = :status AND deadline <= :cutoff
+  ORDER BY deadline LIMIT :limit)
+RETURNING id"""
+# What the product kept of the purged jobs, by their ids (one JSON array): table, statement.
+KEPT = (
+    (
+        "asnackq_attempts",
+        "DELETE FROM asnackq_attempts WHERE id IN (SELECT value FROM json_each(?))",
+    ),
+    (
+        "asnackq_job_traces",
+        "DELETE FROM asnackq_job_traces WHERE job_id IN (SELECT value FROM json_each(?))",
+    ),
+    ("redrives", "DELETE FROM redrives WHERE id IN (SELECT value FROM json_each(?))"),
+)
+SQL_AUDIT = "INSERT INTO asnackq_purges (at_ms, cutoff_ms, status, jobs) VALUES (?, ?, ?, ?)"
+SQL_PURGES = """SELECT at_ms, cutoff_ms, status, jobs FROM asnackq_purges
+ORDER BY seq DESC LIMIT ?"""
+_ANY = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
+PG_TEXTS = {
+    SQL_LOCK: "SELECT pg_advisory_xact_lock(1634626401, 1)",  # (pg_sql.SQL_LOCK_SCHEMA's)
+    SQL_CREATE: """CREATE TABLE IF NOT EXISTS asnackq_purges (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at_ms BIGINT NOT NULL,
+  cutoff_ms BIGINT NOT NULL, status TEXT NOT NULL, jobs INTEGER NOT NULL)""",
+    SQL_PURGE: """DELETE FROM jobs WHERE status = %(status)s AND seq IN (
+  SELECT seq FROM jobs WHERE status = %(status)s AND deadline <= %(cutoff)s
+  ORDER BY deadline LIMIT %(limit)s)
+RETURNING id""",
+    KEPT[0][1]: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
+    KEPT[1][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
+    KEPT[2][1]: f"DELETE FROM redrives WHERE id {_ANY}",
+    SQL_AUDIT: SQL_AUDIT.replace("?", "%s"),
+    SQL_PURGES: SQL_PURGES.replace("?", "%s"),
+}
+
+
+def check_purge(cutoff_ms: object, status: object, limit: object) -> None:
+    """Raise ``ValueError`` for a purge's bad input (before any transaction)."""
+    w.check_int(cutoff_ms, "cutoff_ms", 0, w.MAX_NOW)
+    if status not in PURGEABLE:
+        raise ValueError(f"status must be one of {', '.join(PURGEABLE)}: {status!r}")
+    w.check_int(limit, "limit", 1, MAX_LIMIT)
+
+
+def plan_create() -> w.Plan[None]:
+    """Create the purges' audit table if absent."""
+    yield w.Sql(SQL_LOCK)
+    yield w.Sql(SQL_CREATE)
+    return None, True
+
+
+def plan_purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
+    """One batch: up to ``limit`` jobs with ``status`` whose deadline is at or before
+    ``cutoff_ms`` purged with what was kept of them, audited; the number purged."""
+    check_purge(cutoff_ms, status, limit)
+    w.check_int(at_ms, "at_ms", 0, w.MAX_NOW)
+    return _purge(cutoff_ms, status, limit, at_ms, on_sqlite)
+
+
+def _purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
+    rows = yield w.Sql(SQL_PURGE, {"status": status, "cutoff": cutoff_ms, "limit": limit})
+    if not rows:
+        return 0, False
+    ids = json.dumps([row[0] for row in rows])
+    for table, statement in KEPT:
+        present, _ = yield from has_table(table, on_sqlite)
+        if present:
+            yield w.Sql(statement, (ids,))
+    yield w.Sql(SQL_AUDIT, (at_ms, cutoff_ms, status, len(rows)))
+    return len(rows), True
