@@ -16,7 +16,7 @@ from asnackq.store import job_traces
 from .conftest import execute
 
 T0 = 10**12
-HORIZON = T0 + 5_000  # a cutoff after the short deadlines, before the long one
+HORIZON = T0 + 5_000  # a cutoff after every end but one ("young" finishes after it)
 SHORT, LONG = 1_000, 10**9
 
 
@@ -44,8 +44,11 @@ async def story(where: str) -> None:
         await queue.keep_attempts()
         for n in range(3):
             await finished(queue, f"old-{n}", SHORT, "ok", T0)
-        await finished(queue, "young", LONG, "ok", T0)
+        assert await queue.enqueue({"id": "young", "qty": 1}, now_ms=T0, ttl_ms=LONG)
+        young = await queue.claim("w", T0, 3_600_000)  # (finished after the horizon, below)
+        assert young is not None and young["id"] == "young"
         await finished(queue, "failed", SHORT, "permanent", T0)
+        await finished(queue, "failed-late", LONG, "permanent", T0)  # (its deadline is ahead)
         await finished(queue, "again", SHORT, "permanent", T0)
         assert await queue.redrive("again", T0 + 2, SHORT, "fixed")
         ticket = await queue.claim("w", T0 + 2, 500)
@@ -53,6 +56,7 @@ async def story(where: str) -> None:
         assert await queue.finish(ticket, "ok", T0 + 3) is not False
         await finished(queue, "held", SHORT, "", T0 + 3)
         assert await queue.enqueue({"id": "waiting", "qty": 1}, now_ms=T0, ttl_ms=SHORT)
+        assert await queue.finish(young, "ok", HORIZON + 1) == "done"
     execute(where, job_traces.SQL_CREATE)
     for job_id in ("old-0", "young", "again"):
         execute(where, f"INSERT INTO asnackq_job_traces VALUES ('{job_id}', 'tp-{job_id}')")
@@ -73,7 +77,7 @@ async def test_a_purge_takes_done_jobs_past_the_horizon_and_what_was_kept_of_the
         ("held", "leased")
     ]
     assert purge(where, HORIZON, ("done",), T0 + 10, limit=3) == {"done": 4}
-    assert ids(where, "jobs") == ["failed", "held", "waiting", "young"]
+    assert ids(where, "jobs") == ["failed", "failed-late", "held", "waiting", "young"]
     assert ids(where, "asnackq_attempts") == ["young"]
     assert ids(where, "asnackq_job_traces", "job_id") == ["young"]
     assert ids(where, "redrives") == []  # ("again"'s record went with it)
@@ -83,7 +87,9 @@ async def test_a_purge_takes_done_jobs_past_the_horizon_and_what_was_kept_of_the
         (T0 + 10, HORIZON, "done", 1),
     ]
     assert purge(where, HORIZON, ("done", "dead"), T0 + 11) == {"done": 0, "dead": 1}
-    assert ids(where, "jobs") == ["held", "waiting", "young"]  # never pending nor leased
+    # a dead job goes once both its deadline and its last schedule are past the horizon;
+    # pending and leased jobs never
+    assert ids(where, "jobs") == ["failed-late", "held", "waiting", "young"]
     async with AsyncQueue.open(where) as queue:  # a purged id is forgotten: a new job
         assert await queue.enqueue({"id": "old-0", "qty": 7}, now_ms=T0 + 12, ttl_ms=SHORT)
     assert execute(where, "SELECT qty, status, token FROM jobs WHERE id = 'old-0'") == [
@@ -105,7 +111,7 @@ async def test_the_command_purges_and_refuses_bad_input_changing_nothing(where, 
     assert execute(where, "SELECT * FROM jobs ORDER BY seq") == before
     assert main(["purge", where, "--older-than", "1m", "--dead", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["purged"] == {"done": 5, "dead": 1}  # (the story's deadlines are long past)
+    assert out["purged"] == {"done": 5, "dead": 2}  # (the story's deadlines are long past)
     assert ids(where, "jobs") == ["held", "waiting"]
 
 

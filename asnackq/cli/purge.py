@@ -22,9 +22,10 @@ MIN_HORIZON_MS = 60_000  # an id's enqueue stays a no-op at least this long afte
 def add_purge(commands: Commands) -> None:
     cmd = commands.add_parser(
         "purge",
-        help="delete done (and with --dead, dead) jobs whose deadline is older than a horizon",
-        description="Delete the done jobs whose deadline passed more than --older-than ago "
-        "(and the dead ones too with --dead), with the requests, traces and redrive records "
+        help="delete done (and with --dead, dead) jobs that ended more than a horizon ago",
+        description="Delete the done jobs that finished more than --older-than ago (and with "
+        "--dead the dead ones whose deadline and last schedule are that old), with the "
+        "requests, traces and redrive records "
         "kept of them, in short audited transactions (asnackq_purges). A purged id is "
         "forgotten: enqueued again, it is a new job. Pending and leased jobs are never purged.",
     )
@@ -67,7 +68,7 @@ def run_purge(args: argparse.Namespace) -> int:
 
     def human(out: Console) -> None:
         counts = ", ".join(f"{plural(n, status + ' job')}" for status, n in purged.items())
-        out.print(f"purged {counts} of {shown(args.queue)} (deadline before {iso(cutoff)})")
+        out.print(f"purged {counts} of {shown(args.queue)} (ended before {iso(cutoff)})")
 
     emit(args, {"purged": purged, "cutoff_ms": cutoff}, human)
     return 0

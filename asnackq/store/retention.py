@@ -1,11 +1,13 @@
 """How long finished jobs are kept: a purge of done (and, when asked, dead) jobs whose
-deadline passed a horizon ago, with what the product kept of them.
+end is a horizon ago, with what the product kept of them.
 
 Rules of this module:
 
-* A job's deadline bounds its end: a done or dead job whose deadline is at or before
-  ``cutoff_ms`` ended before it.  So the purge picks by ``(status, deadline)``, the index
-  the core's quarantine uses, and never reads a pending or leased job.
+* A done job's ``available_at`` is the time it finished (the core's finish sets it), so a
+  done job goes when that is at or before ``cutoff_ms``.  A dead job's death time is not
+  kept (the quarantine leaves ``available_at`` as it was), so a dead job goes only when
+  both its deadline and its ``available_at`` are at or before the cutoff.  The jobs are
+  read by status in ``seq`` order (the status index), never a pending or leased one.
 * One batch (at most ``limit`` jobs) a transaction: the jobs' rows go, guarded by their
   status (PostgreSQL re-checks it on a row a concurrent redrive changed: a job redriven
   meanwhile is not purged), and in the same transaction what the product kept of exactly
@@ -43,10 +45,16 @@ SQL_LOCK = "SELECT 1"  # (PostgreSQL: the schema's lock, as every product table 
 SQL_CREATE = """CREATE TABLE IF NOT EXISTS asnackq_purges (seq INTEGER PRIMARY KEY,
   at_ms INTEGER NOT NULL, cutoff_ms INTEGER NOT NULL, status TEXT NOT NULL,
   jobs INTEGER NOT NULL)"""
-SQL_PURGE = """DELETE FROM jobs WHERE status = :status AND seq IN (
-  SELECT seq FROM jobs WHERE status = :status AND deadline <= :cutoff
-  ORDER BY deadline LIMIT :limit)
+_PURGE = """DELETE FROM jobs WHERE status = '{status}' AND seq IN (
+  SELECT seq FROM jobs WHERE status = '{status}' AND available_at <= {cutoff}{also}
+  ORDER BY seq LIMIT {limit})
 RETURNING id"""
+SQL_PURGE = {
+    "done": _PURGE.format(status="done", cutoff=":cutoff", also="", limit=":limit"),
+    "dead": _PURGE.format(
+        status="dead", cutoff=":cutoff", also=" AND deadline <= :cutoff", limit=":limit"
+    ),
+}
 # What the product kept of the purged jobs, by their ids (one JSON array): table, statement.
 KEPT = (
     (
@@ -68,10 +76,12 @@ PG_TEXTS = {
     SQL_CREATE: """CREATE TABLE IF NOT EXISTS asnackq_purges (
   seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at_ms BIGINT NOT NULL,
   cutoff_ms BIGINT NOT NULL, status TEXT NOT NULL, jobs INTEGER NOT NULL)""",
-    SQL_PURGE: """DELETE FROM jobs WHERE status = %(status)s AND seq IN (
-  SELECT seq FROM jobs WHERE status = %(status)s AND deadline <= %(cutoff)s
-  ORDER BY deadline LIMIT %(limit)s)
-RETURNING id""",
+    SQL_PURGE["done"]: _PURGE.format(
+        status="done", cutoff="%(cutoff)s", also="", limit="%(limit)s"
+    ),
+    SQL_PURGE["dead"]: _PURGE.format(
+        status="dead", cutoff="%(cutoff)s", also=" AND deadline <= %(cutoff)s", limit="%(limit)s"
+    ),
     KEPT[0][1]: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
     KEPT[1][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
     KEPT[2][1]: f"DELETE FROM redrives WHERE id {_ANY}",
@@ -96,15 +106,15 @@ def plan_create() -> w.Plan[None]:
 
 
 def plan_purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
-    """One batch: up to ``limit`` jobs with ``status`` whose deadline is at or before
-    ``cutoff_ms`` purged with what was kept of them, audited; the number purged."""
+    """One batch: up to ``limit`` jobs with ``status`` that ended at or before ``cutoff_ms``
+    purged with what was kept of them, audited; the number purged."""
     check_purge(cutoff_ms, status, limit)
     w.check_int(at_ms, "at_ms", 0, w.MAX_NOW)
     return _purge(cutoff_ms, status, limit, at_ms, on_sqlite)
 
 
 def _purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
-    rows = yield w.Sql(SQL_PURGE, {"status": status, "cutoff": cutoff_ms, "limit": limit})
+    rows = yield w.Sql(SQL_PURGE[status], {"cutoff": cutoff_ms, "limit": limit})
     if not rows:
         return 0, False
     ids = json.dumps([row[0] for row in rows])
