@@ -15,8 +15,8 @@ BATCH = 1000  # jobs a transaction, by default: each transaction short, whatever
 def purge(
     path: Target, cutoff_ms: int, statuses: tuple[str, ...], now_ms: int, limit: int = BATCH
 ) -> dict[str, int]:
-    """Purge the jobs of each of ``statuses`` whose deadline is at or before ``cutoff_ms``,
-    one audited batch a transaction, until none is left: how many, by status."""
+    """Purge the jobs of each of ``statuses`` that ended at or before ``cutoff_ms``, one
+    audited batch a transaction, until none is left: how many, by status."""
     for status in statuses:
         retention.check_purge(cutoff_ms, status, limit)  # validate before any change
     purged = dict.fromkeys(statuses, 0)
@@ -24,9 +24,8 @@ def purge(
         store.run(retention.plan_create)
         make = partial(retention.plan_purge, on_sqlite=not is_url(path), at_ms=now_ms)
         for status in statuses:
-            while True:
-                count: int = store.run(partial(make, cutoff_ms, status, limit))
-                purged[status] += count
-                if count < limit:
-                    break
+            batch = retention.Batch(limit, 0)
+            while batch.jobs == limit:
+                batch = store.run(partial(make, cutoff_ms, status, limit, after=batch.last_seq))
+                purged[status] += batch.jobs
     return purged

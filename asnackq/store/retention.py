@@ -24,6 +24,7 @@ Rules of this module:
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 from asnackq.core import worker as w
 from asnackq.store.reads import has_table
@@ -34,6 +35,7 @@ __all__ = [
     "PURGEABLE",
     "SQL_CREATE",
     "SQL_PURGES",
+    "Batch",
     "check_purge",
     "plan_create",
     "plan_purge",
@@ -45,15 +47,18 @@ SQL_LOCK = "SELECT 1"  # (PostgreSQL: the schema's lock, as every product table 
 SQL_CREATE = """CREATE TABLE IF NOT EXISTS asnackq_purges (seq INTEGER PRIMARY KEY,
   at_ms INTEGER NOT NULL, cutoff_ms INTEGER NOT NULL, status TEXT NOT NULL,
   jobs INTEGER NOT NULL)"""
+# A run's batches go on from the last seq the one before reached (``after``): a batch never
+# steps again over the rows its run deleted (on PostgreSQL, dead rows until a vacuum).
 _PURGE = """DELETE FROM jobs WHERE status = '{status}' AND seq IN (
-  SELECT seq FROM jobs WHERE status = '{status}' AND available_at <= {cutoff}{also}
+  SELECT seq FROM jobs WHERE status = '{status}' AND seq > {after}
+    AND available_at <= {cutoff}{also}
   ORDER BY seq LIMIT {limit})
-RETURNING id"""
+RETURNING seq, id"""
+_NAMED = {"after": ":after", "cutoff": ":cutoff", "limit": ":limit"}
+_PG_NAMED = {"after": "%(after)s", "cutoff": "%(cutoff)s", "limit": "%(limit)s"}
 SQL_PURGE = {
-    "done": _PURGE.format(status="done", cutoff=":cutoff", also="", limit=":limit"),
-    "dead": _PURGE.format(
-        status="dead", cutoff=":cutoff", also=" AND deadline <= :cutoff", limit=":limit"
-    ),
+    "done": _PURGE.format(status="done", also="", **_NAMED),
+    "dead": _PURGE.format(status="dead", also=" AND deadline <= :cutoff", **_NAMED),
 }
 # What the product kept of the purged jobs, by their ids (one JSON array): table, statement.
 KEPT = (
@@ -76,11 +81,9 @@ PG_TEXTS = {
     SQL_CREATE: """CREATE TABLE IF NOT EXISTS asnackq_purges (
   seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at_ms BIGINT NOT NULL,
   cutoff_ms BIGINT NOT NULL, status TEXT NOT NULL, jobs INTEGER NOT NULL)""",
-    SQL_PURGE["done"]: _PURGE.format(
-        status="done", cutoff="%(cutoff)s", also="", limit="%(limit)s"
-    ),
+    SQL_PURGE["done"]: _PURGE.format(status="done", also="", **_PG_NAMED),
     SQL_PURGE["dead"]: _PURGE.format(
-        status="dead", cutoff="%(cutoff)s", also=" AND deadline <= %(cutoff)s", limit="%(limit)s"
+        status="dead", also=" AND deadline <= %(cutoff)s", **_PG_NAMED
     ),
     KEPT[0][1]: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
     KEPT[1][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
@@ -105,22 +108,34 @@ def plan_create() -> w.Plan[None]:
     return None, True
 
 
-def plan_purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
-    """One batch: up to ``limit`` jobs with ``status`` that ended at or before ``cutoff_ms``
-    purged with what was kept of them, audited; the number purged."""
+class Batch(NamedTuple):
+    """What one batch purged: how many jobs, and the highest seq it reached."""
+
+    jobs: int
+    last_seq: int
+
+
+def plan_purge(
+    cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool, after: int = 0
+) -> w.Plan[Batch]:
+    """One batch: up to ``limit`` jobs with ``status`` past ``after`` (a seq) that ended at
+    or before ``cutoff_ms`` purged with what was kept of them, audited."""
     check_purge(cutoff_ms, status, limit)
     w.check_int(at_ms, "at_ms", 0, w.MAX_NOW)
-    return _purge(cutoff_ms, status, limit, at_ms, on_sqlite)
+    w.check_int(after, "after", 0, 2**63 - 1)
+    return _purge(cutoff_ms, status, limit, at_ms, on_sqlite, after)
 
 
-def _purge(cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool) -> w.Plan[int]:
-    rows = yield w.Sql(SQL_PURGE[status], {"cutoff": cutoff_ms, "limit": limit})
+def _purge(
+    cutoff_ms: int, status: str, limit: int, at_ms: int, on_sqlite: bool, after: int
+) -> w.Plan[Batch]:
+    rows = yield w.Sql(SQL_PURGE[status], {"after": after, "cutoff": cutoff_ms, "limit": limit})
     if not rows:
-        return 0, False
-    ids = json.dumps([row[0] for row in rows])
+        return Batch(0, after), False
+    ids = json.dumps([row[1] for row in rows])
     for table, statement in KEPT:
         present, _ = yield from has_table(table, on_sqlite)
         if present:
             yield w.Sql(statement, (ids,))
     yield w.Sql(SQL_AUDIT, (at_ms, cutoff_ms, status, len(rows)))
-    return len(rows), True
+    return Batch(len(rows), max(row[0] for row in rows)), True
