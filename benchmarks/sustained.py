@@ -2,6 +2,7 @@
 
     python benchmarks/sustained.py [--store pg|sqlite] [--minutes 10] [--depth 4000]
                                    [--concurrency 64] [--send-ms 1] [--hold-xmin]
+                                   [--keep-done SECONDS]
 
 One process runs a Dispatcher (its send waits ``--send-ms`` and answers True) and, on a
 connection of its own, a producer that keeps ``--depth`` jobs waiting: every 50 ms it
@@ -9,7 +10,9 @@ enqueues what the Dispatcher finished since. PostgreSQL is a throwaway local ser
 (``fsync=on``, ``synchronous_commit=on``, autovacuum at its defaults); SQLite a file
 (journal DELETE, ``synchronous=FULL``). ``--hold-xmin`` (PostgreSQL): another session holds
 one REPEATABLE READ transaction open for the whole run, so no dead row can be removed
-(the xmin horizon stays where it began).
+(the xmin horizon stays where it began).  ``--keep-done S``: every ``S / 2`` seconds the
+process purges the done jobs that finished more than ``S`` seconds ago (``asnackq purge``'s
+``ops.purge``, on a connection of its own).
 
 Each minute prints: jobs done per second, the claim latency (from enqueue to claim) p50
 and p99 in ms, and the ``jobs`` table's dead and live rows (``pg_stat_user_tables``) and
@@ -33,6 +36,7 @@ from typing import Any
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
+from asnackq.ops.purge import purge
 
 BATCH = 500
 
@@ -95,6 +99,15 @@ def table_sqlite(path: Path) -> str:
     return f"size {pages * page / 2**20:7.1f} MiB, free pages {free:>7}"
 
 
+async def keep_done(target: str, keep_s: float, stop: asyncio.Event) -> None:
+    """Purge the done jobs older than ``keep_s`` every ``keep_s / 2`` seconds."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), keep_s / 2)
+        now = epoch_ms()
+        await asyncio.to_thread(purge, target, now - int(keep_s * 1000), ("done",), now)
+
+
 @contextlib.asynccontextmanager
 async def held_xmin(url: str) -> AsyncIterator[None]:
     """A session holding one snapshot open for as long as the block runs."""
@@ -118,6 +131,9 @@ async def run(target: str, args: argparse.Namespace, table: Any) -> list[tuple[f
         hold = held_xmin(target) if args.hold_xmin else contextlib.nullcontext()
         async with hold:
             producing = asyncio.ensure_future(produce(producer_queue, load, args.depth, stop))
+            purging = asyncio.ensure_future(
+                keep_done(target, args.keep_done, stop) if args.keep_done else stop.wait()
+            )
             dispatcher = Dispatcher(
                 queue, send, owner="bench", concurrency=args.concurrency, trace=load.trace
             )
@@ -139,7 +155,7 @@ async def run(target: str, args: argparse.Namespace, table: Any) -> list[tuple[f
             finally:
                 stop.set()
                 running.cancel()
-                await asyncio.gather(producing, running, return_exceptions=True)
+                await asyncio.gather(producing, running, purging, return_exceptions=True)
     return minutes
 
 
@@ -151,12 +167,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--send-ms", type=float, default=1.0)
     parser.add_argument("--hold-xmin", action="store_true")
+    parser.add_argument("--keep-done", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
     if args.hold_xmin and args.store != "pg":
         parser.error("--hold-xmin goes with --store pg")
     print(
         f"{args.store}, depth {args.depth}, concurrency {args.concurrency}, sends of "
-        f"{args.send_ms:g} ms" + (", xmin held" if args.hold_xmin else ""),
+        f"{args.send_ms:g} ms"
+        + (", xmin held" if args.hold_xmin else "")
+        + (f", done jobs kept {args.keep_done:g} s" if args.keep_done else ""),
         flush=True,
     )
     if args.store == "pg":
