@@ -997,6 +997,8 @@ class Dispatcher:
         queue = self.queue
         if self.settings.keep_attempts:
             await outlasting(queue.keep_attempts)
+        if queue.lane is not None:  # the tables its claims read
+            await outlasting(queue.prepare_lane)
         if self.rate is not None:  # the queue's row: this rate for every worker
             await outlasting(partial(queue.limit_rate, self.rate))
         else:  # the queue's, if it has one (looked for again as the run goes on)

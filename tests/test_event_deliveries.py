@@ -88,7 +88,6 @@ def send_to(queue: AsyncQueue, name: str) -> EndpointSend:
 async def lane_run(queue: AsyncQueue, name: str, **options: Any) -> Any:
     """A run in the lane of the endpoint ``name`` until that lane is empty."""
     lane = queue.in_lane(lanes.Lane(name))
-    await lane.prepare_lane()
     async with send_to(queue, name) as send:
         return await Dispatcher(lane, send, owner=f"in-{name}", retry=FAST, **options).run()
 
@@ -128,7 +127,6 @@ async def test_a_lane_sends_its_endpoints_deliveries_alone_and_the_plain_lane_no
         assert await queue.read(w.SQL_ACTIVE) == [(5,)]  # 4 users' and the plain job wait
         second = await lane_run(queue, "users")
         plain = queue.in_lane(lanes.PLAIN)
-        await plain.prepare_lane()
         async with AsyncHttpSender(plain_sink.url) as send:
             third = await Dispatcher(plain, send, owner="sink").run()
     assert (second.done, third.done) == (4, 1)

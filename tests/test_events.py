@@ -5,6 +5,7 @@ and refusals that write nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,62 @@ async def test_a_rolled_back_application_transaction_keeps_no_event_and_no_deliv
     assert app.orders() == [("o2", 1)]
     assert [row[0] for row in execute(where, "SELECT event FROM asnackq_deliveries")] == ["e2"]
     assert [row[0] for row in execute(where, "SELECT id FROM jobs")] == [made.deliveries[0][1]]
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.process
+def test_enqueue_takes_events_and_jobs_from_json_lines_and_options(tmp_path: Path) -> None:
+    from .test_webhook_senders import run_cli
+
+    db = str(tmp_path / "q.db")
+
+    async def setup() -> None:
+        async with AsyncQueue.open(db) as queue:
+            await endpoints(queue, Endpoint("a", URL, types=("order.*",)), Endpoint("b", URL))
+
+    asyncio.run(setup())
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        '{"id": "j1", "qty": 2}\n'
+        '{"id": "e1", "type": "order.paid", "key": "k", "data": {"x": [1, null]}}\n'
+        '{"id": "e2", "type": "user.new", "data": "hi", "max_attempts": 3}\n'
+    )
+    first = run_cli("enqueue", db, str(lines), "--json")
+    one = run_cli("enqueue", db, "--id", "e3", "--data", "[1]", "--type", "x.y", "--to", "a")
+    again = run_cli("enqueue", db, str(lines), "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["inserted"] == 3 and one.returncode == 0, one.stderr
+    assert json.loads(again.stdout)["present"] == 3
+    rows = execute(db, "SELECT event, endpoint FROM asnackq_deliveries ORDER BY event, endpoint")
+    assert rows == [("e1", "a"), ("e1", "b"), ("e2", "b"), ("e3", "a")]
+    assert execute(db, "SELECT qty FROM jobs WHERE id = 'j1'") == [(2,)]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("line", "options", "says"),
+    [
+        ('{"id": "e", "data": NaN}', [], "NaN is not JSON"),
+        ('{"id": "e", "data": 1, "qty": 1}', [], "unknown keys ['qty']"),
+        ('{"id": "e", "type": "a b", "data": 1}', [], "an event type"),
+        ('{"id": "e", "data": "' + "x" * 300 + '"}', ["--max-event-bytes", "300"], "over the"),
+        ('{"id": "e", "data": 1}', ["--to", "nobody"], "to names no endpoint"),
+        ('{"id": "e", "data": 1}', ["--max-event-bytes", "0"], "max_event_bytes"),
+    ],
+)
+def test_bad_events_from_the_command_line_are_one_line_and_write_nothing(
+    tmp_path: Path, line: str, options: list[str], says: str
+) -> None:
+    from .test_webhook_senders import run_cli
+
+    db = str(tmp_path / "q.db")
+    assert run_cli("init", db).returncode == 0
+    before = state(db)
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"id": "ok", "data": 1}\n' + line + "\n")
+    refused = run_cli("enqueue", db, str(lines), *options)
+    assert refused.returncode != 0 and says in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert state(db) == before

@@ -319,7 +319,7 @@ def offset_clock(offset_ms: int) -> Callable[[], int]:
 
 
 def run_work(args: argparse.Namespace) -> int:
-    from asnackq.aio import Dispatcher, Summary, default_owner, outlasting
+    from asnackq.aio import Dispatcher, Summary, default_owner
     from asnackq.dispatch.breaker import BreakerPolicy
     from asnackq.dispatch.metrics import WorkerMetrics
     from asnackq.wire.send import AsyncHttpSender
@@ -372,7 +372,6 @@ def run_work(args: argparse.Namespace) -> int:
             # that endpoint's deliveries alone (``asnackq.core.lanes``).
             lane = lanes.PLAIN if args.endpoint is None else lanes.Lane(args.endpoint)
             queue = queue.in_lane(lane)
-            await outlasting(queue.prepare_lane)
             if clear:
                 await queue.clear_rate()
             send: AsyncSend = http
