@@ -170,12 +170,18 @@ async def test_a_mixed_intake_keeps_the_contracts_events_exact(where: str) -> No
     assert sorted(r[0] for r in execute(where, "SELECT event FROM asnackq_deliveries")) == ["e1"]
 
 
+CYCLE: list[Any] = [1]
+CYCLE.append(CYCLE)
+
+
 @pytest.mark.parametrize(
     ("event", "says"),
     [
         ({"id": "e", "data": float("nan")}, "data is not JSON"),
         ({"id": "e", "data": {1j: 2}}, "data is not JSON"),
+        ({"id": "e", "data": [{"a": {1: 2}}]}, "an object key is not a string"),
         ({"id": "e", "data": object()}, "data is not JSON"),
+        ({"id": "e", "data": CYCLE}, "data is not JSON"),
         ({"id": "e", "type": "order..x", "data": 1}, "an event type"),
         ({"id": "e", "type": "order.*", "data": 1}, "an event type"),
         ({"id": "e", "key": "", "data": 1}, "an event key"),

@@ -44,6 +44,7 @@ __all__ = [
     "SQL_INSERT_DELIVERY",
     "SQL_INSERT_EVENT",
     "SQL_KNOWN",
+    "SQL_PRESENT",
     "SQL_SEQS",
     "Event",
     "Published",
@@ -68,6 +69,22 @@ SCHEMA = (
     lanes.DELIVERIES,
     "CREATE INDEX IF NOT EXISTS asnackq_deliveries_by_event ON asnackq_deliveries (event)",
     lanes.LANE_INDEX,
+)
+# The tables and indexes ``SCHEMA`` (and the endpoints') makes: present, nothing to make (on
+# PostgreSQL no schema lock is taken, so that intakes inside applications' transactions do
+# not wait for each other's COMMIT).
+NAMES = (
+    "asnackq_endpoints",
+    "asnackq_endpoint_changes",
+    "asnackq_events",
+    "asnackq_deliveries",
+    "asnackq_deliveries_by_event",
+    "asnackq_jobs_by_lane",
+)
+SQL_PRESENT = (
+    "SELECT count(*) FROM sqlite_master WHERE name IN ("
+    + ", ".join(f"'{name}'" for name in NAMES)
+    + ")"
 )
 SQL_KNOWN = """SELECT id, digest FROM asnackq_events
 WHERE id IN (SELECT value FROM json_each(?))"""
@@ -134,7 +151,7 @@ def check_to(to: object) -> tuple[str, ...] | None:
 def check_event(event: object, now_ms: int, max_bytes: int) -> Event:
     """An event's fields checked, and its body made (``ValueError``: one line, no data)."""
     if type(event) is not dict or not {"id", "data"} <= event.keys() <= KEYS:
-        keys = sorted(map(str, event)) if isinstance(event, dict) else type(event).__name__
+        keys = sorted(map(str, event))[:8] if isinstance(event, dict) else type(event).__name__
         raise ValueError(f"an event is a dict of id, data, and optionally type and key: {keys}")
     event_id = w.check_identifier(event["id"], "event id")
     kind, key = _type(event.get("type")), _key(event.get("key"))
@@ -168,7 +185,28 @@ def _key(value: object) -> str | None:
     return value
 
 
+def _string_keys(value: object) -> bool:
+    """Whether every object in ``value`` has string keys only (``json.dumps`` would write
+    ``{1: 2}`` as ``{"1": 2}``: two values, one body)."""
+    stack, seen = [value], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:  # (a cycle: json.dumps refuses it)
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            if not all(type(key) is str for key in item):
+                return False
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
+
+
 def _json(value: object, event_id: str) -> bytes:
+    if not _string_keys(value):
+        raise ValueError(f"event {event_id!r}: data is not JSON: an object key is not a string")
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -260,13 +298,20 @@ def _intake(
     published: list[Published | w.Conflict] = []
     if intakes:
         if tables:
-            for statement in (*ep.SCHEMA, *SCHEMA):
-                yield w.Sql(statement)
+            yield from _tables()
         published = yield from _publish(intakes, now_ms, to, limits)
     firsts, seconds = iter(jobs), iter(published)
     results = [next(seconds) if kind else next(firsts) for kind in kinds]
     changed = any(r is True or (isinstance(r, Published) and r.created) for r in results)
     return results, changed
+
+
+def _tables() -> Generator[w.Step, Any, None]:
+    """The product's tables, made if any is absent."""
+    [(present,)] = yield w.Sql(SQL_PRESENT)
+    if present < len(NAMES):
+        for statement in (*ep.SCHEMA, *SCHEMA):
+            yield w.Sql(statement)
 
 
 def _publish(

@@ -433,6 +433,11 @@ STATEMENTS.update(
             sqlite: f"DO $$ BEGIN\n  PERFORM pg_advisory_xact_lock(1634626401, 1);\n  {pg};\nEND $$"
             for sqlite, pg in zip(events.SCHEMA, PG_EVENTS_DDL, strict=True)
         },
+        events.SQL_PRESENT: "SELECT count(*) FROM pg_catalog.pg_class AS c JOIN"
+        " pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = current_schema() AND c.relname IN ("
+        + ", ".join(f"'{name}'" for name in events.NAMES)
+        + ")",
         events.SQL_KNOWN: "SELECT id, digest FROM asnackq_events WHERE id " + _ANY_EVENT,
         events.SQL_SEQS: "SELECT id, seq FROM asnackq_events WHERE id " + _ANY_EVENT,
         **{
