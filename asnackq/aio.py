@@ -266,7 +266,7 @@ class AsyncQueue:
         to retry a transaction that met a concurrent one).
         """
         if self.lane is not None:
-            make = partial(in_lane, make, self.lane)
+            make = partial(lane_plan, make, self.lane)
         built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
@@ -632,7 +632,7 @@ class AsyncQueue:
         return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
 
 
-def in_lane(make: Callable[[], w.Plan[T]], lane: lanes.Lane) -> w.Plan[T]:
+def lane_plan(make: Callable[[], w.Plan[T]], lane: lanes.Lane) -> w.Plan[T]:
     """``make``'s plan with its claims in ``lane`` (``asnackq.core.lanes``)."""
     return lanes.substituted(make(), lane)
 

@@ -158,6 +158,19 @@ async def test_a_delivery_has_a_jobs_attempts_dead_letter_and_redrive(where: str
     assert [row[0] for row in kept] == [500, 400, 204]
 
 
+async def test_a_job_that_is_no_delivery_is_refused_never_sent_as_id_and_qty(
+    tmp_path: Path,
+) -> None:
+    secret = wh.new_secret()
+    async with hooks(secret) as (partner, url), AsyncQueue.open(tmp_path / "q.db") as queue:
+        await queue.add_endpoint(Endpoint("partner", url, secrets=(secret,)))
+        await queue.publish({"id": "ev", "data": 1})  # (the tables)
+        async with send_to(queue, "partner") as send:
+            with pytest.raises(w.Permanent, match="'plain' is no delivery"):
+                await send({"id": "plain", "qty": 1}, 1)
+    assert partner.seen == []
+
+
 # --- a worker killed mid-run --------------------------------------------------------------
 
 APPLIED = "CREATE TABLE IF NOT EXISTS applied (id TEXT PRIMARY KEY, n INTEGER NOT NULL)"
