@@ -76,19 +76,9 @@ def enqueue_all(
         for start in range(0, len(triples), CHUNK):
             chunk = triples[start : start + CHUNK]
             if to is not None or any(ev.is_event(item[0]) for item in chunk):
-                done = [
-                    r.created if isinstance(r, ev.Published) else r
-                    for r in store.run(
-                        partial(
-                            ev.plan_intake,
-                            chunk,
-                            w.epoch_ms(),
-                            to=to,
-                            max_bytes=max_event_bytes,
-                            limits=w.PRODUCT,
-                        )
-                    )
-                ]
+                intake = partial(ev.plan_intake, chunk, w.epoch_ms(), to=to, limits=w.PRODUCT)
+                found = store.run(partial(intake, max_bytes=max_event_bytes))
+                done = [r.created if isinstance(r, ev.Published) else r for r in found]
             else:
                 make = partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
                 done = (
