@@ -196,9 +196,9 @@ async def cli(*args: str) -> tuple[int, str]:
 
 @pytest.mark.process
 async def test_a_worker_killed_mid_run_and_restarted_applies_every_event_once(
-    tmp_path: Path,
+    where: str, tmp_path: Path
 ) -> None:
-    secret, queue_db = wh.new_secret(), str(tmp_path / "q.db")
+    secret, queue_db = wh.new_secret(), where
     app_con = await aiosqlite.connect(tmp_path / "app.db", isolation_level=None)
     await app_con.execute_fetchall(APPLIED)
     try:
