@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import logging
 import os
@@ -48,8 +49,9 @@ from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from asnackq.core import endpoints as ep
+from asnackq.core import events as ev
+from asnackq.core import lanes, tracing
 from asnackq.core import rate as r
-from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
 from asnackq.core.endpoints import Change, Endpoint
@@ -117,9 +119,12 @@ class AsyncQueue:
         *,
         clock: Clock = w.epoch_ms,
         budget: Budget | None = None,
+        max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
     ) -> None:
         """A queue on an open ``Store``; ``connect``, ``open`` and ``within`` make one.
-        ``budget``: as checked by ``check_defaults`` (None: the default ttl and attempts)."""
+        ``budget``: as checked by ``check_defaults`` (None: the default ttl and attempts);
+        ``max_event_bytes``: the largest body an event's intake stores (1 B..1 MiB)."""
+        self.max_event_bytes = ev.check_max_bytes(max_event_bytes)
         if budget is None:
             budget = check_defaults(clock, None, DEFAULT_MAX_ATTEMPTS, limits)
         self.budget = budget
@@ -129,6 +134,8 @@ class AsyncQueue:
         self.clock = clock
         self.intakes_only = intakes_only  # on the application's connection: see ``within``
         self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
+        self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
+        self._event_tables = False  # made by an event's intake on this connection
 
     @classmethod
     async def connect(
@@ -141,6 +148,7 @@ class AsyncQueue:
         clock: Clock = w.epoch_ms,
         ttl_ms: int | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
     ) -> AsyncQueue:
         """Open a queue file (``open_queue``'s format and settings) or a ``postgresql://`` URL
         (``asnackq.store.pg``: the same tables in that database); close it with ``close()``.
@@ -148,7 +156,9 @@ class AsyncQueue:
         ``limits``: the ranges accepted (default ``PRODUCT``: ttl up to 30 days, leases and
         delays up to an hour; ``worker.CONTRACT`` gives the graded functions' ranges).
         ``clock``, ``ttl_ms``, ``max_attempts``: the time and budget of calls that name
-        none (see the class), checked here against ``limits``.
+        none (see the class), checked here against ``limits``.  ``max_event_bytes``: the
+        largest body an event (``asnackq.core.events``) may store, 256 KiB unless given
+        (at most 1 MiB).
 
         A locked file is waited on for ``busy_s`` per try (SQLite's busy timeout), and BEGIN
         is tried ``attempts`` times with a jittered backoff before ``QueueBusy`` is raised.
@@ -158,8 +168,11 @@ class AsyncQueue:
             raise ValueError(f"busy_s must be in (0, 60]: {busy_s!r}")
         w.check_int(attempts, "attempts", 1, 100)
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
+        ev.check_max_bytes(max_event_bytes)
         store = await open_store(target, w.SCHEMA, busy_s, attempts)
-        return cls(store, limits, False, clock=clock, budget=defaults)
+        return cls(
+            store, limits, False, clock=clock, budget=defaults, max_event_bytes=max_event_bytes
+        )
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -173,6 +186,7 @@ class AsyncQueue:
         clock: Clock = w.epoch_ms,
         ttl_ms: int | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
     ) -> AsyncIterator[AsyncQueue]:
         """``async with AsyncQueue.open(path) as q:`` - ``connect``, closed on exit."""
         queue = await cls.connect(
@@ -183,6 +197,7 @@ class AsyncQueue:
             clock=clock,
             ttl_ms=ttl_ms,
             max_attempts=max_attempts,
+            max_event_bytes=max_event_bytes,
         )
         try:
             yield queue
@@ -199,6 +214,7 @@ class AsyncQueue:
         clock: Clock = w.epoch_ms,
         ttl_ms: int | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
     ) -> AsyncQueue:
         """A queue on a connection the application owns: an ``aiosqlite.Connection`` on the
         queue's file or a psycopg ``AsyncConnection`` (``asnackq.store.borrowed``).
@@ -207,14 +223,17 @@ class AsyncQueue:
         commit with it; claims, finishes and the Dispatcher are refused (they are the
         queue's own transactions: open the queue with ``connect`` for them).  The tables are
         created here, in a transaction of their own.  ``clock``, ``ttl_ms``,
-        ``max_attempts``: as ``connect``'s.
+        ``max_attempts``, ``max_event_bytes``: as ``connect``'s.
         """
         from asnackq.store import borrowed
 
         w.check_int(attempts, "attempts", 1, 100)
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
+        ev.check_max_bytes(max_event_bytes)
         store = await borrowed.adopt(con, w.SCHEMA, attempts)
-        return cls(store, limits, True, clock=clock, budget=defaults)
+        return cls(
+            store, limits, True, clock=clock, budget=defaults, max_event_bytes=max_event_bytes
+        )
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
@@ -246,6 +265,8 @@ class AsyncQueue:
         ``make`` builds the plan, validating it before any I/O (a store may build it again
         to retry a transaction that met a concurrent one).
         """
+        if self.lane is not None:
+            make = partial(lane_plan, make, self.lane)
         built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
@@ -269,6 +290,8 @@ class AsyncQueue:
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
     ) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
+        if self.lane is not None:
+            sql, params = lanes.text(self.lane, sql, params)
         async with self._lock:
             return await self._db.read(sql, params)
 
@@ -282,9 +305,16 @@ class AsyncQueue:
         now_ms: int | None = None,
         ttl_ms: int | None = None,
         max_attempts: int | None = None,
+        *,
+        to: Sequence[str] | None = None,
     ) -> bool:
         """Enqueue ``event`` (True inserted, False already there); None: the queue's clock
-        and budget."""
+        and budget.  An event with ``data`` is fanned out to the queue's endpoints
+        (``publish``; ``to``: to those named)."""
+        if ev.is_event(event):
+            return (await self.publish(event, now_ms, ttl_ms, max_attempts, to=to)).created
+        if to is not None:
+            raise ValueError("to names endpoints for an event with data, not for {id, qty}")
         ttl, tries = self.budget.fill(ttl_ms, max_attempts)
         make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
         if self.tracer is not None:
@@ -292,16 +322,82 @@ class AsyncQueue:
         return bool(await self._run(make, intake=True))
 
     async def enqueue_many(
-        self, items: Sequence[Item], now_ms: int | None = None
+        self, items: Sequence[Item], now_ms: int | None = None, *, to: Sequence[str] | None = None
     ) -> list[bool | w.Conflict]:
         """Enqueue plain events (the queue's budget) or ``(event, ttl_ms, max_attempts)``
-        triples, mixed as needed, in one transaction."""
+        triples, mixed as needed, in one transaction; events with ``data`` among them are
+        fanned out (``publish``), each a True or False here."""
         triples = intakes(items, self.budget)
+        if to is not None or any(ev.is_event(event) for event, _, _ in triples):
+            found = await self._publish(triples, now_ms, to)
+            return [r.created if isinstance(r, ev.Published) else r for r in found]
         make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
         if self.tracer is not None:
             return await self._traced(make, triples)
         results: list[bool | w.Conflict] = await self._run(make, intake=True)
         return results
+
+    async def publish(
+        self,
+        event: dict[str, Any],
+        now_ms: int | None = None,
+        ttl_ms: int | None = None,
+        max_attempts: int | None = None,
+        *,
+        to: Sequence[str] | None = None,
+    ) -> ev.Published:
+        """Store an event ``{"id", "data", "type"?, "key"?}`` with one delivery (a job) per
+        enabled endpoint taking its type, or per endpoint ``to`` names, in one transaction
+        (``asnackq.core.events``): what was created.  The same event again: ``created``
+        False, no delivery; the same id with another type, key or data: ``Conflict``."""
+        if not ev.is_event(event):
+            raise ValueError("publish takes an event with data: {id, data, type?, key?}")
+        ttl, tries = self.budget.fill(ttl_ms, max_attempts)
+        (found,) = await self._publish([(event, ttl, tries)], now_ms, to)
+        if isinstance(found, w.Conflict):
+            raise found
+        assert isinstance(found, ev.Published)
+        return found
+
+    async def _publish(
+        self, triples: list[tuple[object, object, object]], now_ms: int | None, to: object
+    ) -> list[ev.Published | bool | w.Conflict]:
+        tables = not self._event_tables or self.intakes_only  # (an application may roll back)
+        make = partial(
+            ev.plan_intake,
+            triples,
+            self._now(now_ms),
+            to=to,
+            max_bytes=self.max_event_bytes,
+            limits=self.limits,
+            tables=tables,
+        )
+        found: list[ev.Published | bool | w.Conflict] = await self._run(make, intake=True)
+        self._event_tables = True
+        return found
+
+    def in_lane(self, lane: lanes.Lane) -> AsyncQueue:
+        """This queue (its connection, lock and budget) with claims in ``lane``: one
+        endpoint's deliveries only, or (``lanes.PLAIN``) only jobs that are not deliveries
+        (``asnackq.core.lanes``); a Dispatcher on it claims and waits for those alone."""
+        if type(lane) is not lanes.Lane:
+            raise ValueError(f"lane must be a lanes.Lane: {lane!r}")
+        view = copy.copy(self)
+        view.lane = lane
+        return view
+
+    async def prepare_lane(self) -> None:
+        """Create the tables a lane's claims read, if absent (a plain lane: the deliveries'
+        table alone, so that a queue without events keeps the core's indexes only)."""
+        if self.lane is not None and self.lane.endpoint is None:
+            await self._run(partial(w.plan_schema, (lanes.DELIVERIES,)))
+        elif self.lane is not None:
+            await self._run(partial(w.plan_schema, (*ep.SCHEMA, *ev.SCHEMA)))
+
+    async def delivery(self, job_id: str) -> tuple[str, bytes] | None:
+        """A delivery's event id and stored body (None: the job is no delivery)."""
+        rows = await self.read(ev.SQL_BODY, (w.check_identifier(job_id, "job id"),))
+        return None if not rows else (rows[0][0], bytes(rows[0][1]))
 
     async def _traced(
         self, make: Callable[[], w.Plan[Any]], triples: list[tuple[object, object, object]]
@@ -534,6 +630,11 @@ class AsyncQueue:
         outcome, delay = await classify(send, mine, jitter)
         now = w.second_reading(clock, first, self.limits)
         return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
+
+
+def lane_plan(make: Callable[[], w.Plan[T]], lane: lanes.Lane) -> w.Plan[T]:
+    """``make``'s plan with its claims in ``lane`` (``asnackq.core.lanes``)."""
+    return lanes.substituted(make(), lane)
 
 
 def check_defaults(clock: object, ttl_ms: object, max_attempts: object, limits: w.Limits) -> Budget:
@@ -896,6 +997,8 @@ class Dispatcher:
         queue = self.queue
         if self.settings.keep_attempts:
             await outlasting(queue.keep_attempts)
+        if queue.lane is not None:  # the tables its claims read
+            await outlasting(queue.prepare_lane)
         if self.rate is not None:  # the queue's row: this rate for every worker
             await outlasting(partial(queue.limit_rate, self.rate))
         else:  # the queue's, if it has one (looked for again as the run goes on)

@@ -129,12 +129,15 @@ def test_work_endpoint_delivers_signed_to_a_204_receiver(tmp_path: Path) -> None
         async def setup() -> None:
             async with AsyncQueue.open(db) as queue:
                 await queue.add_endpoint(Endpoint("partner", server.url, secrets=(SECRET,)))
-                await fill(queue, 4)
+                await queue.enqueue_many([{"id": f"e{i}", "data": {"n": i}} for i in range(4)])
+                await fill(queue, 2)  # the contract's jobs: no endpoint's, never sent here
 
         asyncio.run(setup())
         done = cli("work", str(db), "--endpoint", "partner", "--until-empty", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["done"] == 4 and server.refused == 0
+    assert sorted(h["webhook-id"] for h in server.seen) == [f"e{i}" for i in range(4)]
+    assert [job(db, f"j{i}")["status"] for i in range(2)] == ["pending", "pending"]  # type: ignore[index]
     assert SECRET not in done.stdout + done.stderr
 
 

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from asnackq.cli import lifeline, otel
 from asnackq.cli.common import Command, Failure, Parser, Usage, complete_help
 from asnackq.cli.endpoints import add_endpoint
+from asnackq.cli.enqueue import add_enqueue
 from asnackq.cli.lab import add_demo, add_lab
 from asnackq.cli.purge import add_purge
-from asnackq.cli.queue import add_audit, add_enqueue, add_init, add_inspect
+from asnackq.cli.queue import add_audit, add_init, add_inspect
 from asnackq.cli.serve import add_dashboard, add_outbox, add_sink
 from asnackq.cli.work import add_work
 from asnackq.core import worker as w

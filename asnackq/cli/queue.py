@@ -1,14 +1,12 @@
-"""The queue commands: init, enqueue, stats, dead, redrive, history, audit."""
+"""The queue commands: init, stats, dead, redrive, history, audit (``enqueue``: its own module)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from asnackq import ops
@@ -24,13 +22,10 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, iso, key_values, plural, rows_table, shown_text
 from asnackq.core import worker as w
-from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS
 from asnackq.store import readers, sessions
-from asnackq.store.outage import database_error
-from asnackq.store.targets import Target, is_url, one_line, shown
-from asnackq.wire import strict_json
+from asnackq.store.targets import is_url, shown
 
-__all__ = ["add_audit", "add_enqueue", "add_init", "add_inspect"]
+__all__ = ["add_audit", "add_init", "add_inspect"]
 
 
 def add_init(commands: Commands) -> None:
@@ -52,159 +47,6 @@ def run_init(args: argparse.Namespace) -> int:
         ),
     )
     return 0
-
-
-def add_enqueue(commands: Commands) -> None:
-    enqueue = commands.add_parser(
-        "enqueue",
-        help="add jobs: one with --id/--qty, or JSON Lines from a file or stdin",
-        description="Add jobs to an existing queue. A JSON Lines input holds one object per "
-        'line: {"id": "a-1", "qty": 3} with optional "ttl_ms" and "max_attempts". Every line '
-        "is validated before anything is written; conflicting ids (known with another qty) "
-        "change nothing, are reported, and make the exit code 1.",
-    )
-    enqueue.add_argument("queue", type=target, help=QUEUE_HELP)
-    enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
-    enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
-    enqueue.add_argument("--qty", type=exact_int, help="the job's quantity, 1..1000 (with --id)")
-    enqueue.add_argument(
-        "--ttl-ms",
-        type=exact_int,
-        default=DEFAULT_TTL_MS,
-        help=f"1..2592000000, 30 days (default {DEFAULT_TTL_MS}: a day, as AsyncQueue's)",
-    )
-    enqueue.add_argument(
-        "--max-attempts",
-        type=exact_int,
-        default=DEFAULT_MAX_ATTEMPTS,
-        help=f"1..16 (default {DEFAULT_MAX_ATTEMPTS}, as AsyncQueue's)",
-    )
-    enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
-    add_otel(enqueue, spans=False)
-    enqueue.set_defaults(run=run_enqueue)
-
-
-Intake = ops.Intake
-
-
-INTAKE_KEYS = frozenset({"id", "qty", "ttl_ms", "max_attempts"})
-
-
-Numbered = list[tuple[int, Intake]]  # each intake with its input's line number
-
-
-def read_intakes(stream: IO[str], name: str, ttl_ms: int, max_attempts: int) -> Numbered:
-    """Parse and validate every JSON line (``NAME:LINE: why`` on the first bad one)."""
-    items = []
-    for number, line in enumerate(stream, 1):
-        if not line.strip():
-            continue
-        try:
-            record = strict_json.loads(line)
-            if type(record) is not dict:
-                raise ValueError("each line must be a JSON object")
-            unknown = record.keys() - INTAKE_KEYS
-            if unknown:
-                raise ValueError(f"unknown keys {sorted(unknown)}")
-            item = (
-                {"id": record.get("id"), "qty": record.get("qty")},
-                record.get("ttl_ms", ttl_ms),
-                record.get("max_attempts", max_attempts),
-            )
-            w.check_enqueue(item[0], 0, item[1], item[2], w.PRODUCT)
-        except ValueError as error:
-            raise Failure(f"{name}:{number}: {error}") from None
-        items.append((number, item))
-    return items
-
-
-def read_input(args: argparse.Namespace) -> Numbered:
-    """The intakes ``enqueue`` was given: ``--id``/``--qty``, a file, or stdin (``-``)."""
-    if args.input is None:
-        return [(0, ({"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts))]
-    if args.input == "-":
-        if sys.stdin is None:
-            raise Failure("stdin is closed: give a file, or pipe the JSON Lines in")
-        return read_intakes(sys.stdin, "stdin", args.ttl_ms, args.max_attempts)
-    try:
-        with open(args.input, encoding="utf-8") as stream:
-            return read_intakes(stream, args.input, args.ttl_ms, args.max_attempts)
-    except UnicodeDecodeError as error:
-        raise Failure(f"{args.input}: not UTF-8 text: {error}") from None
-
-
-def run_enqueue(args: argparse.Namespace) -> int:
-    if (args.input is None) == (args.id is None):
-        raise Usage("give either --id and --qty, or a JSON Lines input (a file or -)")
-    if (args.id is None) != (args.qty is None):
-        raise Usage("--id and --qty go together")
-    event = {"id": "x", "qty": 1} if args.id is None else {"id": args.id, "qty": args.qty}
-    try:  # the options' ranges (a line's own values are checked as it is read)
-        w.check_enqueue(event, 0, args.ttl_ms, args.max_attempts, w.PRODUCT)
-    except ValueError as error:
-        raise Usage(str(error)) from None
-    existing_queue(args.queue)
-    numbered = read_input(args)
-    results = intake(args.queue, numbered, args.input)
-    conflicts = [str(r) for r in results if isinstance(r, w.Conflict)]
-    counts = {
-        "inserted": sum(r is True for r in results),
-        "present": sum(r is False for r in results),
-        "conflicts": len(conflicts),
-    }
-    if args.input is None and conflicts:
-        raise Failure(conflicts[0])
-    emit(
-        args,
-        {**counts, "conflicting": conflicts[:20]},
-        lambda out: out.print(
-            f"inserted {counts['inserted']}, already present {counts['present']}, "
-            f"conflicts {counts['conflicts']}"
-        ),
-    )
-    for line in conflicts[:20]:
-        print(f"asnackq enqueue: conflict: {line}", file=sys.stderr)
-    return 1 if conflicts else 0
-
-
-def intake(queue: Target, numbered: Numbered, source: str | None) -> list[bool | w.Conflict]:
-    """``ops.enqueue_all`` with a progress bar on a terminal; stopped by a database or
-    OS error (a full disk), a ``Failure`` that says what was committed and where to resume."""
-    console = Console(stderr=True)
-    committed: list[bool | w.Conflict] = []
-    with Progress(
-        console=console, transient=True, disable=not (source and console.is_terminal)
-    ) as progress:
-        task = progress.add_task("enqueue", total=len(numbered))
-
-        def advance(done: list[bool | w.Conflict]) -> None:
-            committed.extend(done)
-            progress.advance(task, len(done))
-
-        try:
-            return ops.enqueue_all(queue, [item for _, item in numbered], advance)
-        except Exception as error:
-            if not (isinstance(error, OSError) or database_error(error)):
-                raise
-            raise Failure(stopped(error, committed, numbered, source)) from None
-
-
-def stopped(
-    error: BaseException, committed: list[bool | w.Conflict], numbered: Numbered, source: str | None
-) -> str:
-    """What an intake stopped by ``error`` committed, and where the rest begins."""
-    done, inserted = len(committed), sum(r is True for r in committed)
-    text = (
-        f"{one_line(error)}: stopped after {done} of {len(numbered)} jobs were committed "
-        f"({inserted} inserted)"
-    )
-    if source is None or done == 0:
-        return text + "; nothing after that was written"
-    name = "stdin" if source == "-" else source
-    return (
-        f"{text}; the rest begins at {name} line {numbered[done][0]} (run the same input "
-        "again: the committed jobs count as already present)"
-    )
 
 
 def add_inspect(commands: Commands) -> None:

@@ -47,6 +47,7 @@ from asnackq.cli.common import (
 )
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, plural, progress_line
+from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, MIN_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
@@ -121,11 +122,16 @@ def add_work(commands: Commands) -> None:
     )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
     to = work.add_mutually_exclusive_group(required=True)
-    to.add_argument("--sink", type=sink_url, help="the sink's /events URL")
+    to.add_argument(
+        "--sink",
+        type=sink_url,
+        help="the sink's /events URL: every job but the endpoints' deliveries is sent there",
+    )
     to.add_argument(
         "--endpoint",
         metavar="NAME",
-        help="send to the queue's endpoint NAME (asnackq endpoint add): its URL, success "
+        help="send the deliveries of the queue's endpoint NAME (asnackq endpoint add), and "
+        "only those, each its event's stored body: to its URL, with its success "
         "rule, timeout, secrets and headers, read again every second (a rotated secret "
         "signs from the next send); while it is disabled nothing is sent and no attempt "
         "spent, and a 410 from it disables it",
@@ -298,6 +304,7 @@ def endpoint_send(queue: Any, args: argparse.Namespace, tls: SinkTls) -> Endpoin
         name,
         read=partial(queue.endpoint, name),
         disable=partial(queue.disable_endpoint, name),
+        payload=queue.delivery,
         allow_remote=args.allow_remote,
         allow_networks=args.allow_network,
         **tls,
@@ -361,6 +368,10 @@ def run_work(args: argparse.Namespace) -> int:
             sender or endpoint_send(queue, args, tls) as http,
             exporter,
         ):
+            # A sink's run takes every job but the endpoints' deliveries; an endpoint's run,
+            # that endpoint's deliveries alone (``asnackq.core.lanes``).
+            lane = lanes.PLAIN if args.endpoint is None else lanes.Lane(args.endpoint)
+            queue = queue.in_lane(lane)
             if clear:
                 await queue.clear_rate()
             send: AsyncSend = http

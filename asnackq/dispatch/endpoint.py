@@ -19,6 +19,11 @@ Rules of this module:
 * A row changed to what this worker refuses to send to (a URL its address guard refuses, an
   http:// URL with its TLS files, ...) is treated as disabled until the row changes again:
   nothing is sent, neither there nor to the URL before.
+* With ``payload`` (a worker in the endpoint's lane: ``asnackq.core.lanes``) each job is a
+  delivery: its event's stored body is sent, the event's id its ``webhook-id`` (the same
+  for every endpoint and attempt), the job's token in its header; a job that is no
+  delivery is refused (``Permanent``), never sent as ``{id, qty}``.  Without it each job
+  is sent as the contract's ``{id, qty}``.
 * While the queue's database is away (``StoreUnavailable``) the run sends as the row last
   read says and reads it again after ``refresh_s``, as a sink's run sends on through an
   outage: a send never fails for the row's read (nor a 410 for its disabling, tried again
@@ -41,6 +46,7 @@ from asnackq.wire.webhooks import Keyring
 
 __all__ = ["GONE_REASON", "REFRESH_S", "Disabled", "EndpointSend"]
 
+Payload = Callable[[str], Awaitable[tuple[str, bytes] | None]]
 REFRESH_S = 1.0
 KEPT_SENDERS = 3  # the current sender and the two it replaced last
 GONE_REASON = "gone: answered 410"
@@ -56,7 +62,8 @@ class EndpointSend:
 
     ``read()`` returns the endpoint's row (``NoSuchEndpoint`` when it is gone) and
     ``disable(reason)`` disables it, each a transaction of the queue's
-    (``AsyncQueue.endpoint``, ``AsyncQueue.disable_endpoint``). ``sender_options`` go to
+    (``AsyncQueue.endpoint``, ``AsyncQueue.disable_endpoint``); ``payload(job_id)``, if
+    given, a delivery's event id and body (``AsyncQueue.delivery``). ``sender_options`` go to
     each ``AsyncHttpSender`` (``allow_remote``, ``allow_networks``, TLS files, ``limit``).
     Use as ``async with EndpointSend(...) as send``.
     """
@@ -69,9 +76,10 @@ class EndpointSend:
         *,
         refresh_s: float = REFRESH_S,
         clock: Callable[[], float] = time.monotonic,
+        payload: Payload | None = None,
         **sender_options: Any,
     ) -> None:
-        self.name, self.read, self.disable = name, read, disable
+        self.name, self.read, self.disable, self.payload = name, read, disable, payload
         self.refresh_s, self.clock, self.options = refresh_s, clock, sender_options
         self.endpoint: Endpoint | None = None  # the row as last read (None: removed)
         self.sender: AsyncHttpSender | None = None
@@ -100,10 +108,21 @@ class EndpointSend:
                 why = f"refused by this worker ({self.refused})"
             raise Disabled(f"endpoint {self.name!r} is {why}: nothing sent")
         try:
-            return await sender(event, token)
+            if self.payload is None:
+                return await sender(event, token)
+            return await sender.post(*await self._delivery(event), token)
         except Gone:
             await self._gone()
             raise
+
+    async def _delivery(self, event: dict[str, Any]) -> tuple[str, bytes]:
+        """The event id and body of the delivery ``event`` names."""
+        assert self.payload is not None
+        job_id = w.check_event(event)[0]
+        found = await self.payload(job_id)
+        if found is None:
+            raise w.Permanent(f"job {job_id!r} is no delivery: nothing sent to {self.name!r}")
+        return found
 
     async def _gone(self) -> None:
         """Disable the endpoint (once, whoever met the 410 first) and forget the row read."""

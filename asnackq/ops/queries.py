@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from asnackq.core import events as ev
 from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
@@ -55,6 +56,9 @@ def enqueue_all(
     items: Sequence[Item],
     advance: Callable[[list[bool | w.Conflict]], object] | None = None,
     budget: Budget = DEFAULT_BUDGET,
+    *,
+    to: Sequence[str] | None = None,
+    max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
 ) -> list[bool | w.Conflict]:
     """Enqueue plain events (``budget``: a day, 5 attempts by default; see
     ``asnackq.core.budget``) or ``(event, ttl_ms, max_attempts)`` items, mixed as needed,
@@ -62,7 +66,8 @@ def enqueue_all(
 
     Each chunk is the core's ``enqueue_many`` (validated before any change); ``advance``
     is called with each committed chunk's results (a progress bar; where to resume when a
-    later chunk fails).
+    later chunk fails).  Items with ``data`` are events, fanned out to the queue's
+    endpoints (``to``: those named) by ``asnackq.core.events``' intake, True new.
     """
     triples = intakes(items, Budget.of(*budget, w.PRODUCT))
     results: list[bool | w.Conflict] = []
@@ -70,8 +75,15 @@ def enqueue_all(
     with sessions.open_session(path, create=True) as store:
         for start in range(0, len(triples), CHUNK):
             chunk = triples[start : start + CHUNK]
-            make = partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
-            done = job_traces.intake(store.run, tracer, make, chunk) if tracer else store.run(make)
+            if to is not None or any(ev.is_event(item[0]) for item in chunk):
+                intake = partial(ev.plan_intake, chunk, w.epoch_ms(), to=to, limits=w.PRODUCT)
+                found = store.run(partial(intake, max_bytes=max_event_bytes))
+                done = [r.created if isinstance(r, ev.Published) else r for r in found]
+            else:
+                make = partial(w.plan_enqueue_many, chunk, w.epoch_ms(), limits=w.PRODUCT)
+                done = (
+                    job_traces.intake(store.run, tracer, make, chunk) if tracer else store.run(make)
+                )
             results += done
             if advance is not None:
                 advance(done)

@@ -89,8 +89,14 @@ def conflict(error: BaseException) -> bool:
 
 
 # Unique keys a concurrent transaction may hit first (the plan read before the other
-# committed): an intake's job, two first CREATE TABLEs, an endpoint added twice at once.
-CONFLICT_KEYS = {"jobs_id_key", "pg_type_typname_nsp_index", "asnackq_endpoints_pkey"}
+# committed): an intake's job or event, two first CREATE TABLEs, an endpoint added twice
+# at once.
+CONFLICT_KEYS = {
+    "jobs_id_key",
+    "pg_type_typname_nsp_index",
+    "asnackq_endpoints_pkey",
+    "asnackq_events_id_key",
+}
 
 
 def conflict_delay_s(attempt: int) -> float:

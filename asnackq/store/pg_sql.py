@@ -25,7 +25,7 @@ import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from asnackq.core import endpoints, inbox, rate
+from asnackq.core import endpoints, events, inbox, lanes, rate
 from asnackq.core import worker as w
 from asnackq.store import attempts, job_traces, reads, retention
 
@@ -416,6 +416,61 @@ STATEMENTS.update(
         reads.SQL_HAS_TABLE_PG: placeholders(reads.SQL_HAS_TABLE_PG),  # (in a driven plan)
     }
 )
+
+# Events and their deliveries (``core.events``): the tables under the schemas' lock, as the
+# endpoints'.  A lane's range is compared in the "C" collation (bytes), the order its ids
+# are made to sort in, whatever the database's collation; its index is made so.
+PG_EVENTS_DDL = (
+    """CREATE TABLE IF NOT EXISTS asnackq_events (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE, type TEXT,
+    key TEXT, digest TEXT NOT NULL, body BYTEA NOT NULL, created_ms BIGINT NOT NULL)""",
+    events.SCHEMA[1],
+    events.SCHEMA[2],
+    'CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id COLLATE "C")',
+)
+_ANY_EVENT = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
+STATEMENTS.update(
+    {
+        **{
+            sqlite: f"DO $$ BEGIN\n  PERFORM pg_advisory_xact_lock(1634626401, 1);\n  {pg};\nEND $$"
+            for sqlite, pg in zip(events.SCHEMA, PG_EVENTS_DDL, strict=True)
+        },
+        events.SQL_PRESENT: "SELECT count(*) FROM pg_catalog.pg_class AS c JOIN"
+        " pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = current_schema() AND c.relname IN ("
+        + ", ".join(f"'{name}'" for name in events.NAMES)
+        + ")",
+        events.SQL_KNOWN: "SELECT id, digest FROM asnackq_events WHERE id " + _ANY_EVENT,
+        events.SQL_SEQS: "SELECT id, seq FROM asnackq_events WHERE id " + _ANY_EVENT,
+        **{
+            sql: placeholders(sql)
+            for sql in (events.SQL_INSERT_EVENT, events.SQL_INSERT_DELIVERY, events.SQL_BODY)
+        },
+    }
+)
+
+# A lane's claims (``core.lanes``): the core's PostgreSQL texts with the lane's condition
+# on each read of claimable jobs, an endpoint's read in id order ("C") over its range.
+_PG_MINE = (
+    'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
+    " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s)"
+)
+_PG_PLAIN = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
+_PG_CLAIMABLE = re.compile(r"WHERE status (?:= '(?:pending|leased)'|IN \('pending', 'leased'\))")
+
+
+def _pg_lane(pg: str, condition: str, by_id: bool) -> str:
+    out, found = _PG_CLAIMABLE.subn(lambda m: f"{m[0]} AND {condition}", pg)
+    if not found:
+        raise AssertionError(f"no claimable read in {' '.join(pg.split())[:80]!r}")
+    if by_id:
+        out = out.replace("ORDER BY seq LIMIT %(n)s FOR", 'ORDER BY id COLLATE "C" LIMIT %(n)s FOR')
+    return out
+
+
+for _core in lanes.CLAIMS:
+    STATEMENTS[lanes.LANE_TEXTS[_core]] = _pg_lane(text(_core), _PG_MINE, by_id=True)
+    STATEMENTS[lanes.PLAIN_TEXTS[_core]] = _pg_lane(text(_core), _PG_PLAIN, by_id=False)
 
 SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"

@@ -65,6 +65,7 @@ from asnackq.core.worker import (
     Retryable,
     Unavailable,
     check_event,
+    check_identifier,
     check_int,
 )
 from asnackq.wire import http_spans, strict_json, webhooks
@@ -214,13 +215,21 @@ def request_parts(
     event_id, qty = check_event(event)
     # json.dumps's very bytes: a checked id is [A-Za-z0-9_-], nothing in it to escape.
     body = b'{"id": "%s", "qty": %d}' % (event_id.encode(), qty)
+    return event_id, body, body_headers(event_id, body, token, keys, extra)
+
+
+def body_headers(
+    event_id: str, body: bytes, token: object, keys: Sequence[bytes] = (), extra: Headers = ()
+) -> dict[str, str]:
+    """The headers of a request sending ``body`` as the event ``event_id`` (its
+    ``webhook-id``, signed with ``keys`` if any), ``token`` in its own header."""
     headers = dict(extra)
     headers["Content-Type"] = "application/json"
     if token is not None:
         headers[TOKEN_HEADER] = str(check_int(token, "token", 1, 10**15))
     if keys:
         headers.update(webhooks.signed_headers(keys, event_id, body))
-    return event_id, body, headers
+    return headers
 
 
 def check_headers(headers: object) -> Headers:
@@ -505,6 +514,21 @@ class AsyncHttpSender:
             raise RuntimeError("AsyncHttpSender is used outside 'async with'")
         keys = () if self.keyring is None else self.keyring.keys()
         event_id, body, headers = request_parts(event, token, keys, self.extra)
+        return await self._send(event_id, body, headers)
+
+    async def post(self, event_id: str, body: bytes, token: int | None = None) -> bool:
+        """Send ``body`` (an event's stored body, ``asnackq.core.events``) as the event
+        ``event_id``: its ``webhook-id``, judged as ``__call__`` judges an answer."""
+        if self._session is None:
+            raise RuntimeError("AsyncHttpSender is used outside 'async with'")
+        keys = () if self.keyring is None else self.keyring.keys()
+        event_id = check_identifier(event_id, "event id")
+        return await self._send(
+            event_id, body, body_headers(event_id, body, token, keys, self.extra)
+        )
+
+    async def _send(self, event_id: str, body: bytes, headers: dict[str, str]) -> bool:
+        assert self._session is not None
         if self.tracer is None:
             status, answer, wait = await self._post(self._session, event_id, body, headers)
             return judge(status, answer, event_id, wait, self.success)

@@ -1,0 +1,137 @@
+"""Lanes: a claim that takes only one endpoint's deliveries, or only the jobs that are not.
+
+Rules of this module (standard library only):
+
+* The core's claim statements stay the core's: a lane is a set of statement texts keyed
+  to them (``LANE_TEXTS``), each the core's text with the lane's condition added, row for row
+  the same claim otherwise (quarantine, reclaims, poison, fresh claims ahead, the lease).
+  A plan runs in a lane through ``substituted``, which swaps the texts and adds the lane's
+  parameters; a read (``SQL_ACTIVE``: the run's "anything left?") through ``text``.
+* An endpoint's lane (``lane_of``) is a prefix its deliveries' job ids begin with,
+  ``<prefix>-``: its claim reads the range ``[prefix + "-", prefix + ".")`` of an index
+  on ``jobs(status, id)`` in id order (the ids sort in enqueue order), so it reads its own
+  rows only.  The prefix is made from the endpoint's name alone, so no table assigns it,
+  and each row read is also checked against ``asnackq_deliveries`` (a primary-key look-up):
+  a plain job whose id happens to fall in the range is never taken by the lane.
+* The plain lane (``PLAIN``: a sink's worker) takes every job that is not a delivery,
+  through the same texts (``PLAIN_TEXTS``) with ``NOT EXISTS`` that look-up.
+* The quarantine is not a lane's: a spent job dies by its own deadline or budget, whoever
+  claims, exactly as the core decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Generator
+from typing import Any, NamedTuple, TypeVar
+
+from asnackq.core import worker as w
+
+__all__ = [
+    "DELIVERIES",
+    "LANE_INDEX",
+    "LANE_TEXTS",
+    "PLAIN",
+    "PLAIN_TEXTS",
+    "Lane",
+    "delivery_id",
+    "lane_of",
+    "substituted",
+    "text",
+]
+
+T = TypeVar("T")
+
+DELIVERIES = """CREATE TABLE IF NOT EXISTS asnackq_deliveries (job TEXT PRIMARY KEY,
+  event TEXT NOT NULL, endpoint TEXT NOT NULL, key TEXT)"""
+# A lane's claim is a range of this index (a queue without events never has it, so a
+# plain queue's writes maintain no more indexes than the core's).
+LANE_INDEX = "CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id)"
+COUNTER_DIGITS = 16
+
+
+def lane_of(endpoint: str) -> str:
+    """The prefix of an endpoint's deliveries' ids: its name (at most 24 characters, ``-``
+    as ``_``) and 6 hex digits of its SHA-256, joined by ``_``: no ``-`` in it."""
+    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:6]
+    return f"{endpoint[:24].replace('-', '_')}_{digest}"
+
+
+def delivery_id(endpoint: str, number: int) -> str:
+    """The job id of the delivery of event number ``number`` to ``endpoint``."""
+    return f"{lane_of(endpoint)}-{number:0{COUNTER_DIGITS}d}"
+
+
+class Lane(NamedTuple):
+    """Whose jobs a claim takes: one endpoint's deliveries, or (``endpoint`` None) every
+    job that is not a delivery."""
+
+    endpoint: str | None
+
+    def params(self) -> dict[str, Any]:
+        if self.endpoint is None:
+            return {}
+        prefix = lane_of(self.endpoint)
+        return {"lane": self.endpoint, "lane_lo": prefix + "-", "lane_hi": prefix + "."}
+
+
+PLAIN = Lane(None)
+
+_MINE = (
+    "id >= :lane_lo AND id < :lane_hi AND EXISTS (SELECT 1 FROM asnackq_deliveries AS d"
+    " WHERE d.job = jobs.id AND d.endpoint = :lane)"
+)
+_NOT_DELIVERIES = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
+# Where the core's claim statements read claimable (or active) jobs, and how they order them.
+_CLAIMABLE = re.compile(r"WHERE status (?:= '(?:pending|leased)'|IN \('pending', 'leased'\))")
+_BY_SEQ = re.compile(r"((?::now|attempts = 0)\s+)ORDER BY seq( LIMIT :n)")
+
+
+def _variant(sql: str, condition: str, by_id: bool) -> str:
+    """``sql`` with ``condition`` added to each of its reads of claimable (or active) jobs,
+    and (``by_id``) each of those read in id order: the same statement otherwise.  (The
+    outer ``ORDER BY seq LIMIT :n)`` of a union orders seqs only and is ordered by seq
+    either way: within a lane, id order is seq order.)"""
+    out, found = _CLAIMABLE.subn(lambda m: f"{m[0]} AND {condition}", sql)
+    if not found:
+        raise AssertionError(f"no claimable read in {' '.join(sql.split())[:80]!r}")
+    if by_id:
+        out = _BY_SEQ.sub(lambda m: f"{m[1]}ORDER BY id{m[2]}", out)
+    return out
+
+
+CLAIMS = (
+    w.SQL_NEXT_CLAIMABLE,
+    w.SQL_NEXT_FRESH,
+    w.SQL_NEXT_RECLAIMABLE,
+    w.SQL_NEXT_FRESH_RECLAIMING,
+    w.SQL_ACTIVE,
+)
+# The core's statement -> an endpoint's lane's text, and the plain lane's.
+LANE_TEXTS = {sql: _variant(sql, _MINE, by_id=True) for sql in CLAIMS}
+PLAIN_TEXTS = {sql: _variant(sql, _NOT_DELIVERIES, by_id=False) for sql in CLAIMS}
+
+
+def text(
+    lane: Lane, sql: str, params: tuple[Any, ...] | dict[str, Any]
+) -> tuple[str, tuple[Any, ...] | dict[str, Any]]:
+    """A statement and its parameters as ``lane`` runs them (others: unchanged)."""
+    found = (PLAIN_TEXTS if lane.endpoint is None else LANE_TEXTS).get(sql)
+    if found is None:
+        return sql, params
+    return found, {**(params if isinstance(params, dict) else {}), **lane.params()}
+
+
+def substituted(plan: w.Plan[T], lane: Lane) -> Generator[w.Step, Any, tuple[T, bool]]:
+    """``plan`` with its claim statements in ``lane``'s texts; every other step as it is."""
+    reply: w.Reply = None
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as stop:
+            result: tuple[T, bool] = stop.value
+            return result
+        if isinstance(step, w.Sql):
+            step = w.Sql(*text(lane, step.sql, step.params))
+        reply = yield step
