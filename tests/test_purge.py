@@ -10,6 +10,8 @@ import pytest
 
 from asnackq.aio import AsyncQueue
 from asnackq.cli import main
+from asnackq.core.endpoints import Endpoint
+from asnackq.core.lanes import Lane
 from asnackq.ops.purge import purge
 from asnackq.store import job_traces
 
@@ -119,3 +121,29 @@ def test_the_command_creates_no_queue(tmp_path: Path, capsys):
     missing = tmp_path / "none.db"
     assert main(["purge", str(missing), "--older-than", "1d"]) == 1
     assert "no queue at" in capsys.readouterr().err and not missing.exists()
+
+
+async def test_a_purged_delivery_takes_its_row_and_its_event_once_none_is_left(where):
+    async with AsyncQueue.open(where) as queue:
+        for name in ("a", "b"):
+            endpoint = Endpoint(name, "http://127.0.0.1:9/hooks", types=("order.*",))
+            await queue.add_endpoint(endpoint, now_ms=T0)
+        made = await queue.publish({"id": "ev-1", "type": "order.paid", "data": {"n": 1}}, T0)
+        nobody = await queue.publish({"id": "ev-none", "type": "user.made", "data": 2}, T0)
+        assert nobody.created and nobody.deliveries == ()
+        jobs = dict(made.deliveries)
+        a = queue.in_lane(Lane("a"))
+        ticket = await a.claim("w", T0, 500)
+        assert ticket is not None and ticket["id"] == jobs["a"]
+        assert await a.finish(ticket, "ok", T0 + 1) == "done"
+    assert purge(where, HORIZON, ("done",), T0 + 10) == {"done": 1}
+    assert ids(where, "asnackq_deliveries", "job") == [jobs["b"]]
+    assert ids(where, "asnackq_events") == ["ev-1", "ev-none"]  # b's delivery still pending
+    async with AsyncQueue.open(where) as queue:
+        b = queue.in_lane(Lane("b"))
+        ticket = await b.claim("w", T0 + 2, 500)
+        assert ticket is not None and ticket["id"] == jobs["b"]
+        assert await b.finish(ticket, "ok", T0 + 3) == "done"
+    assert purge(where, HORIZON, ("done",), T0 + 11) == {"done": 1}
+    assert ids(where, "asnackq_deliveries", "job") == []
+    assert ids(where, "asnackq_events") == ["ev-none"]  # (no endpoint took it: it stays)

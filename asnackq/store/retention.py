@@ -13,10 +13,12 @@ Rules of this module:
   meanwhile is not purged), and in the same transaction what the product kept of exactly
   those jobs: their requests (``asnackq_attempts``), their traces (``asnackq_job_traces``)
   and their redrive records (``redrives``, whose tokens would otherwise count against a
-  new job of the same id).  Each batch is audited by a row of ``asnackq_purges``
+  new job of the same id); a delivery's row (``asnackq_deliveries``), and its event
+  (``asnackq_events``) once none of its deliveries is left (an event no endpoint took
+  stays).  Each batch is audited by a row of ``asnackq_purges``
   (when, the cutoff, the status, how many): the product's own table, made by the first
   purge, never by ``open_queue``.
-* A purged id is forgotten: enqueued again, it is a new job (the horizon is how long an
+* A purged id is forgotten: enqueued (or published) again, it is new (the horizon is how long an
   id's enqueue stays a no-op).  Pending and leased jobs are never purged.
 * The statements are SQLite's; ``PG_TEXTS`` holds PostgreSQL's.
 """
@@ -72,6 +74,11 @@ KEPT = (
     ),
     ("redrives", "DELETE FROM redrives WHERE id IN (SELECT value FROM json_each(?))"),
 )
+# A purged delivery's row goes, and its event with it once no delivery of it is left.
+SQL_DELIVERIES = """DELETE FROM asnackq_deliveries WHERE job IN (SELECT value FROM json_each(?))
+RETURNING event"""
+SQL_EVENTS = """DELETE FROM asnackq_events WHERE id IN (SELECT value FROM json_each(?))
+  AND NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.event = asnackq_events.id)"""
 SQL_AUDIT = "INSERT INTO asnackq_purges (at_ms, cutoff_ms, status, jobs) VALUES (?, ?, ?, ?)"
 SQL_PURGES = """SELECT at_ms, cutoff_ms, status, jobs FROM asnackq_purges
 ORDER BY seq DESC LIMIT ?"""
@@ -88,6 +95,9 @@ PG_TEXTS = {
     KEPT[0][1]: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
     KEPT[1][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
     KEPT[2][1]: f"DELETE FROM redrives WHERE id {_ANY}",
+    SQL_DELIVERIES: f"DELETE FROM asnackq_deliveries WHERE job {_ANY} RETURNING event",
+    SQL_EVENTS: f"""DELETE FROM asnackq_events WHERE id {_ANY}
+  AND NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.event = asnackq_events.id)""",
     SQL_AUDIT: SQL_AUDIT.replace("?", "%s"),
     SQL_PURGES: SQL_PURGES.replace("?", "%s"),
 }
@@ -137,5 +147,10 @@ def _purge(
         present, _ = yield from has_table(table, on_sqlite)
         if present:
             yield w.Sql(statement, (ids,))
+    present, _ = yield from has_table("asnackq_deliveries", on_sqlite)
+    if present:
+        events = yield w.Sql(SQL_DELIVERIES, (ids,))
+        if events:
+            yield w.Sql(SQL_EVENTS, (json.dumps(sorted({row[0] for row in events})),))
     yield w.Sql(SQL_AUDIT, (at_ms, cutoff_ms, status, len(rows)))
     return Batch(len(rows), max(row[0] for row in rows)), True
