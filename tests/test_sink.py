@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from asnackq.core.worker import Permanent, Retryable
 from asnackq.http_sink import CONFIG, INBOX
 from asnackq.lab.procs import command, start_sink, stop
-from asnackq.sink.inbox import InboxWriter, open_sink_db
+from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .sinks import sink, sink_state
@@ -216,20 +216,16 @@ async def test_64_concurrent_senders_200_ids_with_repeats(sink_db):
 
 
 async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
-    db = await open_sink_db(sink_db)
+    inbox = StockInbox(await open_sink_db(sink_db), batch_max=100)
     try:
-        inbox = InboxWriter(db, batch_max=100)
         pending = [
             asyncio.ensure_future(inbox.submit(i, q, None))
             for i, q in [("a", 1), ("a", 1), ("a", 2), ("b", 3)]
-        ]
-        await asyncio.sleep(0)  # all four wait before the writer starts
-        inbox.waiting.put_nowait(None)
-        await inbox.run()
+        ]  # (all four wait in line before the batch's task takes them)
         assert await asyncio.gather(*pending) == ["applied", "duplicate", "conflict", "applied"]
         assert inbox.commits == 1
     finally:
-        await db.close()
+        await inbox.close()
     assert sink_state(sink_db) == (4, [("a", 1, 2), ("b", 3, 1)])
 
 
@@ -237,7 +233,7 @@ async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(si
     await (await open_sink_db(sink_db)).close()
     con = sqlite3.connect(sink_db)
     con.execute(
-        "CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
+        "CREATE TRIGGER boom BEFORE INSERT ON asnackq_webhook_inbox WHEN NEW.id = 'boom' "
         "BEGIN SELECT RAISE(ABORT, 'boom'); END"
     )
     con.close()
