@@ -19,7 +19,9 @@ from asnackq.lab.procs import command, start_sink, stop
 from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
+from .pgdb import query
 from .sinks import sink, sink_state
+from .test_cli import fails
 
 
 @pytest.fixture
@@ -250,6 +252,60 @@ async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(si
     for event_id, (status, _) in zip(("x", "y"), (results[0], results[2]), strict=True):
         assert (status == 200) == (event_id in applied)
     assert total == len(applied)
+
+
+async def test_the_same_id_and_qty_in_other_whitespace_is_a_duplicate(sink_db):
+    bodies = [b'{"id": "w", "qty": 2}', b'{ "qty":2,\n  "id":"w" }', b'{"qty": 3, "id": "w"}']
+    async with sink(sink_db) as s:
+        found = [await post(s.url, body) for body in bodies]
+    assert [(status, json.loads(text)["status"]) for status, text in found] == [
+        (200, "applied"),
+        (200, "duplicate"),
+        (409, "conflict"),
+    ]
+    assert sink_state(sink_db) == (2, [("w", 2, 2)])
+
+
+EARLIER = """CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_token INTEGER,
+  last_token INTEGER, deliveries INTEGER NOT NULL, applied_at_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE stock (one INTEGER PRIMARY KEY CHECK (one = 1), total INTEGER NOT NULL);
+INSERT INTO stock VALUES (1, 3);
+INSERT INTO inbox VALUES ('a', 3, 1, 1, 1, 0, 0);"""
+
+
+def earlier_sink(path):
+    """A sink DB as an earlier asnackq left it: its own inbox table, one event applied."""
+    con = sqlite3.connect(path)
+    con.executescript(EARLIER)
+    con.close()
+    return path
+
+
+async def test_a_db_holding_an_earlier_sinks_inbox_is_refused_and_left_as_it_was(tmp_path):
+    db = earlier_sink(tmp_path / "old.db")
+    before = db.read_bytes()
+    with pytest.raises(ValueError, match=r"old.db holds the inbox of an earlier asnackq sink"):
+        await open_sink_db(db)
+    assert db.read_bytes() == before and sorted(tmp_path.iterdir()) == [db]
+
+
+@pytest.mark.process
+def test_the_sink_command_refuses_an_earlier_sinks_inbox_in_one_line(tmp_path):
+    db = earlier_sink(tmp_path / "old.db")
+    said = fails("sink", "--db", db, "--port", "0")
+    assert "holds the inbox of an earlier asnackq sink" in said and "new --db" in said
+
+
+@pytest.mark.process
+async def test_a_postgresql_db_holding_an_earlier_sinks_inbox_is_refused(pg_db):
+    url = pg_db()
+    query(url, EARLIER.replace(";\n", ";"))
+    query(url, "CREATE TABLE asnackq_schema (part TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+    query(url, "INSERT INTO asnackq_schema VALUES ('sink', 1)")
+    with pytest.raises(ValueError, match=r"holds the inbox of an earlier asnackq sink"):
+        await open_sink_db(url)
+    assert query(url, "SELECT id, qty FROM inbox") == [("a", 3)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

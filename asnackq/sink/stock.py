@@ -78,9 +78,11 @@ async def open_sink_db(target: Path | str) -> Store:
 async def _earlier_file(path: Path) -> bool:
     """Whether the file holds an earlier sink's ``inbox`` table (read-only; a file that
     cannot be read is left to ``open_store``'s refusals)."""
-    with contextlib.suppress(ValueError):
+    try:
         if not files.present(path) or files.empty(path):
             return False
+    except ValueError:  # not a file, or not SQLite: open_store refuses it, saying why
+        return False
     with contextlib.suppress(sqlite3.Error, ValueError):
         async with aiosqlite.connect(files.uris(path)[0], uri=True, timeout=5) as con:
             found, _ = await steps(con, files.plan_columns(), None)
