@@ -21,6 +21,7 @@ from asnackq.wire.send import AsyncHttpSender, HttpSender
 
 from .pgdb import query
 from .sinks import sink, sink_state
+from .test_aio_hops import Counting, awaits
 from .test_cli import fails
 
 
@@ -264,6 +265,47 @@ async def test_the_same_id_and_qty_in_other_whitespace_is_a_duplicate(sink_db):
         (409, "conflict"),
     ]
     assert sink_state(sink_db) == (2, [("w", 2, 2)])
+
+
+async def test_a_batch_on_the_sinks_file_begins_with_its_first_write(sink_db):
+    """New ids: the rows' INSERT (BEGIN rides with it), the moves, the stock, COMMIT; with
+    repeats, the read of the rows that were there and their count: whatever the size."""
+    inbox = StockInbox(await open_sink_db(sink_db), batch_max=1000)
+    counting = Counting(inbox.db.db)
+    inbox.db.db = counting
+    try:
+        hops = []
+        for size in (1, 300):
+            new = [(f"n{size}-{i}", 1) for i in range(size)]
+            old = [(f"o{size}-{i}", 1) for i in range(size)]
+            _, first = await awaits(counting, submit_all(inbox, old))
+            found, then = await awaits(counting, submit_all(inbox, new + old))
+            assert found == ["applied"] * size + ["duplicate"] * size
+            hops.append((first, then))
+    finally:
+        await inbox.close()
+    assert hops == [(4, 6), (4, 6)]
+    assert sink_state(sink_db)[0] == 2 * (1 + 300)
+
+
+async def test_a_file_held_by_another_writer_is_503_then_the_sink_commits_once_free(sink_db):
+    async with sink(sink_db) as s:
+        holder = sqlite3.connect(sink_db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # held past the sink's busy timeout
+        try:
+            held = await post(s.url, b'{"id": "h", "qty": 1}')
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert held == (503, json.dumps({"id": "h", "status": "unavailable"}))
+        assert (await post(s.url, b'{"id": "h", "qty": 1}'))[0] == 200
+        assert s.app[INBOX].health()["db_outages"] == 1
+    assert sink_state(sink_db) == (1, [("h", 1, 1)])
+
+
+async def submit_all(inbox, events):
+    """Each event's status, all submitted at once (one batch)."""
+    return await asyncio.gather(*(inbox.submit(i, qty, None) for i, qty in events))
 
 
 EARLIER = """CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_token INTEGER,

@@ -62,11 +62,11 @@ WEBHOOK_SCHEMA = (
   body_sha256 TEXT NOT NULL, first_token INTEGER, last_token INTEGER,
   deliveries INTEGER NOT NULL, first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL)""",
 )
-# The batch's new rows: one JSON array of [id, digest, token, now_ms], each id's first arrival.
+# The batch's new rows: one JSON array of [id, digest, token, now_ms], each id's first arrival
+# (``->>``: SQLite 3.38 or later; ``RETURNING``: 3.35).
 SQL_FIRST = """INSERT INTO asnackq_webhook_inbox (id, body_sha256, first_token, last_token,
   deliveries, first_seen_ms, last_seen_ms)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-  json_extract(value, '$[2]'), 1, json_extract(value, '$[3]'), json_extract(value, '$[3]')
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 2, 1, value ->> 3, value ->> 3
 FROM json_each(?) WHERE true ON CONFLICT (id) DO NOTHING RETURNING id"""
 SQL_DIGESTS = """SELECT id, body_sha256 FROM asnackq_webhook_inbox
 WHERE id IN (SELECT value FROM json_each(?))"""
@@ -167,7 +167,8 @@ def decide(seen: dict[str, str], arrival: Arrival) -> str:
 
 SINK_SCHEMA = (
     *WEBHOOK_SCHEMA,
-    "CREATE TABLE IF NOT EXISTS stock_moves (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS stock_moves (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)"
+    " WITHOUT ROWID",  # (one b-tree, keyed by id)
     "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
     " total INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO stock (one, total) VALUES (1, 0)",
@@ -193,9 +194,9 @@ WHERE i.id = ?"""
 
 
 def event_digest(event_id: str, qty: int) -> str:
-    """The digest of an event's canonical form: the same id and qty, the same digest."""
-    canonical = json.dumps({"id": event_id, "qty": qty}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """The digest of a checked event's canonical form, ``{"id":"...","qty":N}`` (its id is
+    ``[A-Za-z0-9_-]``: nothing to escape): the same id and qty, the same digest."""
+    return hashlib.sha256(b'{"id":"%s","qty":%d}' % (event_id.encode(), qty)).hexdigest()
 
 
 def plan_stock(moves: list[tuple[str, int]]) -> Generator[Step, Reply, None]:

@@ -29,8 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asnackq.core.inbox import Arrival
 from asnackq.store.effects import EffectFailed
@@ -41,8 +40,7 @@ __all__ = ["LOG", "Delivery", "GroupCommit", "Run", "SinkUnavailable"]
 LOG = logging.getLogger("asnackq.sink")  # one line each, never a traceback
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     """A delivery waiting for its decision: what the inbox decides on, and its payload."""
 
     arrival: Arrival
@@ -66,6 +64,7 @@ class GroupCommit:
         self.run, self.batch_max = run, batch_max
         self.waiting: deque[Delivery] = deque()
         self.drainer: asyncio.Future[None] | None = None
+        self.alone: set[asyncio.Future[None]] = set()  # (``batch_max`` 1) deliveries running
         self.commits = 0
         self.failing: float | None = None  # since when batches fail (monotonic seconds)
 
@@ -74,18 +73,31 @@ class GroupCommit:
         ``SinkUnavailable``).  A cancelled caller's decision still commits."""
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         delivery = Delivery(arrival, payload, done)
-        if self.batch_max == 1:  # alone, in the caller's own task (and its context)
-            await asyncio.shield(asyncio.ensure_future(self._settle([delivery])))
+        if self.batch_max == 1:  # alone, in a task of the caller's (its context)
+            await self._alone(delivery)
         else:
             self.waiting.append(delivery)
             if self.drainer is None:
                 self.drainer = asyncio.ensure_future(self._drain())
         return await done
 
+    async def _alone(self, delivery: Delivery) -> None:
+        """Settle one delivery; a cancelled caller waits for its COMMIT or ROLLBACK, then
+        the cancellation is raised (the transaction is never split)."""
+        settling = asyncio.ensure_future(self._settle([delivery]))
+        self.alone.add(settling)
+        settling.add_done_callback(self.alone.discard)
+        try:
+            await asyncio.shield(settling)
+        except asyncio.CancelledError:
+            delivery.done.cancel()
+            await asyncio.wait([settling])
+            raise
+
     async def close(self) -> None:
-        """Return once every delivery waiting has been answered."""
-        while self.drainer is not None:
-            await asyncio.shield(self.drainer)
+        """Return once every delivery in hand has been answered."""
+        while self.drainer is not None or self.alone:
+            await asyncio.wait([*self.alone, *([self.drainer] if self.drainer else [])])
 
     async def _drain(self) -> None:
         try:

@@ -8,8 +8,9 @@ Rules of this module:
   qty again is a duplicate whatever the body's whitespace; another qty a conflict.
 * The effect is statements (``core.inbox.plan_stock``: each applied event's move kept, the
   stock raised by their sum), yielded by the inbox plan after its rows: a batch's
-  decisions, rows and effect are one plan on the store's driver (``Store.run``).  Its
-  failure is the batch's: 503 to each of its deliveries, nothing changed.
+  decisions, rows and effect are one plan on the store's driver (``Store.run`` on
+  PostgreSQL; on a file ``effects.on_file``, whose BEGIN rides with the plan's first
+  write).  Its failure is the batch's: 503 to each of its deliveries, nothing changed.
 * One connection and one lock: a read never sees a batch's open transaction.  The DB is a
   file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas, whose
   lost session is opened again (``asnackq.store.pg_session.AsyncStore``; a sink never
@@ -40,10 +41,11 @@ from asnackq.core.inbox import (
 from asnackq.core.worker import epoch_ms
 from asnackq.sink.inbox import Delivery, GroupCommit
 from asnackq.store import files
+from asnackq.store.effects import immediate, on_file
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import HEALTH_FIELDS, Health
 from asnackq.store.pg_sql import SQL_EARLIER_SINK
-from asnackq.store.sqlite_aio import steps
+from asnackq.store.sqlite_aio import SqliteStore, steps
 from asnackq.store.targets import is_url, shown
 
 __all__ = ["EARLIER_INBOX", "StockInbox", "open_sink_db"]
@@ -72,6 +74,8 @@ async def open_sink_db(target: Path | str) -> Store:
     if is_url(target) and (await store.read(SQL_EARLIER_SINK))[0][0]:
         await store.close()
         raise ValueError(EARLIER_INBOX.format(db=shown(str(target))))
+    if isinstance(store, SqliteStore):
+        immediate(store)  # (a batch's first write begins its transaction: ``on_file``)
     return store
 
 
@@ -108,6 +112,8 @@ class StockInbox:
 
         make = partial(plan_receive, [d.arrival for d in batch], epoch_ms(), effect)
         async with self.lock:
+            if isinstance(self.db, SqliteStore):
+                return await on_file(self.db, make)
             statuses: list[str] = await self.db.run(make)
         return statuses
 

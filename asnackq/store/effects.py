@@ -24,19 +24,30 @@ Rules of this module:
 * The transaction runs in a task of its own under ``asyncio.shield``: a cancelled caller
   never splits it (the task finishes, then the cancellation is raised).
 * The plan runs on the connection's own driver (``sqlite_aio.steps``, ``pg.asteps``).
+* ``on_file``: the sink's batches on its own file, whose effect is statements in the plan:
+  no awaited effect, and BEGIN rides with the plan's first statement (one hop fewer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import aiosqlite
 
 from asnackq.core import worker as w
-from asnackq.store.sqlite_aio import adrive, begin, rollback, steps
+from asnackq.store.sqlite_aio import (
+    QueueBusy,
+    SqliteStore,
+    adrive,
+    begin,
+    busy,
+    rollback,
+    steps,
+)
 from asnackq.store.turns import turn
 
 if TYPE_CHECKING:
@@ -49,6 +60,8 @@ __all__ = [
     "EffectAt",
     "EffectFailed",
     "check_connection",
+    "immediate",
+    "on_file",
     "prepare",
     "receive",
 ]
@@ -167,6 +180,35 @@ async def receive(con: object, make: Callable[[], Decisions], effect_at: EffectA
     except asyncio.CancelledError:
         await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
         raise
+
+
+async def on_file(store: SqliteStore, make: Callable[[], Decisions]) -> list[str]:
+    """An inbox plan whose effects are statements (the sink's), on a store's own file: its
+    first statement, the batch's rows (an ``INSERT``), begins the transaction in the same
+    hop (the connection's ``isolation_level`` is ``IMMEDIATE``: ``immediate``), then the
+    plan's steps, COMMIT - one hop fewer than ``Store.run``.  A file held by another
+    process past the busy timeout is ``QueueBusy`` (nothing committed)."""
+    db = store.db
+    if db.in_transaction or db.isolation_level != "IMMEDIATE":
+        raise ValueError("on_file runs on a store's idle connection made immediate()")
+    try:
+        statuses, _ = await steps(db, make(), None)
+        await db.commit()
+    except sqlite3.OperationalError as error:
+        await rollback(db)
+        if not busy(error):
+            raise
+        raise QueueBusy(f"the inbox is locked: {error}", store.health.failed()) from error
+    except BaseException:
+        await rollback(db)
+        raise
+    store.health.back()
+    return statuses
+
+
+def immediate(store: SqliteStore) -> None:
+    """Let a write begin the store's transaction (``BEGIN IMMEDIATE``) in its own hop."""
+    store.db.isolation_level = "IMMEDIATE"
 
 
 async def prepare(con: object, schema: tuple[str, ...]) -> None:
