@@ -14,13 +14,15 @@ Rules of this module:
   ``400`` a body cut off, ``401`` a signature, timestamp or id that does not hold
   (``asnackq.sink.checks``; its reason, never a secret), ``400`` a bad token header or a
   body that is not strict JSON (``asnackq.wire.strict_json``).
-* Then one transaction: ``200 {"id", "status": "applied"}``; ``200 {"id", "status":
-  "duplicate"}`` (the same id and body again: no effect, counted); ``409`` the same id with
-  another body (a SHA-256 of its bytes; nothing changes); ``500`` the effect raised (rolled
-  back: the sender sends it again; the log names the exception's type, never its text,
-  which may hold whatever the effect touched); ``422`` the effect refused the payload
-  (``Rejected``: its reason is the application's to show; rolled back, nothing recorded, a
-  sender gives up); ``503`` the database could not commit.
+* Then one transaction (``batch_max`` over 1: shared with the deliveries waiting at that
+  moment, each decided as if alone: ``asnackq.sink.inbox``): ``200 {"id", "status":
+  "applied"}``; ``200 {"id", "status": "duplicate"}`` (the same id and body again: no
+  effect, counted); ``409`` the same id with another body (a SHA-256 of its bytes;
+  nothing changes); ``500`` the effect raised (rolled back: the sender sends it again;
+  the log names the exception's type, never its text, which may hold whatever the effect
+  touched); ``422`` the effect refused the payload (``Rejected``: its reason is the
+  application's to show; rolled back, nothing recorded, a sender gives up); ``503`` the
+  database could not commit.
 * This is the sink wing's one module that imports aiohttp at import time; the command line
   imports it only when it serves.
 """
