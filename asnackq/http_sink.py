@@ -3,12 +3,14 @@ it arrives, and its serving (``serve``; ``python -m asnackq.http_sink`` is ``asn
 
 Rules of this module:
 
-* ``POST /events`` carries ``{"id", "qty"}`` (the core's value rules).  The inbox row and
-  the effect (stock += qty) are written in one transaction; the ACK leaves only after
-  COMMIT.  The same id and qty again is a ``duplicate`` (no effect); another qty is a
-  ``conflict`` (nothing changes).
-* Group commit (``asnackq.sink.inbox``): the ACK leaves only after the COMMIT of the batch
-  that decided it; a failed batch answers 503 to each of its requests and changes nothing.
+* ``POST /events`` carries ``{"id", "qty"}`` (the core's value rules).  The sink is one
+  receiver of the library's inbox (``asnackq.sink.stock``): the inbox row and its effect
+  (stock += qty) are written in one transaction; the ACK leaves only after COMMIT.  The
+  same id and qty again is a ``duplicate`` (no effect); another qty is a ``conflict``
+  (nothing changes).
+* Group commit (``asnackq.sink.inbox``, every receiver's): the ACK leaves only after the
+  COMMIT of the batch that decided it; a failed batch answers 503 to each of its requests
+  and changes nothing.
 * Bad input is a 4xx with a JSON reason, never a 500, and one log line, never a
   traceback; fault injection (fail, drop, delay) is off by default and seeded.
 * A capacity (``max_inflight``, ``max_rate``: ``asnackq.sink.capacity``) is off by default;
@@ -58,8 +60,9 @@ from asnackq.core.worker import (
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
 from asnackq.sink.checks import Signatures, Unverified, check_token_header
-from asnackq.sink.inbox import LOG, InboxWriter, SinkUnavailable, open_sink_db
+from asnackq.sink.inbox import LOG, SinkUnavailable
 from asnackq.sink.receiver import WebhookReceiver, as_json, read_within
+from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
 from asnackq.wire import strict_json
@@ -129,7 +132,7 @@ class SinkConfig:
 
 
 CONFIG = web.AppKey("config", SinkConfig)
-INBOX = web.AppKey("inbox", InboxWriter)
+INBOX = web.AppKey("inbox", StockInbox)
 STATS = web.AppKey("stats", dict[str, int])
 CAPACITY = web.AppKey("capacity", Capacity)
 # The connections with a request in a handler (and not waiting for its body).
@@ -363,17 +366,13 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 async def inbox_context(app: web.Application) -> AsyncIterator[None]:
-    """Open the DB and start the writer; at cleanup, finish the last batch and close."""
-    db = await open_sink_db(app[CONFIG].db)
-    inbox = InboxWriter(db, app[CONFIG].batch_max)
+    """Open the DB; at cleanup, answer every delivery in hand, then close it."""
+    inbox = StockInbox(await open_sink_db(app[CONFIG].db), app[CONFIG].batch_max)
     app[INBOX] = inbox
-    writer = asyncio.create_task(inbox.run())
     try:
         yield
     finally:
-        inbox.waiting.put_nowait(None)
-        await writer
-        await db.close()
+        await inbox.close()
 
 
 def make_app(config: SinkConfig) -> web.Application:

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from asnackq.core.inbox import event_digest
 from asnackq.http_sink import SERVER_OPTIONS, SinkConfig, make_app
 from asnackq.store.targets import is_url
 
@@ -53,20 +54,34 @@ def peer(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web
     return app
 
 
+# The sink's records: each inbox row (the library's) with its stock move (the sink's effect).
+SINK_ROWS = """SELECT i.id, m.qty, i.deliveries FROM asnackq_webhook_inbox AS i
+LEFT JOIN stock_moves AS m ON m.id = i.id ORDER BY i.id"""
+
+
 def sink_state(db: Path | str) -> tuple[int, list[tuple[Any, ...]]]:
     """(stock, [(id, qty, deliveries)]) read through a separate connection."""
     if is_url(db):
         return (
             query(db, "SELECT total FROM stock")[0][0],
-            query(db, 'SELECT id, qty, deliveries FROM inbox ORDER BY id COLLATE "C"'),
+            query(db, SINK_ROWS + ' COLLATE "C"'),
         )
     con = sqlite3.connect(db)
     try:
         total = con.execute("SELECT total FROM stock").fetchone()[0]
-        inbox = con.execute("SELECT id, qty, deliveries FROM inbox ORDER BY id").fetchall()
-        return total, inbox
+        return total, con.execute(SINK_ROWS).fetchall()
     finally:
         con.close()
+
+
+def add_records(con: Any, rows: list[tuple[Any, ...]]) -> None:
+    """Write sink records ``(id, qty, first_token, last_token, deliveries, applied_at_ms,
+    last_seen_ms)`` as a sink would (the inbox row, its move), without the stock."""
+    con.executemany(
+        "INSERT INTO asnackq_webhook_inbox VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(r[0], event_digest(r[0], r[1]), *r[2:]) for r in rows],
+    )
+    con.executemany("INSERT INTO stock_moves VALUES (?, ?)", [r[:2] for r in rows])
 
 
 def dead_port() -> int:

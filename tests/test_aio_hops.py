@@ -9,7 +9,7 @@ import aiosqlite
 
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.core.inbox import SINK_SCHEMA, plan_inbox
+from asnackq.core.inbox import SINK_SCHEMA, Arrival, event_digest, plan_receive, plan_stock
 from asnackq.store.sqlite_aio import HOPS, SqliteStore
 
 from .conftest import T0
@@ -81,19 +81,33 @@ async def test_a_cycle_of_one_and_a_cycle_of_five_hundred_take_the_same_awaits(d
 
 
 async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(tmp_path):
+    """The sink's batch: BEGIN, the new rows, the read of the rows that were there, their
+    count, the stock's two statements, COMMIT (five without repeats), whatever its size."""
     store = await SqliteStore.open(tmp_path / "sink.db", SINK_SCHEMA, 1.0)
     counting = Counting(store.db)
     store.db = counting  # type: ignore[assignment]
+
+    def make(batch: list[Arrival]) -> Any:
+        def effect(applied: list[int]) -> Any:
+            return plan_stock([(batch[i].event_id, 1) for i in applied])
+
+        return partial(plan_receive, batch, T0, effect)
+
     try:
         hops = []
         for size in (1, 300):
-            known = [(f"old{size}-{i}", 1, None) for i in range(size)]  # duplicates, too
-            await store.run(partial(plan_inbox, known, T0))
-            batch = [(f"new{size}-{i}", 2, 7) for i in range(size)] + known
-            make = partial(plan_inbox, batch, T0)
-            statuses, n = await awaits(counting, store.run(make))
+            known = [
+                Arrival(f"old{size}-{i}", event_digest(f"old{size}-{i}", 1), None)
+                for i in range(size)
+            ]  # (duplicates, too)
+            statuses, first = await awaits(counting, store.run(make(known)))
+            assert statuses == ["applied"] * size
+            batch = [
+                Arrival(f"new{size}-{i}", event_digest(f"new{size}-{i}", 1), 7) for i in range(size)
+            ] + known
+            statuses, n = await awaits(counting, store.run(make(batch)))
             assert statuses == ["applied"] * size + ["duplicate"] * size
-            hops.append(n)
+            hops.append((first, n))
     finally:
         await store.close()
-    assert hops == [HOPS["inbox"], HOPS["inbox"]]
+    assert hops == [(5, 7), (5, 7)]

@@ -13,6 +13,7 @@ from asnackq.lab.procs import sink_process
 from asnackq.wire.send import HttpSender
 
 from .browser import CSS, ID, screenshot, wait_for
+from .sinks import add_records
 from .test_dashboard import dashboard
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -45,9 +46,7 @@ def applied(sink_db, done):
     con = sqlite3.connect(sink_db)
     with con:
         rows = [(job_id, at) for job_id, at in done]
-        con.executemany(
-            "INSERT INTO inbox VALUES (?, 1, 1, 1, 1, ?, ?)", [(*r, r[1]) for r in rows]
-        )
+        add_records(con, [(job_id, 1, 1, 1, 1, at, at) for job_id, at in rows])
         con.execute("UPDATE stock SET total = total + ?", (len(rows),))
     con.close()
 

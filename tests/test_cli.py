@@ -15,6 +15,7 @@ from aiohttp import web
 from rich.console import Console
 
 from asnackq.core import worker as w
+from asnackq.core.inbox import SINK_SCHEMA
 from asnackq.dispatch.traces import read_traces
 from asnackq.http_sink import SinkConfig, make_app
 from asnackq.lab import LabConfig, procs, run_lab
@@ -23,7 +24,7 @@ from asnackq.lab.procs import PIPE, Replicas
 
 from .conftest import rows
 from .logs import problems
-from .sinks import serving
+from .sinks import add_records, serving
 
 
 def asnackq(*args, stdin=None, timeout=60):
@@ -345,13 +346,14 @@ def test_audit_flags_attention_and_catches_a_deleted_inbox_row(queue, sink_proc)
     assert w.claim(con, "slow", now, 60_000)["token"] == 1
     con.close()
     sink = sqlite3.connect(sink_db)
-    sink.execute("INSERT INTO inbox VALUES ('later', 1, 1, 1, 1, 0, 0)")
+    add_records(sink, [("later", 1, 1, 1, 1, 0, 0)])
     sink.execute("UPDATE stock SET total = total + 1")
     sink.commit()
     audit = ok("audit", queue, "--sink-db", sink_db, "--json")
     assert audit["violations"] == 0 and audit["flags"]["applied-not-done"] == 1
     assert audit["listed"]["attention"][0]["id"] == "later"
-    sink.execute("DELETE FROM inbox WHERE id = 'j3'")
+    for table in ("asnackq_webhook_inbox", "stock_moves"):
+        sink.execute(f"DELETE FROM {table} WHERE id = 'j3'")
     sink.commit()
     sink.close()
     run = asnackq("audit", queue, "--sink-db", sink_db, "--json")
@@ -384,14 +386,13 @@ def test_audit_catches_qty_mismatch_orphans_and_unissued_tokens(queue, tmp_path)
     w.enqueue(con, {"id": "b", "qty": 2}, now, 60_000)
     con.close()
     sink = sqlite3.connect(sink_db)
-    sink.executescript("""
-        CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_token INTEGER,
-          last_token INTEGER, deliveries INTEGER NOT NULL, applied_at_ms INTEGER NOT NULL,
-          last_seen_ms INTEGER NOT NULL);
-        CREATE TABLE stock (one INTEGER PRIMARY KEY, total INTEGER NOT NULL);
-        INSERT INTO stock VALUES (1, 12);
-        INSERT INTO inbox VALUES ('a', 5, 1, 1, 1, 0, 0), ('b', 2, 7, 7, 1, 0, 0),
-                                 ('zzz', 5, NULL, NULL, 1, 0, 0);""")
+    for statement in SINK_SCHEMA:
+        sink.execute(statement)
+    sink.execute("UPDATE stock SET total = 12")
+    add_records(
+        sink, [("a", 5, 1, 1, 1, 0, 0), ("b", 2, 7, 7, 1, 0, 0), ("zzz", 5, None, None, 1, 0, 0)]
+    )
+    sink.commit()
     sink.close()
     run = asnackq("audit", queue, "--sink-db", sink_db, "--json")
     assert run.returncode == 1
@@ -545,7 +546,7 @@ def test_lab_verification_catches_a_lost_effect(tmp_path):
         result = run_lab(config, Console(file=devnull))
     assert result.evidence.violations == []
     sink = sqlite3.connect(directory / "sink.db")
-    sink.execute("DELETE FROM inbox WHERE id = 'lab-0000003'")
+    sink.execute("DELETE FROM asnackq_webhook_inbox WHERE id = 'lab-0000003'")
     sink.commit()
     sink.close()
     con = sqlite3.connect(directory / "queue.db")

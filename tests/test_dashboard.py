@@ -28,6 +28,7 @@ from asnackq.lab.procs import PIPE
 from asnackq.ops.watcher import Watcher
 from asnackq.store import readers
 
+from .sinks import add_records
 from .test_cli import fails, ok
 
 
@@ -52,10 +53,7 @@ def dbs(tmp_path):
     con = sqlite3.connect(sink)
     for statement in SINK_SCHEMA:
         con.execute(statement)
-    con.executemany(
-        "INSERT INTO inbox VALUES (?, ?, ?, ?, ?, 0, 0)",
-        [("d", 2, 1, 1, 2), ("e", 5, None, None, 1)],
-    )  # e: sent without a token
+    add_records(con, [("d", 2, 1, 1, 2, 0, 0), ("e", 5, None, None, 1, 0, 0)])  # e: no token
     con.execute("UPDATE stock SET total = 7")
     con.commit()
     con.close()
@@ -279,7 +277,7 @@ def test_refusals_are_one_line_at_start(dbs, tmp_path, capsys):
         ((garbage,), "is not a queue DB"),
         ((empty,), "is not a queue DB (no jobs table)"),
         ((queue, "--sink-db", tmp_path / "nosink.db"), "no sink DB at"),
-        ((queue, "--sink-db", queue), "is not a sink DB (no inbox table)"),
+        ((queue, "--sink-db", queue), "is not a sink DB (no stock_moves table)"),
         ((sink,), "is not a queue DB (no jobs table)"),
         ((queue, "--host", "0.0.0.0"), "without --allow-remote"),
         ((queue, "--host", "example.com"), "without --allow-remote"),

@@ -23,6 +23,7 @@ from asnackq.wire.send import HttpSender
 
 from . import test_dashboard
 from .page import Page
+from .sinks import add_records
 from .test_dashboard import request, state, until
 from .test_dashboard_hostile import dashboard, get, locked, raw
 
@@ -51,7 +52,7 @@ def test_a_job_is_its_row_redrives_inbox_verdict_and_trace(dbs, tmp_path):
     add_traces(queue, [("d", f"00-{TRACE_ID}-00f067aa0ba902b7-01"), ("b", "not-a-traceparent")])
     con = sqlite3.connect(sink)
     with con:  # o: applied by the sink, unknown to the queue
-        con.execute("INSERT INTO inbox VALUES ('o', 4, 2, 2, 1, 0, 0)")
+        add_records(con, [("o", 4, 2, 2, 1, 0, 0)])
     con.close()
     with dashboard(queue, "--sink-db", sink, log=tmp_path / "log") as url:
         stories = {name: job(url, name) for name in "abcdeo"}

@@ -110,7 +110,8 @@ def test_the_sink_answers_503_while_its_disk_is_full_and_recovers(disk):
         stats = sink_stats(url)
     assert (stats["stock"], stats["applied"], stats["failed"]) == (2, 2, 2)
     assert whole(disk / "sink.db")
-    assert read(disk / "sink.db", "SELECT id FROM inbox ORDER BY id") == [("a",), ("b",)]
+    applied = read(disk / "sink.db", "SELECT id FROM asnackq_webhook_inbox ORDER BY id")
+    assert applied == [("a",), ("b",)]
 
 
 @pytest.mark.process
@@ -137,7 +138,7 @@ def test_work_stops_with_one_line_when_the_disk_fills_and_finishes_once_freed(di
         again = run("work", queue, "--sink", url, "--until-empty", "--json")
         assert again.returncode == 0, again.stderr
     assert read(queue, "SELECT status, count(*) FROM jobs GROUP BY 1") == [("done", 300)]
-    inbox = read(tmp_path / "sink.db", "SELECT id, qty FROM inbox")
+    inbox = read(tmp_path / "sink.db", "SELECT id, qty FROM stock_moves")
     assert dict(inbox) == qty  # each effect once
 
 

@@ -13,7 +13,7 @@ import pytest
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA
-from asnackq.sink.inbox import open_sink_db
+from asnackq.sink.stock import open_sink_db
 
 from .test_cli import fails, ok
 

@@ -139,7 +139,7 @@ def test_outbox_commands_with_bad_input_create_no_file(tmp_path):
 @pytest.mark.process
 def test_audit_names_a_file_that_is_not_a_sink_db_once(queue):
     error = fails("audit", queue, "--sink-db", queue)
-    assert "is not a sink DB (no inbox table)" in error and "DB DB" not in error
+    assert "is not a sink DB (no stock_moves table)" in error and "DB DB" not in error
 
 
 @pytest.mark.process

@@ -71,7 +71,9 @@ def test_the_lab_with_sink_kills_counts_every_incarnation_and_says_how_far(tmp_p
     assert result["violations"] == [] and result["sink_kills"] >= 1
     assert result["sink_counts_exact"] is False and "at least" in run.stderr + run.stdout
     con = sqlite3.connect(tmp_path / "lab" / "sink.db")
-    rows, duplicates = con.execute("SELECT count(*), sum(deliveries - 1) FROM inbox").fetchone()
+    rows, duplicates = con.execute(
+        "SELECT count(*), sum(deliveries - 1) FROM asnackq_webhook_inbox"
+    ).fetchone()
     con.close()
     assert rows == 200 and result["duplicates"] == duplicates
     # Every incarnation's requests: all but those a killed sink counted between its last

@@ -51,7 +51,7 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
     # The kills alternate, a worker first (how many there are depends on the run's length).
     total = result["kills"] + result["sink_kills"]
     assert total >= 2 and result["sink_kills"] == total // 2
-    assert query(url, "SELECT count(*), sum(qty) FROM inbox") == [
+    assert query(url, "SELECT count(*), sum(qty) FROM stock_moves") == [
         (600, query(url, "SELECT total FROM stock")[0][0])
     ]
     assert "must hold no jobs" in fails("lab", "--db", url, "--jobs", "10")  # used: refused

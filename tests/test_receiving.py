@@ -5,6 +5,7 @@ ever, every refusal one line with nothing applied; and ``asnackq sink --secret-f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
@@ -94,8 +95,6 @@ def receiving(app: App, effect: Effect, **options: Any) -> Any:
         async with serving(web_app) as running:
             app.url, app.receiver = f"{running.base}/hooks", receiver
             yield app
-
-    import contextlib
 
     return contextlib.asynccontextmanager(serve)()
 
@@ -279,15 +278,20 @@ async def test_concurrent_deliveries_of_one_id_apply_once(app):
     assert await app.inbox() == [("c-1", 20, None, None)]
 
 
-@pytest.mark.process
-async def test_two_connections_to_one_database_apply_each_id_once(pg_db):
-    url = pg_db()
+@contextlib.asynccontextmanager
+async def replicas(url: str) -> AsyncIterator[tuple[App, App]]:
+    """Two applications on one PostgreSQL database (its ledger made once)."""
     async with (
         await psycopg.AsyncConnection.connect(url, autocommit=True) as one,
         await psycopg.AsyncConnection.connect(url, autocommit=True) as two,
     ):
         await one.execute("CREATE TABLE ledger (id TEXT, n INTEGER)")
-        first, second = App(one, "pg"), App(two, "pg")
+        yield App(one, "pg"), App(two, "pg")
+
+
+@pytest.mark.process
+async def test_two_connections_to_one_database_apply_each_id_once(pg_db):
+    async with replicas(pg_db()) as (first, second):
         async with receiving(first, first.effect), receiving(second, second.effect):
             sends = [
                 post(app.url, body(n % 5), signed(f"p-{n % 5}", body(n % 5)))

@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 from asnackq.core.worker import Permanent, Retryable
 from asnackq.http_sink import CONFIG, INBOX
 from asnackq.lab.procs import command, start_sink, stop
-from asnackq.sink.inbox import InboxWriter, open_sink_db
+from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.wire.send import AsyncHttpSender, HttpSender
 
+from .pgdb import query
 from .sinks import sink, sink_state
+from .test_aio_hops import Counting, awaits
+from .test_cli import fails
 
 
 @pytest.fixture
@@ -216,20 +219,16 @@ async def test_64_concurrent_senders_200_ids_with_repeats(sink_db):
 
 
 async def test_group_commit_decides_each_request_in_arrival_order(sink_db):
-    db = await open_sink_db(sink_db)
+    inbox = StockInbox(await open_sink_db(sink_db), batch_max=100)
     try:
-        inbox = InboxWriter(db, batch_max=100)
         pending = [
             asyncio.ensure_future(inbox.submit(i, q, None))
             for i, q in [("a", 1), ("a", 1), ("a", 2), ("b", 3)]
-        ]
-        await asyncio.sleep(0)  # all four wait before the writer starts
-        inbox.waiting.put_nowait(None)
-        await inbox.run()
+        ]  # (all four wait in line before the batch's task takes them)
         assert await asyncio.gather(*pending) == ["applied", "duplicate", "conflict", "applied"]
         assert inbox.commits == 1
     finally:
-        await db.close()
+        await inbox.close()
     assert sink_state(sink_db) == (4, [("a", 1, 2), ("b", 3, 1)])
 
 
@@ -237,7 +236,7 @@ async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(si
     await (await open_sink_db(sink_db)).close()
     con = sqlite3.connect(sink_db)
     con.execute(
-        "CREATE TRIGGER boom BEFORE INSERT ON inbox WHEN NEW.id = 'boom' "
+        "CREATE TRIGGER boom BEFORE INSERT ON asnackq_webhook_inbox WHEN NEW.id = 'boom' "
         "BEGIN SELECT RAISE(ABORT, 'boom'); END"
     )
     con.close()
@@ -254,6 +253,101 @@ async def test_a_failed_batch_answers_503_to_each_request_and_changes_nothing(si
     for event_id, (status, _) in zip(("x", "y"), (results[0], results[2]), strict=True):
         assert (status == 200) == (event_id in applied)
     assert total == len(applied)
+
+
+async def test_the_same_id_and_qty_in_other_whitespace_is_a_duplicate(sink_db):
+    bodies = [b'{"id": "w", "qty": 2}', b'{ "qty":2,\n  "id":"w" }', b'{"qty": 3, "id": "w"}']
+    async with sink(sink_db) as s:
+        found = [await post(s.url, body) for body in bodies]
+    assert [(status, json.loads(text)["status"]) for status, text in found] == [
+        (200, "applied"),
+        (200, "duplicate"),
+        (409, "conflict"),
+    ]
+    assert sink_state(sink_db) == (2, [("w", 2, 2)])
+
+
+async def test_a_batch_on_the_sinks_file_begins_with_its_first_write(sink_db):
+    """New ids: the rows' INSERT (BEGIN rides with it), the moves, the stock, COMMIT; with
+    repeats, the read of the rows that were there and their count: whatever the size."""
+    inbox = StockInbox(await open_sink_db(sink_db), batch_max=1000)
+    counting = Counting(inbox.db.db)
+    inbox.db.db = counting
+    try:
+        hops = []
+        for size in (1, 300):
+            new = [(f"n{size}-{i}", 1) for i in range(size)]
+            old = [(f"o{size}-{i}", 1) for i in range(size)]
+            _, first = await awaits(counting, submit_all(inbox, old))
+            found, then = await awaits(counting, submit_all(inbox, new + old))
+            assert found == ["applied"] * size + ["duplicate"] * size
+            hops.append((first, then))
+    finally:
+        await inbox.close()
+    assert hops == [(4, 6), (4, 6)]
+    assert sink_state(sink_db)[0] == 2 * (1 + 300)
+
+
+async def test_a_file_held_by_another_writer_is_503_then_the_sink_commits_once_free(sink_db):
+    async with sink(sink_db) as s:
+        holder = sqlite3.connect(sink_db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # held past the sink's busy timeout
+        try:
+            held = await post(s.url, b'{"id": "h", "qty": 1}')
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert held == (503, json.dumps({"id": "h", "status": "unavailable"}))
+        assert (await post(s.url, b'{"id": "h", "qty": 1}'))[0] == 200
+        assert s.app[INBOX].health()["db_outages"] == 1
+    assert sink_state(sink_db) == (1, [("h", 1, 1)])
+
+
+async def submit_all(inbox, events):
+    """Each event's status, all submitted at once (one batch)."""
+    return await asyncio.gather(*(inbox.submit(i, qty, None) for i, qty in events))
+
+
+EARLIER = """CREATE TABLE inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL, first_token INTEGER,
+  last_token INTEGER, deliveries INTEGER NOT NULL, applied_at_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE stock (one INTEGER PRIMARY KEY CHECK (one = 1), total INTEGER NOT NULL);
+INSERT INTO stock VALUES (1, 3);
+INSERT INTO inbox VALUES ('a', 3, 1, 1, 1, 0, 0);"""
+
+
+def earlier_sink(path):
+    """A sink DB as an earlier asnackq left it: its own inbox table, one event applied."""
+    con = sqlite3.connect(path)
+    con.executescript(EARLIER)
+    con.close()
+    return path
+
+
+async def test_a_db_holding_an_earlier_sinks_inbox_is_refused_and_left_as_it_was(tmp_path):
+    db = earlier_sink(tmp_path / "old.db")
+    before = db.read_bytes()
+    with pytest.raises(ValueError, match=r"old.db holds the inbox of an earlier asnackq sink"):
+        await open_sink_db(db)
+    assert db.read_bytes() == before and sorted(tmp_path.iterdir()) == [db]
+
+
+@pytest.mark.process
+def test_the_sink_command_refuses_an_earlier_sinks_inbox_in_one_line(tmp_path):
+    db = earlier_sink(tmp_path / "old.db")
+    said = fails("sink", "--db", db, "--port", "0")
+    assert "holds the inbox of an earlier asnackq sink" in said and "new --db" in said
+
+
+@pytest.mark.process
+async def test_a_postgresql_db_holding_an_earlier_sinks_inbox_is_refused(pg_db):
+    url = pg_db()
+    query(url, EARLIER.replace(";\n", ";"))
+    query(url, "CREATE TABLE asnackq_schema (part TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+    query(url, "INSERT INTO asnackq_schema VALUES ('sink', 1)")
+    with pytest.raises(ValueError, match=r"holds the inbox of an earlier asnackq sink"):
+        await open_sink_db(url)
+    assert query(url, "SELECT id, qty FROM inbox") == [("a", 3)]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -17,6 +17,7 @@ from typing import Any
 
 from asnackq import ops
 from asnackq.core import worker as w
+from asnackq.core.inbox import SINK_TABLE
 from asnackq.lab import timeline
 from asnackq.store import readers
 from asnackq.store.targets import Target
@@ -38,7 +39,7 @@ LIVENESS = "every job the sink did not reject ended done"
 
 # Duplicates the inbox absorbed, from its rows: committed with each delivery, so exact
 # across sink restarts and SIGKILLs (a counter in memory dies with its process).
-SQL_DUPLICATES = "SELECT coalesce(sum(deliveries - 1), 0) FROM inbox"
+SQL_DUPLICATES = "SELECT coalesce(sum(deliveries - 1), 0) FROM asnackq_webhook_inbox"
 
 Job = tuple[int, str, str | None, int]  # qty, status, reason, token
 Record = dict[str, Any]  # one trace line
@@ -124,7 +125,7 @@ def verify(
     found = Findings()
     with readers.read_only(queue, "jobs") as con:
         jobs: dict[str, Job] = {row[0]: row[1:] for row in con.execute(ops.SQL_JOB_STATES)}
-    with readers.read_only(sink_db, "inbox", "sink DB") as con:
+    with readers.read_only(sink_db, SINK_TABLE, "sink DB") as con:
         inbox_rows, redelivered = con.execute(ops.SQL_INBOX_COUNTS).fetchone()
         (duplicates,) = con.execute(SQL_DUPLICATES).fetchone()
     check_jobs(found, jobs, qty)

@@ -128,7 +128,7 @@ def passing(error: Exception) -> bool:
 
 def require_empty(db: str) -> None:
     """A lab's database must hold no jobs and no inbox rows yet (absent tables are made)."""
-    for table, what in (("jobs", "queue"), ("inbox", "sink DB")):
+    for table, what in (("jobs", "queue"), ("asnackq_webhook_inbox", "sink DB")):
         try:
             with readers.read_only(db, table, what) as con:
                 (count,) = con.execute(SQL_COUNT.format(table=table)).fetchone()

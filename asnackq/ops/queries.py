@@ -19,6 +19,7 @@ from asnackq.core import events as ev
 from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
+from asnackq.core.inbox import SINK_TABLE
 from asnackq.store import job_traces, readers, reads, sessions
 from asnackq.store.attempts import of_job
 from asnackq.store.readers import read_only
@@ -212,7 +213,8 @@ def redrive_by_reason(
 # Each job's final state, and the sink's inbox size and ids delivered more than once: the
 # lab's evidence next to the audit (asnackq.lab.evidence).
 SQL_JOB_STATES = "SELECT id, qty, status, reason, token FROM jobs"
-SQL_INBOX_COUNTS = "SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END) FROM inbox"
+SQL_INBOX_COUNTS = """SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END)
+FROM asnackq_webhook_inbox"""
 
 # The audit's rows, a page at a time inside one read transaction (a consistent view, a page
 # of memory): each job with its inbox record, then each inbox record with no job.  The
@@ -220,12 +222,14 @@ SQL_INBOX_COUNTS = "SELECT count(*), count(CASE WHEN deliveries > 1 THEN 1 END) 
 AUDIT_PAGE = 1000
 AUDIT_SQL = (
     """SELECT j.seq, j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
-       i.id, i.qty, i.first_token, i.last_token, i.deliveries
-FROM jobs AS j LEFT JOIN sink.inbox AS i ON i.id = j.id
+       i.id, m.qty, i.first_token, i.last_token, i.deliveries
+FROM jobs AS j LEFT JOIN sink.asnackq_webhook_inbox AS i ON i.id = j.id
+LEFT JOIN sink.stock_moves AS m ON m.id = i.id
 WHERE j.seq > ? ORDER BY j.seq LIMIT ?""",
     """SELECT i.rowid, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       i.id, i.qty, i.first_token, i.last_token, i.deliveries
-FROM sink.inbox AS i WHERE i.rowid > ? AND i.id NOT IN (SELECT id FROM jobs)
+       i.id, m.qty, i.first_token, i.last_token, i.deliveries
+FROM sink.asnackq_webhook_inbox AS i LEFT JOIN sink.stock_moves AS m ON m.id = i.id
+WHERE i.rowid > ? AND i.id NOT IN (SELECT id FROM jobs)
 ORDER BY i.rowid LIMIT ?""",
 )
 
@@ -384,7 +388,7 @@ def audit(
             return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
     queue, sink_db = Path(queue), Path(sink_db)
     with (
-        read_only(sink_db, "inbox", "sink DB", busy_s),
+        read_only(sink_db, SINK_TABLE, "sink DB", busy_s),
         read_only(queue, "jobs", busy_s=busy_s) as con,
     ):
         return reads.run(con, plan_audit(sink_db, now_ms, job_id, limit))
@@ -416,7 +420,7 @@ def plan_audit(sink_db: Path, now_ms: int, job_id: str | None, limit: int) -> w.
                     if len(listed[kind]) < limit:
                         listed[kind].append(describe(job, inbox, now_ms))
     ((stock,),) = yield from fetch("SELECT total FROM sink.stock")
-    ((inbox_sum,),) = yield from fetch("SELECT coalesce(sum(qty), 0) FROM sink.inbox")
+    ((inbox_sum,),) = yield from fetch("SELECT coalesce(sum(qty), 0) FROM sink.stock_moves")
     yield from fetch("COMMIT")
     if stock != inbox_sum:
         flags["stock-mismatch"] = 1

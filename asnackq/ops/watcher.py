@@ -35,6 +35,7 @@ from typing import Any
 
 from asnackq import ops
 from asnackq.core import worker as w
+from asnackq.core.inbox import SINK_TABLE
 from asnackq.ops import inspect, queries
 from asnackq.store import files, readers, reads
 from asnackq.store.outage import database_error
@@ -53,8 +54,9 @@ WINDOW_MS = 60_000  # throughput over the last minute
 REDRIVES_SHOWN = 10
 AUDIT_LISTED = 20
 SQL_LATEST_REDRIVES = "SELECT id, token, at_ms, note FROM redrives ORDER BY seq DESC LIMIT ?"
-SQL_INBOX = """SELECT (SELECT count(*) FROM inbox), (SELECT coalesce(sum(deliveries), 0)
-FROM inbox), (SELECT coalesce(max(total), 0) FROM stock)"""
+SQL_INBOX = """SELECT (SELECT count(*) FROM asnackq_webhook_inbox),
+  (SELECT coalesce(sum(deliveries), 0) FROM asnackq_webhook_inbox),
+  (SELECT coalesce(max(total), 0) FROM stock)"""
 
 
 Reading = Callable[[], Awaitable[Any]]  # one try of a read
@@ -174,7 +176,7 @@ class Watcher:
             "hour": self.state.get("hour"),
         }
         if self.sink_db is not None:
-            read = reading(self.sink_db, "inbox", "sink DB", read_inbox)
+            read = reading(self.sink_db, SINK_TABLE, "sink DB", read_inbox)
             state["inbox"], inbox_s = await attempt("sink DB", self.sink_db, read)
             took += inbox_s
             if time.monotonic() >= self.audit_due:
@@ -201,7 +203,9 @@ class Watcher:
         story, _ = await attempt("queue", self.queue, read)
         inbox = None
         if self.sink_db is not None:
-            read = reading(self.sink_db, "inbox", "sink DB", partial(inspect.inbox_record, job_id))
+            read = reading(
+                self.sink_db, SINK_TABLE, "sink DB", partial(inspect.inbox_record, job_id)
+            )
             inbox, _ = await attempt("sink DB", self.sink_db, read)
         if story is None and inbox is None:
             return None
@@ -229,7 +233,7 @@ class Watcher:
 
         async def aread() -> ops.Audit:
             async with (
-                readers.aread_only(sink_db, "inbox", "sink DB", busy_s=0),
+                readers.aread_only(sink_db, SINK_TABLE, "sink DB", busy_s=0),
                 readers.aread_only(queue, "jobs", busy_s=0) as con,
             ):
                 plan = queries.plan_audit(Path(sink_db), now_ms, None, AUDIT_LISTED)

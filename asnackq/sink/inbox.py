@@ -1,20 +1,25 @@
-"""The sink's inbox: each event's effect applied once, however often it arrives.
+"""The group commit: concurrent deliveries decided in one transaction, each exactly as if
+it had come alone, in arrival order (every receiver's: ``receiver``, and the sink's).
 
 Rules of this module:
 
-* The inbox row and the effect (stock += qty) are written in one transaction.  The same
-  id and qty again is a ``duplicate`` (no effect); another qty is a ``conflict`` (nothing
-  changes).
-* Group commit: one writer task takes every delivery waiting at that moment and decides
-  them in arrival order inside one transaction (``plan_inbox``, run by the store's driver)
-  - exactly as if they had come one by one.  A failed batch fails each of its deliveries
-  (``SinkUnavailable``) and changes nothing - unless its COMMIT's answer was lost and the
-  outcome could not be learned at once (``CommitUnknown``): the batch may then have
-  committed, and a delivery sent again finds its id applied (a duplicate, no effect).
-* One connection and one lock: a read never sees the writer's open transaction.  The DB
-  is a file (WAL mode, through aiosqlite) or a ``postgresql://`` URL shared by replicas
-  (``pg_sink``), whose lost session is opened again (``asnackq.store.pg_session.AsyncStore``;
-  a sink never waits for the server: while it is away every batch fails at once).
+* A delivery waits in line; one task takes every delivery waiting at that moment (at most
+  ``batch_max``) and runs them as one batch (``Run``: ``core.inbox.plan_receive`` and the
+  effects, in one transaction).  Each delivery's answer is set only after the COMMIT that
+  decided it.  With ``batch_max`` 1 each delivery runs alone, in its own request's task.
+* An effect that raised for one delivery (``EffectFailed``, ``Rejected`` included) rolled
+  its batch back: the deliveries before it run again as a batch and commit, then it runs
+  again alone (its answer is that run's), then the ones after it, as a batch.  Nothing of
+  a failing effect stays, and no other delivery's answer depends on it; the batch's other
+  effects run again (an effect is all inside the transaction: what rolled back is gone).
+  Reruns are rare (an effect's failure), so the common batch pays nothing for them, where a
+  savepoint per effect would cost every delivery two statements (and PostgreSQL
+  subtransactions).
+* A batch that cannot commit (``SinkUnavailable``) fails each delivery not yet answered
+  and changes nothing - unless its COMMIT's answer was lost and the outcome could not be
+  learned (``CommitUnknown``): the batch may then have committed, and a delivery sent again
+  finds its id applied (a duplicate, no effect).  One log line when batches begin to fail,
+  one when they commit again.
 """
 
 from __future__ import annotations
@@ -22,120 +27,138 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Any
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
-from asnackq.core.inbox import SINK_SCHEMA, plan_inbox
-from asnackq.core.worker import epoch_ms
-from asnackq.store.opening import Store, open_store
-from asnackq.store.outage import HEALTH_FIELDS, Health
+from asnackq.core.inbox import Arrival
+from asnackq.store.effects import EffectFailed
 from asnackq.store.targets import one_line
 
-__all__ = ["LOG", "InboxWriter", "SinkUnavailable", "open_sink_db"]
+__all__ = ["LOG", "Delivery", "GroupCommit", "Run", "SinkUnavailable"]
 
-LOG = logging.getLogger("asnackq.sink")  # the sink's log: one line each (``sink_server``)
-
-# The inbox file is the sink's own (the contract's rollback journal is the queue's): a
-# write-ahead log, synced at every COMMIT, is as durable and syncs once per commit, not
-# twice; readers (audit, lab, dashboard) never wait for the writer.  The last sink to close
-# the file returns it to the rollback journal: a stopped sink leaves one plain file, which a
-# read-only reader reads without creating a -wal or -shm (nor write access to the directory).
-SINK_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
-SINK_CLOSING = ("PRAGMA busy_timeout = 0", "PRAGMA journal_mode=DELETE")  # busy: not the last
+LOG = logging.getLogger("asnackq.sink")  # one line each, never a traceback
 
 
-@dataclass
-class Delivery:
-    event_id: str
-    qty: int
-    token: int | None
+class Delivery(NamedTuple):
+    """A delivery waiting for its decision: what the inbox decides on, and its payload."""
+
+    arrival: Arrival
+    payload: Any
     done: asyncio.Future[str]
 
 
-async def open_sink_db(path: Path | str) -> Store:
-    """Open (creating if needed) a sink DB: a file in WAL mode synced at every commit, or a URL."""
-    return await open_store(
-        path, SINK_SCHEMA, busy_s=5, pragmas=SINK_PRAGMAS, closing=SINK_CLOSING, resolve_s=0
-    )
+# One batch in one transaction: each delivery's status once committed (``EffectFailed``
+# when an effect raised; anything else: the batch could not commit).
+Run = Callable[[list[Delivery]], Awaitable[list[str]]]
 
 
-class InboxWriter:
-    """The single writer: batches waiting deliveries into one transaction each."""
+class SinkUnavailable(Exception):
+    """Raised to a delivery whose batch could not commit (answered 503)."""
 
-    def __init__(self, db: Store, batch_max: int) -> None:
-        self.db = db
-        self.lock = asyncio.Lock()  # one transaction at a time on this connection
-        self.batch_max = batch_max
-        self.waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
+
+class GroupCommit:
+    """Deliveries decided in batches, one transaction each (see the module's rules)."""
+
+    def __init__(self, run: Run, batch_max: int) -> None:
+        self.run, self.batch_max = run, batch_max
+        self.waiting: deque[Delivery] = deque()
+        self.drainer: asyncio.Future[None] | None = None
+        self.alone: set[asyncio.Future[None]] = set()  # (``batch_max`` 1) deliveries running
         self.commits = 0
         self.failing: float | None = None  # since when batches fail (monotonic seconds)
 
-    async def submit(self, event_id: str, qty: int, token: int | None) -> str:
-        """Queue a delivery and wait for its committed decision."""
+    async def submit(self, arrival: Arrival, payload: Any) -> str:
+        """The delivery's status once committed; its failure raised (``EffectFailed``,
+        ``SinkUnavailable``).  A cancelled caller's decision still commits."""
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.waiting.put_nowait(Delivery(event_id, qty, token, done))
-        return await done  # (a cancelled request's decision still commits)
+        delivery = Delivery(arrival, payload, done)
+        if self.batch_max == 1:  # alone, in a task of the caller's (its context)
+            await self._alone(delivery)
+        else:
+            self.waiting.append(delivery)
+            if self.drainer is None:
+                self.drainer = asyncio.ensure_future(self._drain())
+        return await done
 
-    async def run(self) -> None:
-        """Commit batches until a ``None`` arrives, then return (after the last batch)."""
-        while True:
-            first = await self.waiting.get()
-            batch = [first]
-            while len(batch) < self.batch_max and not self.waiting.empty():
-                batch.append(self.waiting.get_nowait())
-            deliveries = [item for item in batch if item is not None]
-            if deliveries:
-                await self._settle(deliveries)
-            if None in batch:
-                return
+    async def _alone(self, delivery: Delivery) -> None:
+        """Settle one delivery; a cancelled caller waits for its COMMIT or ROLLBACK, then
+        the cancellation is raised (the transaction is never split)."""
+        settling = asyncio.ensure_future(self._settle([delivery]))
+        self.alone.add(settling)
+        settling.add_done_callback(self.alone.discard)
+        try:
+            await asyncio.shield(settling)
+        except asyncio.CancelledError:
+            delivery.done.cancel()
+            await asyncio.wait([settling])
+            raise
+
+    async def close(self) -> None:
+        """Return once every delivery in hand has been answered."""
+        while self.drainer is not None or self.alone:
+            await asyncio.wait([*self.alone, *([self.drainer] if self.drainer else [])])
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                count = min(len(self.waiting), self.batch_max)
+                await self._settle([self.waiting.popleft() for _ in range(count)])
+        finally:
+            self.drainer = None
 
     async def _settle(self, batch: list[Delivery]) -> None:
-        try:
-            async with self.lock:
-                statuses = await self._commit(batch)
-        except Exception as error:
-            if self.failing is None:  # one line when batches begin to fail, one when they end
-                self.failing = time.monotonic()
-                LOG.warning(
-                    "the inbox cannot commit (503 until it can): %s",
-                    one_line(error),
-                    extra={"event": "db_down"},
-                )
-            for item in batch:
-                if not item.done.done():
-                    item.done.set_exception(SinkUnavailable(str(error)))
-            return
+        """Commit ``batch``, splitting it around an effect that raised (the module's rules)."""
+        segments = deque([batch])
+        while segments:
+            segment = segments.popleft()
+            try:
+                statuses = await self.run(segment)
+            except EffectFailed as failed:
+                segments.extendleft(reversed(split(segment, failed)))
+                continue
+            except Exception as error:
+                self._failed([d for s in (segment, *segments) for d in s], error)
+                return
+            self._committed(segment, statuses)
+
+    def _committed(self, segment: list[Delivery], statuses: list[str]) -> None:
+        self.commits += 1
         if self.failing is not None:
             down_s = time.monotonic() - self.failing
             LOG.warning("the inbox commits again, after %.1f s", down_s, extra={"event": "db_back"})
             self.failing = None
-        for item, status in zip(batch, statuses, strict=True):
-            if not item.done.done():
-                item.done.set_result(status)
+        for delivery, status in zip(segment, statuses, strict=True):
+            answer(delivery, status)
 
-    async def _commit(self, batch: list[Delivery]) -> list[str]:
-        make = partial(plan_inbox, [(i.event_id, i.qty, i.token) for i in batch], epoch_ms())
-        statuses: list[str] = await self.db.run(make)
-        self.commits += 1
-        return statuses
-
-    def health(self) -> dict[str, int]:
-        """The DB's outage counters (``asnackq.store.outage``; zeros for a file)."""
-        health: Health | None = getattr(self.db, "health", None)
-        return dict.fromkeys(HEALTH_FIELDS, 0) if health is None else health.counts()
-
-    @property
-    def db_down(self) -> bool:
-        health: Health | None = getattr(self.db, "health", None)
-        return health is not None and health.down
-
-    async def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        """A read outside any writer transaction."""
-        async with self.lock:
-            return await self.db.read(sql, params)
+    def _failed(self, deliveries: list[Delivery], error: Exception) -> None:
+        if self.failing is None:  # one line when batches begin to fail, one when they end
+            self.failing = time.monotonic()
+            LOG.warning(
+                "the inbox cannot commit (503 until it can): %s",
+                one_line(error),
+                extra={"event": "db_down"},
+            )
+        for delivery in deliveries:
+            answer(delivery, SinkUnavailable(str(error)))
 
 
-class SinkUnavailable(Exception):
-    """Raised to a request whose batch failed to commit (answered as 503)."""
+def split(segment: list[Delivery], failed: EffectFailed) -> list[list[Delivery]]:
+    """What runs next after the effect of ``segment[failed.index]`` raised: the deliveries
+    before it, then it alone, then the rest; alone already, its failure is its answer."""
+    index = failed.index
+    if len(segment) == 1:
+        answer(segment[0], failed)
+        return []
+    parts = [segment[:index], segment[index : index + 1], segment[index + 1 :]]
+    return [part for part in parts if part]
+
+
+def answer(delivery: Delivery, outcome: str | Exception) -> None:
+    """Settle a delivery's future (unless its caller is gone)."""
+    if delivery.done.done():
+        return
+    if isinstance(outcome, Exception):
+        delivery.done.set_exception(outcome)
+    else:
+        delivery.done.set_result(outcome)

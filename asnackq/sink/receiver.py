@@ -14,13 +14,15 @@ Rules of this module:
   ``400`` a body cut off, ``401`` a signature, timestamp or id that does not hold
   (``asnackq.sink.checks``; its reason, never a secret), ``400`` a bad token header or a
   body that is not strict JSON (``asnackq.wire.strict_json``).
-* Then one transaction: ``200 {"id", "status": "applied"}``; ``200 {"id", "status":
-  "duplicate"}`` (the same id and body again: no effect, counted); ``409`` the same id with
-  another body (a SHA-256 of its bytes; nothing changes); ``500`` the effect raised (rolled
-  back: the sender sends it again; the log names the exception's type, never its text,
-  which may hold whatever the effect touched); ``422`` the effect refused the payload
-  (``Rejected``: its reason is the application's to show; rolled back, nothing recorded, a
-  sender gives up); ``503`` the database could not commit.
+* Then one transaction (``batch_max`` over 1: shared with the deliveries waiting at that
+  moment, each decided as if alone: ``asnackq.sink.inbox``): ``200 {"id", "status":
+  "applied"}``; ``200 {"id", "status": "duplicate"}`` (the same id and body again: no
+  effect, counted); ``409`` the same id with another body (a SHA-256 of its bytes;
+  nothing changes); ``500`` the effect raised (rolled back: the sender sends it again;
+  the log names the exception's type, never its text, which may hold whatever the effect
+  touched); ``422`` the effect refused the payload (``Rejected``: its reason is the
+  application's to show; rolled back, nothing recorded, a sender gives up); ``503`` the
+  database could not commit.
 * This is the sink wing's one module that imports aiohttp at import time; the command line
   imports it only when it serves.
 """
@@ -37,9 +39,10 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
-from asnackq.core.inbox import EFFECT, WEBHOOK_SCHEMA, plan_webhook
-from asnackq.core.worker import check_callable, epoch_ms
+from asnackq.core.inbox import MAX_BATCH, WEBHOOK_SCHEMA, Arrival, plan_receive
+from asnackq.core.worker import check_callable, check_int, epoch_ms
 from asnackq.sink.checks import Signatures, Unverified, check_token_header
+from asnackq.sink.inbox import Delivery, GroupCommit, SinkUnavailable
 from asnackq.store import effects
 from asnackq.store.targets import one_line
 from asnackq.wire import strict_json
@@ -104,10 +107,12 @@ class WebhookReceiver(Generic[C]):
         effect: Effect[C],
         max_body: int,
         body_timeout_s: float,
+        batch_max: int = 1,
     ) -> None:
         self.con, self.signatures, self.effect = con, signatures, effect
         self.max_body, self.body_timeout_s = max_body, body_timeout_s
         self.counts = dict.fromkeys(COUNTERS, 0)
+        self.inbox = GroupCommit(self._run, batch_max)
 
     @classmethod
     async def within(
@@ -119,18 +124,22 @@ class WebhookReceiver(Generic[C]):
         tolerance_s: float = TOLERANCE_S,
         max_body: int = MAX_BODY,
         body_timeout_s: float = 10.0,
+        batch_max: int = 1,
     ) -> WebhookReceiver[C]:
         """A receiver on the application's aiosqlite or psycopg async connection ``con``,
         verifying with the ``whsec_`` ``secrets`` (several: a rotation), its inbox's table
-        created if absent; every argument is checked first (``ValueError``)."""
+        created if absent; every argument is checked first (``ValueError``).  With
+        ``batch_max`` over 1, concurrent deliveries are group-committed, up to that many in
+        one transaction (``asnackq.sink.inbox``)."""
         effects.check_connection(con)
         signatures = Signatures.of(secrets, tolerance_s)
         check_callable(effect, "effect")
         if type(max_body) is not int or not 1 <= max_body <= MAX_BODY_LIMIT:
             raise ValueError(f"max_body must be an int in 1..{MAX_BODY_LIMIT} (bytes)")
         check_number(body_timeout_s, "body_timeout_s", 0, 600, open_low=True)
+        check_int(batch_max, "batch_max", 1, MAX_BATCH)
         await effects.prepare(con, WEBHOOK_SCHEMA)
-        return cls(con, signatures, effect, max_body, body_timeout_s)
+        return cls(con, signatures, effect, max_body, body_timeout_s, batch_max)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``POST``: verify, apply once, answer (see the module's rules)."""
@@ -176,26 +185,34 @@ class WebhookReceiver(Generic[C]):
     async def _apply(
         self, request: web.Request, event_id: str, digest: str, token: int | None, payload: Any
     ) -> web.StreamResponse:
-        async def hooks(point: str) -> None:
-            assert point == EFFECT
-            await self.effect(self.con, event_id, payload)
-
-        make = partial(plan_webhook, event_id, digest, token, epoch_ms())
         try:
-            status: str = await effects.transact(self.con, make, hooks)
+            status = await self.inbox.submit(Arrival(event_id, digest, token), payload)
         except effects.EffectFailed as error:
             if isinstance(error.__cause__, Rejected):
                 self.counts["rejected"] += 1
                 return rejected(request, event_id, error.__cause__.reason)
             self.counts["failed"] += 1
             return failed(request, event_id, error)
-        except Exception as error:  # the database: busy, away, full, or a connection misused
+        except SinkUnavailable as error:  # the database: busy, away, full, or a connection misused
             self.counts["unavailable"] += 1
             return unavailable(request, event_id, error)
         self.counts[{"applied": "applied", "duplicate": "duplicates"}.get(status, "conflicts")] += 1
         return web.json_response(
             {"id": event_id, "status": status}, status=409 if status == "conflict" else 200
         )
+
+    async def _run(self, batch: list[Delivery]) -> list[str]:
+        """One batch in one transaction on the application's connection."""
+
+        async def effect_at(index: int) -> None:
+            await self.effect(self.con, batch[index].arrival.event_id, batch[index].payload)
+
+        make = partial(plan_receive, [d.arrival for d in batch], epoch_ms())
+        return await effects.receive(self.con, make, effect_at)
+
+    async def close(self) -> None:
+        """Return once every delivery in hand has been answered (with ``batch_max`` > 1)."""
+        await self.inbox.close()
 
 
 async def read_within(

@@ -1,5 +1,6 @@
 """Transactions asnackq begins and commits on an application's connection, with the
-application's own effect awaited inside them (a webhook receiver's inbox: ``core.inbox``).
+application's own effect awaited inside them: a receiver's inbox (``core.inbox``), one
+delivery or a batch of them (a group commit: ``asnackq.sink.inbox``).
 
 Rules of this module:
 
@@ -10,10 +11,11 @@ Rules of this module:
   re-enter it and commit with the transaction).  Under the turn the connection must be idle:
   one with a transaction open is refused (``ValueError``), nothing written.
 * A transaction is BEGIN (IMMEDIATE on SQLite, retried while another process holds the
-  file: ``QueueBusy``), the plan's steps, the effect awaited at the plan's hook point,
-  COMMIT.  Anything raised before COMMIT rolls back every write, the inbox's and the
-  effect's, and propagates (a failing ROLLBACK never hides it); an exception of the effect
-  arrives as ``EffectFailed``, its cause the effect's own.  An effect that ends the transaction
+  file: ``QueueBusy``), the inbox plan's steps (its decisions and rows), the effect of each
+  applied delivery awaited in arrival order, COMMIT.  Anything raised before COMMIT rolls
+  back every write, the inbox's and the effects', and propagates (a failing ROLLBACK never
+  hides it); an exception of an effect arrives as ``EffectFailed``, its ``index`` the
+  delivery's place in the batch, its cause the effect's own.  An effect that ends the transaction
   (COMMIT, ROLLBACK) or, on PostgreSQL, leaves it aborted (a failed statement it caught: the
   server would answer COMMIT with a silent ROLLBACK) is refused at COMMIT: a ``RuntimeError``,
   everything rolled back.  On PostgreSQL a transaction
@@ -21,21 +23,31 @@ Rules of this module:
   effect included (bounded, jittered): it rolled back, so nothing of it stayed.
 * The transaction runs in a task of its own under ``asyncio.shield``: a cancelled caller
   never splits it (the task finishes, then the cancellation is raised).
-* Each plan step is one step of the connection's own driver (``sqlite_aio.steps``,
-  ``pg.asteps``): a plan run here never uses ``SQL_CHANGES``, which needs a whole plan.
+* The plan runs on the connection's own driver (``sqlite_aio.steps``, ``pg.asteps``).
+* ``on_file``: the sink's batches on its own file, whose effect is statements in the plan:
+  no awaited effect, and BEGIN rides with the plan's first statement (one hop fewer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import aiosqlite
 
 from asnackq.core import worker as w
-from asnackq.store.sqlite_aio import adrive, begin, rollback, steps
+from asnackq.store.sqlite_aio import (
+    QueueBusy,
+    SqliteStore,
+    adrive,
+    begin,
+    busy,
+    rollback,
+    steps,
+)
 from asnackq.store.turns import turn
 
 if TYPE_CHECKING:
@@ -44,17 +56,18 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTEMPTS",
     "IDLE",
+    "Decisions",
+    "EffectAt",
     "EffectFailed",
-    "Hooks",
     "check_connection",
+    "immediate",
+    "on_file",
     "prepare",
-    "pump",
-    "transact",
+    "receive",
 ]
 
-T = TypeVar("T")
-Hooks = Callable[[str], Awaitable[None]]  # awaited at each hook point of a plan
-Run = Callable[[w.Plan[w.Reply]], Awaitable[tuple[w.Reply, bool]]]
+Decisions = w.Plan[list[str]]  # an inbox plan (``core.inbox.plan_receive``)
+EffectAt = Callable[[int], Awaitable[None]]  # awaits the effect of the batch's delivery i
 ATTEMPTS = 8  # BEGIN IMMEDIATE on a busy file; runs of a PostgreSQL transaction
 IDLE = (
     "the application's connection has a transaction open: a webhook receiver's transaction "
@@ -68,51 +81,44 @@ ABORTED = (
 
 
 class EffectFailed(Exception):
-    """Raised when the application's effect raised: the transaction rolled back, nothing of
-    it stays; ``__cause__`` is the effect's exception."""
+    """Raised when the application's effect for one delivery raised: the transaction rolled
+    back, nothing of it stays; ``index`` is that delivery's place in its batch and
+    ``__cause__`` the effect's exception."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"the effect of delivery {index} of the batch raised")
+        self.index = index
 
 
-def _one(step: w.Step) -> w.Plan[w.Reply]:
-    """A plan of one step: its reply is the result."""
-    reply = yield step
-    return reply, False
-
-
-async def pump(plan: w.Plan[T], run: Run, hooks: Hooks) -> T:
-    """The plan's steps inside the caller's transaction: each statement through ``run``,
-    each hook point awaited."""
-    reply: w.Reply = None
-    while True:
-        try:
-            step = plan.send(reply)
-        except StopIteration as stop:
-            return stop.value[0]  # type: ignore[no-any-return]
-        if isinstance(step, w.Hook):
+async def _effects(statuses: list[str], effect_at: EffectAt) -> None:
+    """Await the effect of each applied delivery, in arrival order."""
+    for index, status in enumerate(statuses):
+        if status == "applied":
             try:
-                await hooks(step.name)
+                await effect_at(index)
             except Exception as error:
-                raise EffectFailed(f"the effect raised {type(error).__name__}") from error
-            reply = None
-        else:
-            reply, _ = await run(_one(step))
+                raise EffectFailed(index) from error
 
 
-async def _sqlite(db: aiosqlite.Connection, plan: w.Plan[T], hooks: Hooks) -> T:
+async def _sqlite(db: aiosqlite.Connection, plan: Decisions, effect_at: EffectAt) -> list[str]:
     if db.in_transaction:
         raise ValueError(IDLE)
     await begin(db, ATTEMPTS)  # (a failed BEGIN owns no transaction)
     try:
-        result = await pump(plan, lambda one: steps(db, one, None), hooks)
+        statuses, _ = await steps(db, plan, None)
+        await _effects(statuses, effect_at)
         if not db.in_transaction:
             raise RuntimeError(ENDED)
         await db.commit()
     except BaseException:
         await rollback(db)
         raise
-    return result
+    return statuses
 
 
-async def _pg(con: psycopg.AsyncConnection[Any], make: Callable[[], w.Plan[T]], hooks: Hooks) -> T:
+async def _pg(
+    con: psycopg.AsyncConnection[Any], make: Callable[[], Decisions], effect_at: EffectAt
+) -> list[str]:
     from psycopg.pq import TransactionStatus
 
     from asnackq.store.pg import asteps, call_plain, conflict, conflict_delay_s
@@ -122,12 +128,13 @@ async def _pg(con: psycopg.AsyncConnection[Any], make: Callable[[], w.Plan[T]], 
             raise ValueError(IDLE)
         try:
             async with con.transaction():  # BEGIN ... COMMIT, or ROLLBACK and re-raise
-                result = await pump(make(), lambda one: asteps(con, one, None, call_plain), hooks)
+                statuses, _ = await asteps(con, make(), None, call_plain)
+                await _effects(statuses, effect_at)
                 # (PostgreSQL answers COMMIT on an aborted transaction with a ROLLBACK, no error)
-                status = _status(con)  # (read again: the effect ran meanwhile)
+                status = _status(con)  # (read again: the effects ran meanwhile)
                 if status != TransactionStatus.INTRANS:
                     raise RuntimeError(ABORTED if status == TransactionStatus.INERROR else ENDED)
-                return result
+                return list(statuses)
         except Exception as error:
             cause = error.__cause__ if isinstance(error, EffectFailed) else error
             if cause is None or not conflict(cause) or attempt == ATTEMPTS - 1:
@@ -140,11 +147,11 @@ def _status(con: psycopg.AsyncConnection[Any]) -> psycopg.pq.TransactionStatus:
     return con.info.transaction_status
 
 
-async def _locked(con: object, make: Callable[[], w.Plan[T]], hooks: Hooks) -> T:
+async def _locked(con: object, make: Callable[[], Decisions], effect_at: EffectAt) -> list[str]:
     async with turn(con):
         if isinstance(con, aiosqlite.Connection):
-            return await _sqlite(con, make(), hooks)
-        return await _pg(cast("psycopg.AsyncConnection[Any]", con), make, hooks)
+            return await _sqlite(con, make(), effect_at)
+        return await _pg(cast("psycopg.AsyncConnection[Any]", con), make, effect_at)
 
 
 def check_connection(con: object) -> None:
@@ -162,16 +169,46 @@ def check_connection(con: object) -> None:
     )
 
 
-async def transact(con: object, make: Callable[[], w.Plan[T]], hooks: Hooks) -> T:
-    """Run ``make()``'s plan in a transaction of its own on ``con``, awaiting ``hooks`` at
-    its hook points; shielded from the caller's cancellation."""
+async def receive(con: object, make: Callable[[], Decisions], effect_at: EffectAt) -> list[str]:
+    """Run ``make()``'s inbox plan in a transaction of its own on ``con``, then await
+    ``effect_at(i)`` for each applied delivery ``i`` inside it; the statuses once committed.
+    Shielded from the caller's cancellation."""
     check_connection(con)
-    task = asyncio.ensure_future(_locked(con, make, hooks))
+    task = asyncio.ensure_future(_locked(con, make, effect_at))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
         raise
+
+
+async def on_file(store: SqliteStore, make: Callable[[], Decisions]) -> list[str]:
+    """An inbox plan whose effects are statements (the sink's), on a store's own file: its
+    first statement, the batch's rows (an ``INSERT``), begins the transaction in the same
+    hop (the connection's ``isolation_level`` is ``IMMEDIATE``: ``immediate``), then the
+    plan's steps, COMMIT - one hop fewer than ``Store.run``.  A file held by another
+    process past the busy timeout is ``QueueBusy`` (nothing committed)."""
+    db = store.db
+    if db.in_transaction or db.isolation_level != "IMMEDIATE":
+        raise ValueError("on_file runs on a store's idle connection made immediate()")
+    try:
+        statuses, _ = await steps(db, make(), None)
+        await db.commit()
+    except sqlite3.OperationalError as error:
+        await rollback(db)
+        if not busy(error):
+            raise
+        raise QueueBusy(f"the inbox is locked: {error}", store.health.failed()) from error
+    except BaseException:
+        await rollback(db)
+        raise
+    store.health.back()
+    return statuses
+
+
+def immediate(store: SqliteStore) -> None:
+    """Let a write begin the store's transaction (``BEGIN IMMEDIATE``) in its own hop."""
+    store.db.isolation_level = "IMMEDIATE"
 
 
 async def prepare(con: object, schema: tuple[str, ...]) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "QUEUE",
     "SCHEMAS",
     "SINK",
+    "SQL_EARLIER_SINK",
     "STATEMENTS",
     "WEBHOOK",
     "Missing",
@@ -327,39 +328,11 @@ QUEUE = Schema(
     ),
 )
 
-# The sink's inbox, shared by replicas: the group commit's plan (``core.inbox``) runs
-# unchanged; only its first read differs.  Before reading which ids are known, it takes a
-# transaction lock per id of the batch, in one global order: a duplicate arriving at another
-# replica at the same moment waits for the replica deciding it, then reads it applied (each
-# effect once, no duplicate key, no deadlock).  The read runs inside a function so that it
-# sees what was committed while it waited (READ COMMITTED snapshots at a statement's start).
-SQL_KNOWN_FUNCTION = """
-CREATE OR REPLACE FUNCTION asnackq_inbox_known(ids TEXT[]) RETURNS TABLE (id TEXT, qty INTEGER)
-LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-  PERFORM pg_advisory_xact_lock(key) FROM (
-    SELECT DISTINCT hashtextextended(one, 0) AS key FROM unnest(ids) AS one ORDER BY key) AS keys;
-  RETURN QUERY SELECT inbox.id, inbox.qty FROM inbox WHERE inbox.id = ANY(ids);
-END $$"""
-
-SINK = Schema(
-    "sink",
-    1,
-    ("inbox", "stock"),
-    (
-        """CREATE TABLE IF NOT EXISTS inbox (id TEXT PRIMARY KEY, qty INTEGER NOT NULL,
-  first_token BIGINT, last_token BIGINT, deliveries INTEGER NOT NULL,
-  applied_at_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
-        "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
-        " total BIGINT NOT NULL)",
-        "INSERT INTO stock (one, total) VALUES (1, 0) ON CONFLICT (one) DO NOTHING",
-        SQL_KNOWN_FUNCTION,
-    ),
-)
-
-# A webhook receiver's inbox (``core.inbox.plan_webhook``), in the application's database.
-# Its first write is INSERT ... ON CONFLICT DO NOTHING: a concurrent delivery of the same
-# id waits for the transaction that wrote the row, then finds it (READ COMMITTED).
+# A receiver's inbox (``core.inbox.plan_receive``), in the application's database or the
+# sink's (shared by replicas).  Its first write is INSERT ... ON CONFLICT DO NOTHING over the
+# batch's new ids, in id order: a concurrent delivery of the same id waits for the
+# transaction that wrote the row, then finds it (READ COMMITTED: the next statement's
+# snapshot sees it), and replicas writing overlapping batches lock rows in one order.
 WEBHOOK = Schema(
     "webhook_inbox",
     1,
@@ -368,6 +341,21 @@ WEBHOOK = Schema(
         """CREATE TABLE IF NOT EXISTS asnackq_webhook_inbox (id TEXT PRIMARY KEY,
   body_sha256 TEXT NOT NULL, first_token BIGINT, last_token BIGINT,
   deliveries INTEGER NOT NULL, first_seen_ms BIGINT NOT NULL, last_seen_ms BIGINT NOT NULL)""",
+    ),
+)
+# The sink: a receiver whose effect is the stock (version 1 was its own inbox table, which
+# a sink refuses: ``asnackq.sink.stock``).
+SQL_EARLIER_SINK = "SELECT count(*) FROM asnackq_schema WHERE part = 'sink' AND version = 1"
+SINK = Schema(
+    "sink",
+    2,
+    ("stock_moves", "asnackq_webhook_inbox", "stock"),
+    (
+        *WEBHOOK.ddl,
+        "CREATE TABLE IF NOT EXISTS stock_moves (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS stock (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " total BIGINT NOT NULL)",
+        "INSERT INTO stock (one, total) VALUES (1, 0) ON CONFLICT (one) DO NOTHING",
     ),
 )
 
@@ -381,28 +369,25 @@ SCHEMAS: dict[tuple[str, ...], Schema] = {
 # The inbox's statements -> their PostgreSQL texts.
 STATEMENTS.update(
     {
-        inbox.SQL_KNOWN: "SELECT id, qty FROM asnackq_inbox_known("
-        "ARRAY(SELECT json_array_elements_text(%s::json)))",
+        inbox.SQL_FIRST: """INSERT INTO asnackq_webhook_inbox (id, body_sha256, first_token,
+  last_token, deliveries, first_seen_ms, last_seen_ms)
+SELECT e->>0, e->>1, (e->>2)::bigint, (e->>2)::bigint, 1, (e->>3)::bigint, (e->>3)::bigint
+FROM json_array_elements(%s::json) AS e ORDER BY e->>0
+ON CONFLICT (id) DO NOTHING RETURNING id""",
+        inbox.SQL_DIGESTS: f"SELECT id, body_sha256 FROM asnackq_webhook_inbox WHERE id {ANY_ID}",
         **{
             sql: placeholders(sql)
             for sql in (
-                inbox.SQL_APPLY,
-                inbox.SQL_SEEN_AGAIN,
+                inbox.SQL_AGAIN,
+                inbox.SQL_WEBHOOK_RECORD,
+                inbox.SQL_MOVE,
                 inbox.SQL_ADD_STOCK,
                 inbox.SQL_STOCK,
                 inbox.SQL_RECORD,
             )
         },
         **{sql: sql for sql in SINK.ddl},
-        **{
-            sql: placeholders(sql)
-            for sql in (
-                inbox.SQL_WEBHOOK_FIRST,
-                inbox.SQL_WEBHOOK_DIGEST,
-                inbox.SQL_WEBHOOK_AGAIN,
-                inbox.SQL_WEBHOOK_RECORD,
-            )
-        },
+        SQL_EARLIER_SINK: SQL_EARLIER_SINK,
     }
 )
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
-from asnackq.core.inbox import SINK_SCHEMA
+from asnackq.core.inbox import SINK_SCHEMA, SINK_TABLE, SINK_TABLES
 from asnackq.store import sessions
 from asnackq.store.files import Locked, locked
 from asnackq.store.sessions import Reader
@@ -115,7 +115,7 @@ def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
     with tempfile.TemporaryDirectory(prefix="asnackq-audit-") as tmp:
         copies = Path(tmp) / "queue.db", Path(tmp) / "sink.db"
         for (source, table, what), target, schema in zip(
-            [(queue, "jobs", "queue"), (sink, "inbox", "sink DB")],
+            [(queue, "jobs", "queue"), (sink, SINK_TABLE, "sink DB")],
             copies,
             [w.SCHEMA, SINK_SCHEMA],
             strict=True,
@@ -123,7 +123,7 @@ def local_copies(queue: Target, sink: Target) -> Iterator[tuple[Path, Path]]:
             copy = w.open_db(target, schema)
             try:
                 with read_only(source, table, what) as con:
-                    for name in (table, "stock") if table == "inbox" else (table,):
+                    for name in SINK_TABLES if table == SINK_TABLE else (table,):
                         _copy(con, copy, name)
             finally:
                 copy.close()
