@@ -4,18 +4,23 @@ on SQLite and PostgreSQL; nothing else is touched."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from asnackq.aio import AsyncQueue
+from asnackq import ops
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.cli import main
 from asnackq.core.endpoints import Endpoint
 from asnackq.core.lanes import Lane
+from asnackq.core.worker import epoch_ms
 from asnackq.ops.purge import purge
 from asnackq.store import job_traces
+from asnackq.wire.send import AsyncHttpSender
 
 from .conftest import execute
+from .sinks import add_records, sink
 
 T0 = 10**12
 HORIZON = T0 + 5_000  # a cutoff after every end but one ("young" finishes after it)
@@ -147,3 +152,27 @@ async def test_a_purged_delivery_takes_its_row_and_its_event_once_none_is_left(w
     assert purge(where, HORIZON, ("done",), T0 + 11) == {"done": 1}
     assert ids(where, "asnackq_deliveries", "job") == []
     assert ids(where, "asnackq_events") == ["ev-none"]  # (no endpoint took it: it stays)
+
+
+async def test_the_audit_names_a_purged_jobs_inbox_row_purged_and_a_later_orphan_a_violation(
+    tmp_path: Path,
+):
+    queue, sink_db = tmp_path / "q.db", tmp_path / "sink.db"
+    async with AsyncQueue.open(queue) as opened:
+        await opened.enqueue_many([{"id": f"j{i}", "qty": i + 1} for i in range(6)])
+        async with sink(sink_db) as running, AsyncHttpSender(running.url, timeout_s=5.0) as http:
+            summary = await Dispatcher(opened, http, owner="w", concurrency=4).run(until_empty=True)
+    assert summary.done == 6
+    assert ops.audit(queue, sink_db, epoch_ms()).violations == 0
+    cutoff = epoch_ms() + 1
+    assert purge(queue, cutoff, ("done",), cutoff) == {"done": 6}
+    audited = ops.audit(queue, sink_db, epoch_ms())
+    assert audited.violations == 0 and audited.flags["purged"] == 6, audited
+    assert audited.stages == {"purged": 6}
+    con = sqlite3.connect(sink_db)
+    with con:  # an effect the queue never asked for, after the purge's cutoff
+        add_records(con, [("stray", 1, None, None, 1, cutoff + 60_000, cutoff + 60_000)])
+        con.execute("UPDATE stock SET total = total + 1")
+    con.close()
+    audited = ops.audit(queue, sink_db, epoch_ms())
+    assert audited.violations == 1 and audited.flags["orphan-inbox-row"] == 1, audited

@@ -20,7 +20,7 @@ from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
 from asnackq.core.inbox import SINK_TABLE
-from asnackq.store import job_traces, readers, reads, sessions
+from asnackq.store import job_traces, readers, reads, retention, sessions
 from asnackq.store.attempts import of_job
 from asnackq.store.readers import read_only
 from asnackq.store.reads import fetch
@@ -222,12 +222,12 @@ FROM asnackq_webhook_inbox"""
 AUDIT_PAGE = 1000
 AUDIT_SQL = (
     """SELECT j.seq, j.id, j.qty, j.status, j.reason, j.token, j.owner, j.lease_until,
-       i.id, m.qty, i.first_token, i.last_token, i.deliveries
+       i.id, m.qty, i.first_token, i.last_token, i.deliveries, NULL
 FROM jobs AS j LEFT JOIN sink.asnackq_webhook_inbox AS i ON i.id = j.id
 LEFT JOIN sink.stock_moves AS m ON m.id = i.id
 WHERE j.seq > ? ORDER BY j.seq LIMIT ?""",
     """SELECT i.rowid, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       i.id, m.qty, i.first_token, i.last_token, i.deliveries
+       i.id, m.qty, i.first_token, i.last_token, i.deliveries, i.first_seen_ms
 FROM sink.asnackq_webhook_inbox AS i LEFT JOIN sink.stock_moves AS m ON m.id = i.id
 WHERE i.rowid > ? AND i.id NOT IN (SELECT id FROM jobs)
 ORDER BY i.rowid LIMIT ?""",
@@ -246,6 +246,7 @@ ATTENTION = {
     "applied-not-done": "effect applied, job not yet done: a re-send is pending and harmless",
     "dead-after-applied": "dead, but its effect was applied (every ACK was lost)",
     "lease-expired": "leased, the lease has expired: awaiting reclaim",
+    "purged": "an inbox row of a job the queue purged (asnackq purge) before this row's cutoff",
 }
 
 
@@ -384,18 +385,49 @@ def audit(
 ) -> Audit:
     """Audit a queue against a sink DB; ``violations`` > 0 means something must never be."""
     if is_url(queue) or is_url(sink_db):  # the same audit, on local copies
+        with read_only(queue, "jobs", busy_s=busy_s) as con:
+            purged_before = reads.run(con, retention.plan_purged_before(not is_url(queue)))
         with readers.local_copies(queue, sink_db) as (queue_copy, sink_copy):
-            return audit(queue_copy, sink_copy, now_ms, job_id=job_id, limit=limit)
+            return _audit(queue_copy, sink_copy, now_ms, job_id, limit, busy_s, purged_before)
+    return _audit(queue, sink_db, now_ms, job_id, limit, busy_s, None)
+
+
+def _audit(
+    queue: Target,
+    sink_db: Target,
+    now_ms: int,
+    job_id: str | None,
+    limit: int,
+    busy_s: float,
+    purged_before: int | None,
+) -> Audit:
     queue, sink_db = Path(queue), Path(sink_db)
     with (
         read_only(sink_db, SINK_TABLE, "sink DB", busy_s),
         read_only(queue, "jobs", busy_s=busy_s) as con,
     ):
-        return reads.run(con, plan_audit(sink_db, now_ms, job_id, limit))
+        return reads.run(con, plan_audit(sink_db, now_ms, job_id, limit, purged_before))
 
 
-def plan_audit(sink_db: Path, now_ms: int, job_id: str | None, limit: int) -> w.Plan[Audit]:
-    """``audit`` as a read plan on the queue file (the sink DB is attached, read-only)."""
+def purged_entry(
+    job: tuple[Any, ...], inbox: tuple[Any, ...], first_seen: Any, purged_before: int | None
+) -> dict[str, Any] | None:
+    """An inbox row the queue holds no job for, first seen before a purge's cutoff: the
+    job was (as far as the queue can tell) purged.  None for any other row."""
+    if job[0] is not None or purged_before is None or type(first_seen) is not int:
+        return None
+    if first_seen > purged_before or not well_typed(job, inbox):
+        return None
+    return {"id": inbox[0], "stage": "purged", "flags": ["purged"], "first_seen_ms": first_seen}
+
+
+def plan_audit(
+    sink_db: Path, now_ms: int, job_id: str | None, limit: int, purged_before: int | None = None
+) -> w.Plan[Audit]:
+    """``audit`` as a read plan on the queue file (the sink DB is attached, read-only); an
+    inbox row of a job purged before ``purged_before`` is no orphan (``purged_entry``)."""
+    if purged_before is None:  # (a file's own; a copy's is given: the copy has no purges)
+        purged_before, _ = yield from retention.plan_purged_before(on_sqlite=True)
     yield from fetch("ATTACH DATABASE ? AS sink", (f"{sink_db.resolve().as_uri()}?mode=ro",))
     stages: dict[str, int] = {}
     flags: dict[str, int] = dict.fromkeys([*VIOLATIONS, *ATTENTION], 0)
@@ -407,18 +439,20 @@ def plan_audit(sink_db: Path, now_ms: int, job_id: str | None, limit: int) -> w.
         while page := (yield from fetch(sql, (after, AUDIT_PAGE))):
             after = page[-1][0]
             for row in page:
-                job, inbox = row[1:8], row[8:]
-                found = judge(job, inbox, now_ms)
+                job, inbox = row[1:8], row[8:13]
+                entry = purged_entry(job, inbox, row[13], purged_before)
+                found = judge(job, inbox, now_ms) if entry is None else entry["flags"]
                 name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
+                name = name if entry is None else entry["stage"]
                 stages[name] = stages.get(name, 0) + 1
                 for flag in found:
                     flags[flag] += 1
                 if job_id is not None and (job[0] or inbox[0]) == job_id:
-                    selected = describe(job, inbox, now_ms)
+                    selected = entry or describe(job, inbox, now_ms)
                 if found:
                     kind = "violations" if set(found) & VIOLATIONS.keys() else "attention"
                     if len(listed[kind]) < limit:
-                        listed[kind].append(describe(job, inbox, now_ms))
+                        listed[kind].append(entry or describe(job, inbox, now_ms))
     ((stock,),) = yield from fetch("SELECT total FROM sink.stock")
     ((inbox_sum,),) = yield from fetch("SELECT coalesce(sum(qty), 0) FROM sink.stock_moves")
     yield from fetch("COMMIT")

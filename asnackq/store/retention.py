@@ -29,7 +29,7 @@ import json
 from typing import NamedTuple
 
 from asnackq.core import worker as w
-from asnackq.store.reads import has_table
+from asnackq.store.reads import fetch, has_table
 
 __all__ = [
     "MAX_LIMIT",
@@ -41,6 +41,7 @@ __all__ = [
     "check_purge",
     "plan_create",
     "plan_purge",
+    "plan_purged_before",
 ]
 
 PURGEABLE = ("done", "dead")
@@ -82,6 +83,7 @@ SQL_EVENTS = """DELETE FROM asnackq_events WHERE id IN (SELECT value FROM json_e
 SQL_AUDIT = "INSERT INTO asnackq_purges (at_ms, cutoff_ms, status, jobs) VALUES (?, ?, ?, ?)"
 SQL_PURGES = """SELECT at_ms, cutoff_ms, status, jobs FROM asnackq_purges
 ORDER BY seq DESC LIMIT ?"""
+SQL_PURGED_BEFORE = "SELECT max(cutoff_ms) FROM asnackq_purges"
 _ANY = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
 PG_TEXTS = {
     SQL_LOCK: "SELECT pg_advisory_xact_lock(1634626401, 1)",  # (pg_sql.SQL_LOCK_SCHEMA's)
@@ -100,6 +102,7 @@ PG_TEXTS = {
   AND NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.event = asnackq_events.id)""",
     SQL_AUDIT: SQL_AUDIT.replace("?", "%s"),
     SQL_PURGES: SQL_PURGES.replace("?", "%s"),
+    SQL_PURGED_BEFORE: SQL_PURGED_BEFORE,
 }
 
 
@@ -109,6 +112,15 @@ def check_purge(cutoff_ms: object, status: object, limit: object) -> None:
     if status not in PURGEABLE:
         raise ValueError(f"status must be one of {', '.join(PURGEABLE)}: {status!r}")
     w.check_int(limit, "limit", 1, MAX_LIMIT)
+
+
+def plan_purged_before(on_sqlite: bool) -> w.Plan[int | None]:
+    """A read plan: the latest cutoff a purge of the queue used (None: never purged)."""
+    present, _ = yield from has_table("asnackq_purges", on_sqlite)
+    if not present:
+        return None, False
+    ((cutoff,),) = yield from fetch(SQL_PURGED_BEFORE)
+    return cutoff, False
 
 
 def plan_create() -> w.Plan[None]:
