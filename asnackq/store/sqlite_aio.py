@@ -124,16 +124,16 @@ async def poll_begin(
     timeout = f"PRAGMA busy_timeout = {busy_ms}"
     script = db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
     try:
-        began, *replies = await sent([script, *(statement(db, read) for read in reads)])
+        outcome, *replies = await sent([script, *(statement(db, read) for read in reads)])
     except BaseException:  # cancelled: whatever BEGIN did has landed (``sent``)
         await rollback(db)
         raise
-    if not isinstance(began, BaseException):
+    if not isinstance(outcome, BaseException):
         return replies
     await rollback(db)  # (a BEGIN that held, then failed: never left open)
-    if not isinstance(began, sqlite3.OperationalError):
-        raise began
-    refused = began
+    if not isinstance(outcome, sqlite3.OperationalError):
+        raise outcome
+    refused = outcome
     loop = asyncio.get_running_loop()
     began = loop.time()
     deadline = began + attempts * busy_ms / 1000
@@ -197,11 +197,6 @@ async def sent(calls: list[Awaitable[Any]]) -> list[Any]:
     awaited, and the thread runs them back to back.  A caller cancelled meanwhile waits
     for every call to land before the cancellation goes on (a statement sent cannot be
     taken back: what follows it, ROLLBACK, must know what it did)."""
-    if len(calls) == 1:  # (nothing to send along: no task)
-        try:
-            return [await calls[0]]
-        except Exception as error:
-            return [error]
     gathered = asyncio.gather(*map(asyncio.ensure_future, calls), return_exceptions=True)
     try:
         return await asyncio.shield(gathered)
