@@ -15,8 +15,8 @@ reports per job, over the run only (from the moment the connected worker is told
   ``pg_stat_statements`` calls (BEGIN and COMMIT count);
 * jobs per transaction: over SQLite's BEGINs, or PostgreSQL's ``xact_commit`` +
   ``xact_rollback``.  Round trips are not counted here: on SQLite a transaction is at
-  most ``asnackq.store.sqlite_aio.HOPS`` awaits on its connection's thread (7 for a
-  Dispatcher's cycle).
+  most ``asnackq.store.sqlite_aio.HOPS`` hops to its connection's thread (5 for a
+  Dispatcher's cycle that keeps its requests' answers).
 
 Printed: the median of each over the rounds, with its range.  Figures with their date and
 commit go to docs/benchmarks.md.

@@ -1,7 +1,7 @@
 """End to end through a real sink: the sync run_once loop vs the Dispatcher vs HTTP-only.
 
     python benchmarks/dispatch_e2e.py [--jobs 2000] [--sync-jobs 300] [--concurrency 1,16,64,256]
-                                      [--rounds 3] [--baseline TREE]
+                                      [--rounds 3] [--baseline TREE [--one-sink]]
 
 The sink (`asnackq sink`) and the HTTP-only server (a handler that stores nothing) each run
 in their own process on loopback; the queue and the delivery run in this one.  Two HTTP-only
@@ -16,6 +16,7 @@ Targets: Dispatcher at concurrency 64 >= 5 x the sync loop and >= 0.5 x the bare
 ``--baseline TREE``: each round also measures the code of another checkout (``git worktree add
 /tmp/base <commit>``), its Dispatcher and its sink; then both Dispatchers run in child processes
 (so both pay the same start-up), this checkout's first in even rounds, the other's in odd ones.
+``--one-sink``: both Dispatchers deliver to this checkout's sink, so their ratio is theirs alone.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gather-ms", type=int, default=10, help="the Dispatcher's gather_ms")
     parser.add_argument("--baseline", help="a checkout of the code to compare with")
+    parser.add_argument("--one-sink", action="store_true", help="both deliver to this sink")
     parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -126,7 +128,9 @@ def main() -> None:
         null, null_url = start([sys.executable, here, "--serve-null"])
         ours, url = start([*sink, str(root / "s.db")])
         theirs, base_url = (
-            start([*sink, str(root / "b.db")], args.baseline) if args.baseline else (None, "")
+            start([*sink, str(root / "b.db")], args.baseline)
+            if args.baseline and not args.one_sink
+            else (None, url)
         )
         try:
             sync = sync_loop(root / "sync.db", url, args.sync_jobs)

@@ -1,4 +1,4 @@
-"""Awaits on the aiosqlite connection per transaction: fixed, whatever the batch."""
+"""Hops to the aiosqlite connection's thread per transaction: fixed, whatever the batch."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import aiosqlite
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
 from asnackq.core.inbox import SINK_SCHEMA, Arrival, event_digest, plan_receive, plan_stock
+from asnackq.store.attempts import Record
 from asnackq.store.sqlite_aio import HOPS, SqliteStore
 
 from .conftest import T0
@@ -18,11 +19,14 @@ COUNTED = ("execute", "execute_fetchall", "executemany", "executescript", "commi
 
 
 class Counting:
-    """An aiosqlite connection whose public awaitable methods count their calls."""
+    """An aiosqlite connection counting hops: a call made while none is in flight starts
+    one; calls sent together (before any reply came back) share it."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self.db = db
-        self.awaits = 0
+        self.awaits = 0  # hops
+        self.calls = 0
+        self.in_flight = 0
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.db, name)
@@ -30,8 +34,13 @@ class Counting:
             return method
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.awaits += 1
-            return await method(*args, **kwargs)
+            self.calls += 1
+            self.awaits += not self.in_flight
+            self.in_flight += 1
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.in_flight -= 1
 
         return counted
 
@@ -76,8 +85,30 @@ async def test_a_cycle_of_one_and_a_cycle_of_five_hundred_take_the_same_awaits(d
     assert len(small[0]) == len(small[1]) == len(small[2]) == 1
     assert len(big[0]) == len(big[1]) == len(big[2]) == 500
     assert all(small[0]) and all(big[0]) and all(small[1]) and all(big[1])
-    assert small[3] == {"deadline": 300}  # the quarantine in the small cycle
-    assert hops_small == hops_big == HOPS["cycle"]
+    assert small[3] == {"deadline": 300}  # the quarantine in the small cycle: one hop more
+    assert hops_small - HOPS["quarantine"] == hops_big == HOPS["cycle"]
+
+
+async def test_a_dispatcher_s_cycle_takes_its_hops_with_claims_ahead_and_records(db):
+    queue, counting = await counting_queue(db)
+    try:
+        await queue.keep_attempts()
+        await queue.enqueue_many([({"id": f"j{i}", "qty": 1}, 60_000, 3) for i in range(40)], T0)
+        held = await queue.claim_many("w1", T0 + 1, 5_000, 4)
+        kept = [Record(t["id"], t["token"], t["attempt"], T0 + 2, 200, 1, "ok", "") for t in held]
+        done = [(t, "ok" if i % 3 else "retry", T0 + 2, 0) for i, t in enumerate(held)]
+        (statuses, _, tickets, _), hops = await awaits(
+            counting, queue.cycle(done, [], "w1", T0 + 2, 5_000, 2, 8, attempts=kept)
+        )
+        recorded = await queue.read("SELECT count(*) FROM asnackq_attempts")
+    finally:
+        await queue.close()
+    assert statuses == ["pending", "done", "done", "pending"]
+    # the two retried with no delay are claimable again, the lowest seqs: taken first
+    assert [t["id"] for t in tickets] == ["j0", "j3", *(f"j{i}" for i in range(4, 12))]
+    assert [t["attempt"] for t in tickets] == [2, 2, *[1] * 8]
+    assert recorded == [(4,)]
+    assert hops == HOPS["cycle"] + HOPS["records"]
 
 
 async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(tmp_path):
@@ -110,4 +141,4 @@ async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(t
             hops.append((first, n))
     finally:
         await store.close()
-    assert hops == [(5, 7), (5, 7)]
+    assert hops == [(HOPS["inbox"], HOPS["inbox"] + 2)] * 2  # (+ the duplicates: read, count)

@@ -90,8 +90,16 @@ def test_open_queue_keeps_rows_across_reopen(driver, db):
 def test_claim_plan_does_not_scan_finished_rows(file_db):
     con = w.open_queue(file_db)
     plans = [
-        " ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8}))
-        for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE)
+        " ".join(
+            r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, {"now": 1, "n": 8, "losses": 9})
+        )
+        for sql in (
+            w.SQL_QUARANTINE,
+            w.SQL_QUARANTINE_DUE,
+            w.SQL_QUARANTINE_DUE_RECLAIMING,
+            w.SQL_NEXT_CLAIMABLE,
+            w.SQL_NEXT_RECLAIMABLE,
+        )
     ]
     con.close()
     for plan in plans:

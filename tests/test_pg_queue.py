@@ -93,7 +93,7 @@ def test_claims_do_not_visit_finished_rows(url):
             " FROM generate_series(1, 20000) AS i"
         )
         cursor.execute("ANALYZE jobs")
-        for sql in (w.SQL_QUARANTINE, w.SQL_NEXT_CLAIMABLE):
+        for sql in (w.SQL_QUARANTINE, w.SQL_QUARANTINE_DUE, w.SQL_NEXT_CLAIMABLE):
             text, params = pg_sql.translate(sql, {"now": T0, "n": 8})
             plan = " ".join(row[0] for row in cursor.execute("EXPLAIN " + text, params))
             assert "Seq Scan on jobs" not in plan, plan

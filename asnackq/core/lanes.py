@@ -132,6 +132,15 @@ def substituted(plan: w.Plan[T], lane: Lane) -> Generator[w.Step, Any, tuple[T, 
         except StopIteration as stop:
             result: tuple[T, bool] = stop.value
             return result
-        if isinstance(step, w.Sql):
-            step = w.Sql(*text(lane, step.sql, step.params))
-        reply = yield step
+        reply = yield in_lane(step, lane)
+
+
+def in_lane(step: w.Step, lane: Lane) -> w.Step:
+    """One step in ``lane``'s texts: a statement (a ``Read`` stays a ``Read``), or each of a
+    ``Batch``'s statements."""
+    if isinstance(step, w.Batch):
+        return w.Batch(tuple(in_lane(one, lane) for one in step.steps))  # type: ignore[misc]
+    if isinstance(step, w.Sql):
+        sql, params = text(lane, step.sql, step.params)
+        return step._replace(sql=sql, params=params)
+    return step

@@ -250,12 +250,12 @@ def _paced(
     """``wants``: permits for held tickets again, claims, claims ahead."""
     permits, wanted, rows = Grant(0, 0, 0, 1), sum(wants), None
     if wanted:
-        rows = yield w.Sql(SQL_RATE_READ, (rate.key,))
+        rows = yield w.Read(SQL_RATE_READ, (rate.key,))
         if rows:
             rate_of(rows[0][:2], rate.key)  # (a row out of range: one line, not a crash)
             permits = grant(rows[0], wanted, lead_us)
         else:  # the rate was removed: every claim goes, each slot at the clock's reading
-            clock = yield w.Sql(SQL_RATE_CLOCK)
+            clock = yield w.Read(SQL_RATE_CLOCK)
             now_us = int(clock[0][0]) if clock else 0
             permits = Grant(wanted, now_us, now_us, 0)
     again = min(wants[0], permits.permits)

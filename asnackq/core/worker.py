@@ -10,6 +10,9 @@ Rules of this file (the graded contract, steps 1-8, lives here and only here):
   second copy of the state machine anywhere.
 * A plan's statements do not grow with its batch: a set of jobs is one JSON array
   parameter, a batch of fenced writes one ``SqlMany`` step.
+* Statements that need no reply of each other go in one ``Batch`` (a write, then only
+  ``Read`` steps), so an asynchronous driver sends them at once; a plan whose first step
+  reads may have it sent along with BEGIN.
 * Plans are created by ``plan_*`` functions that validate every input eagerly,
   so a ``ValueError`` is raised before any statement reaches the database.
 * A driver wraps a plan in one ``BEGIN IMMEDIATE`` transaction.  An exception
@@ -74,11 +77,14 @@ __all__ = [
     "SQL_NEXT_RECLAIMABLE",
     "SQL_POISON",
     "SQL_QUARANTINE",
+    "SQL_QUARANTINE_DUE",
+    "SQL_QUARANTINE_DUE_RECLAIMING",
     "SQL_QUARANTINE_RECLAIMING",
     "SQL_REDRIVE",
     "SQL_SETTLE",
     "STATUSES",
     "BadAck",
+    "Batch",
     "Conflict",
     "Cycle",
     "Fault",
@@ -87,6 +93,7 @@ __all__ = [
     "Overloaded",
     "Permanent",
     "Plan",
+    "Read",
     "Reply",
     "Retry",
     "Retryable",
@@ -122,6 +129,7 @@ __all__ = [
     "fresh_event",
     "json_set",
     "judge_send",
+    "one_by_one",
     "open_db",
     "open_queue",
     "plan_claim",
@@ -439,21 +447,25 @@ SCHEMA = (
 # The quarantine, in one statement: every spent job (pending, or leased with its lease
 # ended) dies, by deadline when it is past it, else because its budget is exhausted.  Each
 # branch of the UNION is an index lookup; the plan counts the reasons it returns.
+_SPENT = """
+  SELECT seq FROM jobs WHERE status = 'pending' AND deadline <= :now
+  UNION SELECT seq FROM jobs WHERE status = 'leased' AND deadline <= :now
+    AND lease_until <= :now
+  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts{leased}"""
+_LEASED_SPENT = """
+  UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
+    AND lease_until <= :now"""
 _QUARANTINE = """
 UPDATE jobs SET status = 'dead',
   reason = CASE WHEN deadline <= :now THEN 'deadline' ELSE 'exhausted' END,
   owner = NULL, lease_until = NULL
-WHERE seq IN (
-  SELECT seq FROM jobs WHERE status = 'pending' AND deadline <= :now
-  UNION SELECT seq FROM jobs WHERE status = 'leased' AND deadline <= :now
-    AND lease_until <= :now
-  UNION SELECT seq FROM jobs WHERE status = 'pending' AND attempts >= max_attempts{leased})
+WHERE seq IN ({spent})
 RETURNING reason"""
-SQL_QUARANTINE = _QUARANTINE.format(
-    leased="""
-  UNION SELECT seq FROM jobs WHERE status = 'leased' AND attempts >= max_attempts
-    AND lease_until <= :now"""
-)
+SQL_QUARANTINE = _QUARANTINE.format(spent=_SPENT.format(leased=_LEASED_SPENT))
+# Whether the quarantine has a job to end: the same lookups, read only.  A claim reads it
+# with its claimable jobs and runs the quarantine (and reads those again) only when it has
+# work, which it mostly has not: the claim's reads then travel in one batch.
+SQL_QUARANTINE_DUE = f"SELECT EXISTS ({_SPENT.format(leased=_LEASED_SPENT)})"
 QUARANTINE_REASONS = ("deadline", "exhausted")
 STATUSES = ("pending", "leased", "done", "dead")  # a job's, as the schema's CHECK lists them
 # Why a job is dead: out of attempts, past its deadline, rejected by the receiver, or its
@@ -481,7 +493,8 @@ ORDER BY seq"""
 # pending job raises), counted from the token its last redrive recorded.  The redrives are
 # looked up only for a job whose count could reach the bound (``:losses``) without them:
 # a reclaim after a crash costs no scan of the audit trail, however long it is.
-SQL_QUARANTINE_RECLAIMING = _QUARANTINE.format(leased="")
+SQL_QUARANTINE_RECLAIMING = _QUARANTINE.format(spent=_SPENT.format(leased=""))
+SQL_QUARANTINE_DUE_RECLAIMING = f"SELECT EXISTS ({_SPENT.format(leased='')})"
 SQL_NEXT_RECLAIMABLE = f"""
 SELECT seq, id, qty, attempts, token, deadline, status = 'leased',
   CASE WHEN status = 'leased' AND token - attempts + 1 >= :losses THEN token - attempts
@@ -577,11 +590,26 @@ class Sql(NamedTuple):
     params: tuple[Any, ...] | dict[str, Any] = ()
 
 
+class Read(Sql):
+    """A statement that only reads (a ``Sql`` otherwise): whatever failed before it, it
+    changes nothing, so a driver may send it without waiting for the steps before it."""
+
+    __slots__ = ()
+
+
 class SqlMany(NamedTuple):
     """One statement over many parameter sets; the driver sends back ``[(rowcount,)]``."""
 
     sql: str
     params: list[Any]
+
+
+class Batch(NamedTuple):
+    """Statements a driver may send at once, in order: the first a ``Sql`` or ``SqlMany``,
+    every other a ``Read``.  The reply is the list of their replies (a driver sending them
+    one by one sends back the same)."""
+
+    steps: tuple[Sql | SqlMany, ...]
 
 
 class Hook(NamedTuple):
@@ -590,11 +618,11 @@ class Hook(NamedTuple):
     name: str
 
 
-Step = Sql | SqlMany | Hook
+Step = Sql | SqlMany | Batch | Hook
 # A cycle's result: finish statuses, extended tickets (or False), claimed tickets, and the
 # jobs its quarantine ended, by reason.
 Cycle = tuple[list[str | bool], list[Ticket | bool], list[Ticket], dict[str, int]]
-Reply = list[tuple[Any, ...]] | None
+Reply = list[Any] | None  # a statement's rows, or a ``Batch``'s list of them
 # A plan yields steps, receives their rows, and returns ``(result, changed)``.
 Plan = Generator[Step, Reply, tuple[T, bool]]
 Make = Callable[[], Plan[Any]]  # builds a plan (again, when a driver retries it)
@@ -615,6 +643,23 @@ def _schema(schema: tuple[str, ...]) -> Plan[None]:
     return None, False
 
 
+def one_by_one(plan: Plan[T]) -> Generator[Sql | SqlMany | Hook, Reply, tuple[T, bool]]:
+    """``plan``, each ``Batch`` yielded statement by statement (for a driver that sends one
+    at a time): the plan receives the same replies."""
+    reply: Reply = None
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if not isinstance(step, Batch):
+            reply = yield step
+            continue
+        reply = []
+        for one in step.steps:
+            reply.append((yield one))
+
+
 def write_one(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[Step, Any, None]:
     """A plan step: execute a guarded write and insist that it changed exactly one row."""
     yield Sql(sql, params)
@@ -623,11 +668,21 @@ def write_one(sql: str, params: tuple[Any, ...] | dict[str, Any]) -> Generator[S
         raise RuntimeError(f"guarded write changed {rows} rows, expected 1")
 
 
-def _write_many(sql: str, params: list[dict[str, Any]]) -> Generator[Step, Any, None]:
-    """Execute a guarded write per parameter set; each must change exactly one row."""
-    rows = yield SqlMany(sql, params)
-    if rows != [(len(params),)]:
-        raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(params)}")
+def _wrote(write: SqlMany, rows: Reply) -> None:
+    """Insist that a guarded write per parameter set changed exactly one row each."""
+    if rows != [(len(write.params),)]:
+        raise RuntimeError(f"guarded writes changed {rows} rows, expected {len(write.params)}")
+
+
+def _after(write: SqlMany | None, reads: list[Read]) -> Generator[Step, Any, list[Any]]:
+    """Send ``reads`` in one batch, after ``write`` (checked by ``_wrote``) when given;
+    returns the reads' replies."""
+    if write is None:
+        replies: list[Any] = yield Batch(tuple(reads))
+        return replies
+    wrote, *replies = yield Batch((write, *reads))
+    _wrote(write, wrote)
+    return replies
 
 
 def json_set(keys: Iterable[Any]) -> str:
@@ -647,11 +702,13 @@ def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[St
         raise RuntimeError(f"guarded writes changed {len(rows)} rows, expected {len(keys)}")
 
 
-def _jobs(ids: Iterable[str]) -> Sql:
+def _jobs(ids: Iterable[str]) -> Read:
     """The step reading the rows of the jobs ``ids`` (one statement, however many)."""
     unique = sorted(set(ids))
     return (
-        Sql(ONE[SQL_JOBS], (unique[0],)) if len(unique) == 1 else Sql(SQL_JOBS, (json_set(unique),))
+        Read(ONE[SQL_JOBS], (unique[0],))
+        if len(unique) == 1
+        else Read(SQL_JOBS, (json_set(unique),))
     )
 
 
@@ -736,54 +793,87 @@ def plan_claim(
 def _claim(
     owner: str, now_ms: int, lease_ms: int, losses: int | None = None
 ) -> Plan[Ticket | None]:
-    tickets, _ = yield from _lease(owner, now_ms, lease_ms, 1, losses=losses)
+    tickets, _ = yield from _lease(Claim(owner, now_ms, lease_ms, 1, 0, losses))
     if not tickets:
         return None, False
     yield Hook("after-claim")
     return tickets[0], True
 
 
+class Claiming(NamedTuple):
+    """The statements of a claim: the contract's, or the product's (``Limits.max_losses``)."""
+
+    due: str  # whether the quarantine has work
+    quarantine: str
+    next: str  # the lowest-seq claimable jobs
+    fresh: str  # the lowest-seq jobs never attempted
+    lease: str
+
+
+CLAIMING = Claiming(
+    SQL_QUARANTINE_DUE, SQL_QUARANTINE, SQL_NEXT_CLAIMABLE, SQL_NEXT_FRESH, SQL_LEASE
+)
+RECLAIMING = Claiming(
+    SQL_QUARANTINE_DUE_RECLAIMING,
+    SQL_QUARANTINE_RECLAIMING,
+    SQL_NEXT_RECLAIMABLE,
+    SQL_NEXT_FRESH_RECLAIMING,
+    SQL_LEASE_RECLAIMING,
+)
+
+
+class Claim(NamedTuple):
+    """A claim's arguments: ``many`` jobs (any), then ``fresh`` more never attempted."""
+
+    owner: str
+    now_ms: int
+    lease_ms: int
+    many: int
+    fresh: int
+    losses: int | None  # ``Limits.max_losses``: None for the contract's claims
+
+
 def _lease(
-    owner: str, now_ms: int, lease_ms: int, count: int, fresh: int = 0, losses: int | None = None
+    claim: Claim, before: SqlMany | None = None
 ) -> Generator[Step, Any, tuple[list[Ticket], dict[str, int]]]:
-    """Quarantine spent jobs, then lease the ``count`` lowest-seq claimable jobs, then up to
+    """Quarantine spent jobs, then lease the ``many`` lowest-seq claimable jobs, then up to
     ``fresh`` more of the lowest-seq jobs never attempted (``SQL_NEXT_FRESH``).
+
+    Exactly what those steps in turn do, in fewer statements: the reads go in one batch
+    (after ``before``, a write of the plan's, when given): whether the quarantine has work
+    (only then does it run, and the claims are read again after it), the claimable jobs,
+    and ``many + fresh`` jobs never attempted, of which those the first read took are
+    dropped (leased first, they would no longer be pending); then one lease for both.
 
     ``losses`` (``Limits.max_losses``): a reclaim of a lease that ended without a result
     spends no attempt, and a job whose leases ended so ``losses`` times is dead ('poison')
     instead of taken.  Returns the tickets and how many jobs ended, by reason.
     """
-    reclaiming = losses is not None
-    # Quarantine first: it commits even when nothing is claimable (and calls no hook).
-    dead = yield Sql(SQL_QUARANTINE_RECLAIMING if reclaiming else SQL_QUARANTINE, {"now": now_ms})
+    owner, now_ms, lease_ms, count, fresh, losses = claim
+    sql = CLAIMING if losses is None else RECLAIMING
+    reads = [Read(sql.due, {"now": now_ms})]
+    if count:
+        params = {"now": now_ms, "n": count}
+        reads.append(Read(sql.next, params if losses is None else {**params, "losses": losses}))
+    if fresh:
+        reads.append(Read(sql.fresh, {"now": now_ms, "n": count + fresh}))
+    replies = yield from _after(before, reads)
+    dead: list[Any] = []
+    if replies[0] != [(0,)]:  # quarantine first: it commits even when nothing is claimable
+        dead, *again = yield Batch((Sql(sql.quarantine, {"now": now_ms}), *reads[1:]))
+        replies = [None, *again]
     ended = {reason: sum(1 for (why,) in dead if why == reason) for reason in QUARANTINE_REASONS}
-    if not reclaiming:
-        tickets = (
-            (yield from _take(SQL_NEXT_CLAIMABLE, owner, now_ms, lease_ms, count)) if count else []
-        )
-        if fresh:  # after the first lease: the jobs it took are no longer pending
-            tickets += yield from _take(SQL_NEXT_FRESH, owner, now_ms, lease_ms, fresh)
+    rows = replies[1] if count else []
+    taken = {row[0] for row in rows}
+    more = [row for row in replies[-1] if row[0] not in taken][:fresh] if fresh else []
+    if losses is None:
+        tickets = [_ticket(row, owner, now_ms + lease_ms, 1) for row in rows + more]
+        if tickets:
+            seqs = [row[0] for row in rows + more]
+            yield from _write_set(sql.lease, (owner, now_ms + lease_ms), seqs)
         return tickets, ended
-    assert losses is not None
-    ended["poison"] = 0
-    tickets = []
-    for sql, n in ((SQL_NEXT_RECLAIMABLE, count), (SQL_NEXT_FRESH_RECLAIMING, fresh)):
-        if n:
-            taken, poisoned = yield from _retake(sql, owner, now_ms, lease_ms, n, losses)
-            tickets += taken
-            ended["poison"] += poisoned
+    tickets, ended["poison"] = yield from _retake(rows + more, owner, now_ms, lease_ms, losses)
     return tickets, ended
-
-
-def _take(
-    sql: str, owner: str, now_ms: int, lease_ms: int, count: int
-) -> Generator[Step, Any, list[Ticket]]:
-    """Lease the jobs ``sql`` selects (up to ``count``): one claim each, in ``seq`` order."""
-    rows = yield Sql(sql, {"now": now_ms, "n": count})
-    tickets = [_ticket(row, owner, now_ms + lease_ms, 1) for row in rows]
-    if tickets:
-        yield from _write_set(SQL_LEASE, (owner, now_ms + lease_ms), [row[0] for row in rows])
-    return tickets
 
 
 def _ticket(row: tuple[Any, ...], owner: str, lease_until: int, spent: int) -> Ticket:
@@ -802,12 +892,11 @@ def _ticket(row: tuple[Any, ...], owner: str, lease_until: int, spent: int) -> T
 
 
 def _retake(
-    sql: str, owner: str, now_ms: int, lease_ms: int, count: int, losses: int
+    rows: list[tuple[Any, ...]], owner: str, now_ms: int, lease_ms: int, losses: int
 ) -> Generator[Step, Any, tuple[list[Ticket], int]]:
-    """``_take`` for the product (``Limits.max_losses``): a job whose lease ended without a
-    result is leased again at the same attempt, unless this is its ``losses``-th such end:
-    then it is dead ('poison').  Returns the tickets and the number of poisoned jobs."""
-    rows = yield Sql(sql, {"now": now_ms, "n": count, "losses": losses})
+    """Lease the product's claimed ``rows`` (``Limits.max_losses``): a job whose lease ended
+    without a result is leased again at the same attempt, unless this is its ``losses``-th
+    such end: then it is dead ('poison').  Returns the tickets and the number poisoned."""
     poisoned: list[tuple[Any, ...]] = []
     taken: list[tuple[Any, ...]] = []
     for row in rows:  # (..., reclaim, its earlier lost leases where they could reach the bound)
@@ -835,7 +924,7 @@ def plan_claim_many(
 def _claim_many(
     owner: str, now_ms: int, lease_ms: int, count: int, losses: int | None = None
 ) -> Plan[list[Ticket]]:
-    tickets, _ = yield from _lease(owner, now_ms, lease_ms, count, losses=losses)
+    tickets, _ = yield from _lease(Claim(owner, now_ms, lease_ms, count, 0, losses))
     return tickets, bool(tickets)
 
 
@@ -881,33 +970,40 @@ def plan_finish(
 
 
 def _finish(ticket: Ticket, outcome: str, now_ms: int, delay_ms: int) -> Plan[str | bool]:
-    (status,), _ = yield from _settle([(ticket, outcome, now_ms, delay_ms)], [], now_ms, 0)
+    (status,), _, write = yield from _settling([(ticket, outcome, now_ms, delay_ms)], [], now_ms, 0)
+    yield from _landed(write)
     if status is False:
         return False, False  # a stale or late result never touches the current job
     yield Hook("after-finish")
     return status, True
 
 
-def _settle(
+def _landed(write: SqlMany | None) -> Generator[Step, Any, None]:
+    """Send ``_settling``'s write, if any (alone), and insist on its rows."""
+    if write is not None:
+        _wrote(write, (yield write))
+
+
+def _settling(
     results: list[tuple[Ticket, str, int, int]],
     held: list[Ticket],
     now_ms: int,
     lease_ms: int,
     ended: dict[str, int] | None = None,
-) -> Generator[Step, Any, tuple[list[Any], list[Ticket | bool]]]:
+) -> Generator[Step, Any, tuple[list[Any], list[Ticket | bool], SqlMany | None]]:
     """Finish each ``(ticket, outcome, now_ms, delay_ms)``, then extend each lease ``held``
     at ``now_ms``: each fenced on its own, as sequential calls would be; one read, one write.
 
-    Returns the statuses and the extended tickets (or False); the jobs that end dead are
-    counted by reason into ``ended``, when given.
+    Returns the statuses, the extended tickets (or False) and the write that lands them
+    (None: nothing lands), for the caller to send; the jobs that end dead are counted by
+    reason into ``ended``, when given.
     """
     rows = yield _jobs([ticket["id"] for ticket, *_ in results] + [t["id"] for t in held])
     current = {row[-1]: row[:-1] for row in rows}
     statuses, finishes = _finishes(results, current, ended)
     extended, extensions = _extensions(held, current, now_ms, lease_ms)
-    if finishes or extensions:
-        yield from _write_many(SQL_SETTLE, finishes + extensions)
-    return statuses, extended
+    writes = finishes + extensions
+    return statuses, extended, SqlMany(SQL_SETTLE, writes) if writes else None
 
 
 def _finishes(
@@ -964,7 +1060,8 @@ def _checked_results(
 
 
 def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str | bool]]:
-    statuses, _ = yield from _settle(results, [], 0, 0)
+    statuses, _, write = yield from _settling(results, [], 0, 0)
+    yield from _landed(write)
     return statuses, any(status is not False for status in statuses)
 
 
@@ -1007,16 +1104,18 @@ def _cycle(
     losses: int | None = None,
 ) -> Plan[Cycle]:
     ended: dict[str, int] = {}
-    statuses, extended = (
-        (yield from _settle(results, held, now_ms, lease_ms, ended))
-        if results or held
-        else ([], [])
-    )
-    tickets, quarantined = (
-        (yield from _lease(owner, now_ms, lease_ms, count, fresh, losses))
-        if count or fresh
-        else ([], {})
-    )
+    statuses: list[Any] = []
+    extended: list[Ticket | bool] = []
+    write = None  # the settle's, sent with the claims' reads
+    if results or held:
+        statuses, extended, write = yield from _settling(results, held, now_ms, lease_ms, ended)
+    tickets: list[Ticket] = []
+    quarantined: dict[str, int] = {}
+    if count or fresh:
+        claim = Claim(owner, now_ms, lease_ms, count, fresh, losses)
+        tickets, quarantined = yield from _lease(claim, write)
+    else:
+        yield from _landed(write)
     for reason, n in quarantined.items():
         if n:
             ended[reason] = ended.get(reason, 0) + n
@@ -1033,7 +1132,8 @@ def plan_extend(
 
 
 def _extend(ticket: Ticket, now_ms: int, lease_ms: int) -> Plan[Ticket | bool]:
-    _, (longer,) = yield from _settle([], [ticket], now_ms, lease_ms)
+    _, (longer,), write = yield from _settling([], [ticket], now_ms, lease_ms)
+    yield from _landed(write)
     if longer is False:
         return False, False
     yield Hook("after-extend")
@@ -1054,7 +1154,8 @@ def plan_extend_many(
 
 
 def _extend_many(tickets: list[Ticket], now_ms: int, lease_ms: int) -> Plan[list[Ticket | bool]]:
-    _, extended = yield from _settle([], tickets, now_ms, lease_ms)
+    _, extended, write = yield from _settling([], tickets, now_ms, lease_ms)
+    yield from _landed(write)
     return extended, any(longer is not False for longer in extended)
 
 
@@ -1112,6 +1213,13 @@ def _rollback(con: sqlite3.Connection) -> None:
             con.execute("ROLLBACK")
 
 
+def _execute(con: sqlite3.Connection, step: Sql | SqlMany) -> list[Any]:
+    """One statement: its rows, or (``SqlMany``) ``[(rowcount,)]``."""
+    if isinstance(step, SqlMany):
+        return [(con.executemany(step.sql, step.params).rowcount,)]
+    return con.execute(step.sql, step.params).fetchall()
+
+
 def drive(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction on ``con``: COMMIT and return its
     result, or ROLLBACK and re-raise.
@@ -1130,14 +1238,14 @@ def drive(con: sqlite3.Connection, plan: Plan[T], fault: Fault = None) -> T:
             except StopIteration as stop:
                 result, changed = stop.value
                 break
-            if isinstance(step, Sql):
-                reply = con.execute(step.sql, step.params).fetchall()
-            elif isinstance(step, SqlMany):
-                reply = [(con.executemany(step.sql, step.params).rowcount,)]
-            else:
+            if isinstance(step, Batch):
+                reply = [_execute(con, one) for one in step.steps]
+            elif isinstance(step, Hook):
                 reply = None
                 if fault is not None:
                     fault(step.name)
+            else:
+                reply = _execute(con, step)
         con.execute("COMMIT")
     except BaseException:
         _rollback(con)

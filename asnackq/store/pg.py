@@ -230,9 +230,10 @@ def _steps(con: psycopg.Connection[Any], plan: w.Plan[Any], fault: w.Fault) -> t
     """The plan's steps: each step is one round trip (executemany: one pipeline)."""
     reply: list[tuple[Any, ...]] | None = None
     count = 0
+    flat = w.one_by_one(plan)
     while True:
         try:
-            step = plan.send(reply)
+            step = flat.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:
@@ -346,9 +347,10 @@ async def asteps(
     """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin)."""
     reply: list[tuple[Any, ...]] | None = None
     count = 0
+    flat = w.one_by_one(plan)
     while True:
         try:
-            step = plan.send(reply)
+            step = flat.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:

@@ -54,11 +54,12 @@ def placeholders(sql: str) -> str:
 
 
 # The quarantine: lock the spent jobs nobody else holds, then end them (one reason each).
-_PG_QUARANTINE = """
-WITH spent AS (
+_PG_SPENT = """
   SELECT seq FROM jobs WHERE status IN ('pending', 'leased')
     AND (deadline <= %(now)s OR {spent})
-    AND (status = 'pending' OR lease_until <= %(now)s)
+    AND (status = 'pending' OR lease_until <= %(now)s)"""
+_PG_QUARANTINE = f"""
+WITH spent AS ({_PG_SPENT}
   FOR UPDATE SKIP LOCKED)
 UPDATE jobs SET status = 'dead',
   reason = CASE WHEN deadline <= %(now)s THEN 'deadline' ELSE 'exhausted' END,
@@ -66,6 +67,8 @@ UPDATE jobs SET status = 'dead',
 FROM spent WHERE jobs.seq = spent.seq
 RETURNING jobs.reason"""
 PG_QUARANTINE = _PG_QUARANTINE.format(spent="attempts >= max_attempts")
+# Whether it has work (``w.SQL_QUARANTINE_DUE``): the same rows, locked by others or not.
+PG_QUARANTINE_DUE = f"SELECT EXISTS ({_PG_SPENT.format(spent='attempts >= max_attempts')})"
 
 # The :n lowest-seq claimable jobs nobody else is claiming, locked until COMMIT.  The
 # lock re-reads each row: the values returned are the row's latest, and a job that is
@@ -87,9 +90,9 @@ ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
 
 # The product's claims (``worker.Limits.max_losses``): a lease that ended without a result is
 # taken again without spending an attempt, so only a pending job is spent by its budget.
-PG_QUARANTINE_RECLAIMING = _PG_QUARANTINE.format(
-    spent="(status = 'pending' AND attempts >= max_attempts)"
-)
+_PG_SPENT_RECLAIMING = "(status = 'pending' AND attempts >= max_attempts)"
+PG_QUARANTINE_RECLAIMING = _PG_QUARANTINE.format(spent=_PG_SPENT_RECLAIMING)
+PG_QUARANTINE_DUE_RECLAIMING = f"SELECT EXISTS ({_PG_SPENT.format(spent=_PG_SPENT_RECLAIMING)})"
 PG_NEXT_RECLAIMABLE = """
 WITH pending AS (
   SELECT seq, id, qty, attempts, token, deadline FROM jobs
@@ -175,6 +178,8 @@ ANY_ID = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
 # Each core statement -> its PostgreSQL text.
 STATEMENTS: dict[str, str] = {
     w.SQL_QUARANTINE: PG_QUARANTINE,
+    w.SQL_QUARANTINE_DUE: PG_QUARANTINE_DUE,
+    w.SQL_QUARANTINE_DUE_RECLAIMING: PG_QUARANTINE_DUE_RECLAIMING,
     w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
     w.SQL_NEXT_FRESH: PG_NEXT_FRESH,
     w.SQL_JOBS: PG_JOBS,

@@ -4,10 +4,17 @@ Rules of this module:
 
 * No state machine here: the driver runs ``worker.plan_*`` plans step by step, through
   aiosqlite's public API only (``execute_fetchall``, ``executemany``, ``commit``, ...).
-  aiosqlite owns the connection's one thread; every await is one hop to it.
+  aiosqlite owns the connection's one thread and runs its calls in the order made; each
+  wait for a reply is one hop to that thread and back through the event loop.
 * A transaction is ``BEGIN IMMEDIATE``, the plan's statements, ``COMMIT``; a plan's
   statements do not grow with its batch (sets are one JSON parameter, fenced writes one
   ``executemany``), so neither do a transaction's hops (``HOPS``).
+* Statements that need no reply of each other are sent at once, one hop for all (``sent``):
+  a plan's ``Batch`` (a statement, then only reads), and a first step that only reads,
+  with BEGIN.  So a write never runs outside the transaction (only reads follow BEGIN or
+  a statement that may fail and end it), COMMIT is never sent before every reply of the
+  transaction came back without a failure, and a failure is raised only once every
+  statement sent with it has run (ROLLBACK follows them on the thread).
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with a
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
   ``QueueBusy``; so does a statement or COMMIT refused for another process's lock (a
@@ -32,6 +39,7 @@ import contextlib
 import inspect
 import random
 import sqlite3
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -43,12 +51,14 @@ __all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
 
 T = TypeVar("T")
 
-# Awaits on the connection per transaction, at most, whatever its batch: BEGIN, the plan's
-# statements, COMMIT.  A Dispatcher's cycle (finishes, extensions and claims): BEGIN, read
-# the finished and extended jobs, write them, the quarantine, the claimable read, the
-# lease, COMMIT.
+# Hops per transaction, at most, whatever its batch.  A Dispatcher's cycle (finishes,
+# extensions and claims): BEGIN with the read of the finished and extended jobs; their
+# write with the claims' reads (whether the quarantine has work, the claimable jobs, those
+# never attempted); the lease; COMMIT.  One more when the quarantine has work (it runs with
+# the claims' reads again), one when the cycle keeps its requests' answers (their insert).
 # A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
-HOPS = {"cycle": 7, "paced cycle": 9, "enqueue": 4, "inbox": 6}
+# An intake: BEGIN with the read of the jobs, the insert, COMMIT.
+HOPS = {"cycle": 4, "quarantine": 1, "records": 1, "paced cycle": 6, "enqueue": 3, "inbox": 5}
 # A busy BEGIN is tried again after a tenth of the time it has waited so far (jittered),
 # within these bounds: a freed lock is taken within about a tenth of the wait, and a wait of
 # a second costs some 60 tries.
@@ -71,38 +81,59 @@ def call_fault(fault: w.Fault, point: str) -> None:
         raise TypeError(f"fault returned an awaitable at {point!r}; hooks must be plain calls")
 
 
-async def begin(db: aiosqlite.Connection, attempts: int, busy_ms: int | None = None) -> None:
+async def begin(
+    db: aiosqlite.Connection,
+    attempts: int,
+    busy_ms: int | None = None,
+    reads: tuple[w.Read, ...] = (),
+) -> list[Any] | None:
     """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff (``QueueBusy``).
 
     ``busy_ms``: the connection's busy timeout, which BEGIN then does without: it is polled
     (``POLL_S``) for ``attempts`` times that long instead.  None (a connection that is not
-    the store's own): BEGIN waits in SQLite's busy handler, ``attempts`` times."""
+    the store's own): BEGIN waits in SQLite's busy handler, ``attempts`` times.
+
+    ``reads`` (with ``busy_ms``): statements that only read, sent with the first BEGIN;
+    returns, once BEGIN held, each one's reply or exception (for the caller to raise in
+    its transaction), or None when that BEGIN was refused (what they read outside the
+    transaction is dropped: read them in it)."""
     if busy_ms is not None:
-        return await poll_begin(db, attempts, busy_ms)
+        return await poll_begin(db, attempts, busy_ms, reads)
     for attempt in range(attempts):
         try:
             await db.execute_fetchall("BEGIN IMMEDIATE")
-            return
+            return None
         except sqlite3.OperationalError as error:
             if not busy(error):
                 raise
             if attempt == attempts - 1:
                 raise QueueBusy(f"queue locked after {attempts} attempts: {error}") from error
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+    return None
 
 
-async def poll_begin(db: aiosqlite.Connection, attempts: int, busy_ms: int) -> None:
+async def poll_begin(
+    db: aiosqlite.Connection, attempts: int, busy_ms: int, reads: tuple[w.Read, ...] = ()
+) -> list[Any] | None:
     """BEGIN IMMEDIATE without the busy handler, tried again every ``POLL_S`` while busy.
 
-    The first try is one hop that also puts the busy timeout back; after a refusal the
-    timeout stays 0 for the plain BEGINs that follow (the caller's lock keeps every other
-    statement off this connection meanwhile) and is put back however the wait ends."""
+    The first try is one hop that also puts the busy timeout back (and sends ``reads``:
+    see ``begin``); after a refusal the timeout stays 0 for the plain BEGINs that follow
+    (the caller's lock keeps every other statement off this connection meanwhile) and is
+    put back however the wait ends."""
     timeout = f"PRAGMA busy_timeout = {busy_ms}"
+    script = db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
     try:
-        await db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
-        return
-    except sqlite3.OperationalError as error:
-        refused = error
+        outcome, *replies = await sent([script, *(statement(db, read) for read in reads)])
+    except BaseException:  # cancelled: whatever BEGIN did has landed (``sent``)
+        await rollback(db)
+        raise
+    if not isinstance(outcome, BaseException):
+        return replies
+    await rollback(db)  # (a BEGIN that held, then failed: never left open)
+    if not isinstance(outcome, sqlite3.OperationalError):
+        raise outcome
+    refused = outcome
     loop = asyncio.get_running_loop()
     began = loop.time()
     deadline = began + attempts * busy_ms / 1000
@@ -114,7 +145,7 @@ async def poll_begin(db: aiosqlite.Connection, attempts: int, busy_ms: int) -> N
             await asyncio.sleep(random.uniform(0.5, 1.5) * pause)
             try:
                 await db.execute_fetchall("BEGIN IMMEDIATE")
-                return
+                return None
             except sqlite3.OperationalError as error:
                 refused = error
         raise refused
@@ -128,22 +159,67 @@ def busy(error: sqlite3.OperationalError) -> bool:
     return "locked" in str(error) or "busy" in str(error)
 
 
-async def steps(db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault) -> tuple[T, bool]:
-    """The plan's steps, in the caller's transaction: each step is one await (one hop);
-    returns ``(result, changed)``."""
-    reply: w.Reply = None
+async def steps(
+    db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault, reply: w.Reply = None
+) -> tuple[T, bool]:
+    """The plan's steps, in the caller's transaction: each step is one hop (a ``Batch``
+    too); returns ``(result, changed)``.  ``reply``: the reply to its step last taken."""
     while True:
         try:
             step = plan.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-        if isinstance(step, w.Sql):
-            reply = [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
-        elif isinstance(step, w.SqlMany):
-            reply = [((await db.executemany(step.sql, step.params)).rowcount,)]
-        else:
-            reply = None
-            call_fault(fault, step.name)
+        reply = await run_step(db, step, fault)
+
+
+async def run_step(db: aiosqlite.Connection, step: w.Step, fault: w.Fault) -> w.Reply:
+    """One step of a plan: a statement, a batch of them (one hop), or a hook point."""
+    if isinstance(step, w.Batch):
+        if not all(isinstance(read, w.Read) for read in step.steps[1:]):
+            raise TypeError(f"a batch has reads only after its first statement: {step!r}")
+        return replied(await sent([statement(db, one) for one in step.steps]))
+    if isinstance(step, w.Hook):
+        call_fault(fault, step.name)
+        return None
+    return await statement(db, step)
+
+
+async def statement(db: aiosqlite.Connection, step: w.Sql | w.SqlMany) -> list[Any]:
+    """A statement's rows, or (``SqlMany``) ``[(rowcount,)]``."""
+    if isinstance(step, w.SqlMany):
+        return [((await db.executemany(step.sql, step.params)).rowcount,)]
+    return [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
+
+
+async def sent(calls: list[Awaitable[Any]]) -> list[Any]:
+    """Each call's reply or exception, the calls (on one connection) sent at once: each is
+    a task, so all are queued for the connection's thread, in order, before any reply is
+    awaited, and the thread runs them back to back.  A caller cancelled meanwhile waits
+    for every call to land before the cancellation goes on (a statement sent cannot be
+    taken back: what follows it, ROLLBACK, must know what it did)."""
+    gathered = asyncio.gather(*map(asyncio.ensure_future, calls), return_exceptions=True)
+    try:
+        return await asyncio.shield(gathered)
+    except asyncio.CancelledError:
+        await asyncio.wait([gathered])
+        raise
+
+
+def replied(replies: list[Any]) -> list[Any]:
+    """``replies`` (``sent``'s), or the first exception among them raised."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return replies
+
+
+def leading_reads(step: w.Step | None) -> tuple[w.Read, ...]:
+    """The statements of a step that only reads (sent with BEGIN); () for any other."""
+    if isinstance(step, w.Read):
+        return (step,)
+    if isinstance(step, w.Batch) and all(isinstance(one, w.Read) for one in step.steps):
+        return step.steps  # type: ignore[return-value]
+    return ()
 
 
 async def rollback(db: aiosqlite.Connection) -> None:
@@ -161,10 +237,24 @@ async def adrive(
     busy_ms: int | None = None,
 ) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction: COMMIT, or ROLLBACK and re-raise
-    (``busy_ms``: see ``begin``)."""
-    await begin(db, attempts, busy_ms)  # outside the try: a failed BEGIN owns no transaction
+    (``busy_ms``: see ``begin``; a first step that only reads is sent with BEGIN)."""
+    done: tuple[T, bool]
     try:
-        result, changed = await steps(db, plan, fault)
+        step: w.Step | None = plan.send(None)  # (before BEGIN: a plan does no I/O)
+    except StopIteration as stop:
+        step, done = None, stop.value
+    reads = leading_reads(step)
+    # outside the try: a failed BEGIN owns no transaction
+    replies = await begin(db, attempts, busy_ms, reads)
+    try:
+        if step is not None:
+            if reads and replies is not None:  # (sent with BEGIN)
+                got = replied(replies)
+                reply: w.Reply = got if isinstance(step, w.Batch) else got[0]
+            else:
+                reply = await run_step(db, step, fault)
+            done = await steps(db, plan, fault, reply)
+        result, changed = done
         await db.commit()
     except sqlite3.OperationalError as error:
         await rollback(db)
