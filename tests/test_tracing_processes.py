@@ -264,7 +264,9 @@ def test_a_collector_that_accepts_and_never_answers_delays_a_command_about_two_s
             conn.close()
         listener.close()
     assert done.returncode == 0, done.stderr
-    assert took < 2.0 + 2.5, (took, done.stderr)  # (2 s, the interpreter's start, slack)
+    # left behind after its 2 s, not the exporter's 10 s: the interpreter's start and a busy
+    # machine's slack on top of the 2 s stay well under that
+    assert took < 9.0, (took, done.stderr)
 
 
 @pytest.mark.process
