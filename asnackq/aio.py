@@ -65,6 +65,7 @@ from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
+from asnackq.store.intakes import Intakes
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -129,6 +130,7 @@ class AsyncQueue:
         self.clock = clock
         self.intakes_only = intakes_only  # on the application's connection: see ``within``
         self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
+        self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
 
     @classmethod
     async def connect(
@@ -286,10 +288,14 @@ class AsyncQueue:
         """Enqueue ``event`` (True inserted, False already there); None: the queue's clock
         and budget."""
         ttl, tries = self.budget.fill(ttl_ms, max_attempts)
-        make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
+        now = self._now(now_ms)
+        make = partial(w.plan_enqueue, event, now, ttl, tries, limits=self.limits)
         if self.tracer is not None:
             return bool((await self._traced(make, [(event, ttl, tries)]))[0])
-        return bool(await self._run(make, intake=True))
+        if self.intakes_only:  # in the application's transaction: that is the one
+            return bool(await self._run(make, intake=True))
+        make()  # validated here: a bad event is this caller's ValueError alone
+        return await self._intakes.enqueue((event, ttl, tries), now)
 
     async def enqueue_many(
         self, items: Sequence[Item], now_ms: int | None = None
