@@ -161,7 +161,10 @@ class AsyncQueue:
         w.check_int(attempts, "attempts", 1, 100)
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
         store = await open_store(target, w.SCHEMA, busy_s, attempts)
-        return cls(store, limits, False, clock=clock, budget=defaults)
+        queue = cls(store, limits, False, clock=clock, budget=defaults)
+        if is_url(target):  # intakes on a session of their own, beside the cycles
+            queue._intakes.own(partial(open_store, target, w.SCHEMA, busy_s, attempts))
+        return queue
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -220,6 +223,7 @@ class AsyncQueue:
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
+        await self._intakes.close()
         async with self._lock:
             await self._db.close()
 
@@ -306,7 +310,11 @@ class AsyncQueue:
         make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
         if self.tracer is not None:
             return await self._traced(make, triples)
-        results: list[bool | w.Conflict] = await self._run(make, intake=True)
+        if self.intakes_only:  # in the application's transaction: that is the one
+            results: list[bool | w.Conflict] = await self._run(make, intake=True)
+            return results
+        make()  # validated here, before any I/O
+        results = await self._intakes.run(make)
         return results
 
     async def _traced(

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 
 from .conftest import T0
@@ -184,3 +184,54 @@ async def test_a_cancelled_caller_waits_for_its_transaction_and_the_others_are_k
     ids = [row[0] for row in table(target)]
     assert ids == sorted([*(f"j{i}" for i in range(8)), "warm"])
     assert again in (True, False)
+
+
+def sessions(url: str) -> int:
+    with psycopg.connect(url) as con:
+        row = con.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def ended(url: str) -> bool:
+    """Whether every session on ``url`` ends within 30 s (a backend exits just after its
+    client closes)."""
+    for _ in range(300):
+        if sessions(url) == 0:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+@pytest.mark.process
+async def test_on_postgresql_intakes_run_on_their_own_session_beside_a_dispatcher(pg_db):
+    url = pg_db()
+    sent: list[str] = []
+    everything = asyncio.Event()
+    ids = [f"j{i}" for i in range(200)]
+
+    async def send(event: dict[str, Any], token: int) -> bool:
+        sent.append(event["id"])
+        if set(sent) >= set(ids):
+            everything.set()
+        return True
+
+    async with AsyncQueue.open(url) as q:
+        dispatcher = Dispatcher(q, send, concurrency=16)
+        running = asyncio.ensure_future(dispatcher.run(follow=True))
+        results: list[Any] = []
+        for start in range(0, 200, 20):
+            batch = [{"id": i, "qty": 1} for i in ids[start : start + 20]]
+            results += await asyncio.gather(*(q.enqueue(e) for e in batch))
+            results += await q.enqueue_many([batch[0], {"id": batch[1]["id"], "qty": 2}])
+        assert sessions(url) == 2  # the queue's and its intakes'
+        await asyncio.wait_for(everything.wait(), 60)
+        dispatcher.stop()
+        await running
+    assert results.count(True) == 200 and results.count(False) == 10
+    assert sum(isinstance(r, w.Conflict) for r in results) == 10
+    assert sorted(sent) == sorted(ids)  # each job sent once
+    assert {row[2] for row in table(url)} == {"done"}
+    assert await ended(url)  # both sessions closed

@@ -19,7 +19,12 @@ Rules of this module:
    reaches that caller only (intakes are idempotent: a job already written reads False).
    A store outage (``StoreUnavailable``, ``CommitUnknown``) reaches every caller of the
    transaction, as it would have reached each alone.
-3. **No wait is added.**  A call that finds no transaction waiting starts one at once; the
+3. **On PostgreSQL the intakes have a session of their own** (``Intakes.own``, opened at
+   the first intake; ``enqueue_many`` runs there too): a producer's COMMITs run beside the
+   Dispatcher's cycles instead of taking turns with them on the queue's one connection
+   (the server orders concurrent transactions by its row locks, as for two workers).  On a
+   file the intakes keep the queue's connection and lock: one writer per file.
+4. **No wait is added.**  A call that finds no transaction waiting starts one at once; the
    batch closes when its transaction takes the lock.  A caller that is cancelled waits for
    its transaction to end, then re-raises (as ``AsyncQueue``'s transactions do).
 """
@@ -33,11 +38,13 @@ from itertools import groupby
 from typing import Any
 
 from asnackq.core import worker as w
+from asnackq.store.opening import Store
 from asnackq.store.outage import StoreUnavailable
 
 __all__ = ["Intakes"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
+Opener = Callable[[], Awaitable[Store]]
 Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validated
 
 
@@ -89,6 +96,41 @@ class Intakes:
         self._run, self._limits = run, limits
         self._open: _Batch | None = None
         self._landing: set[asyncio.Task[None]] = set()
+        self._opener: Opener | None = None  # a session of their own (``own``), or None
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+
+    def own(self, opener: Opener) -> None:
+        """Run the intakes on a session of their own, opened by ``opener`` at the first one
+        (PostgreSQL: beside the queue's cycles, never behind them; see the module)."""
+        self._opener = opener
+
+    async def run(self, make: w.Make) -> Any:
+        """Run one intake plan (validated by the caller) where the intakes run."""
+        if self._opener is None:
+            return await self._run(make)
+        task = asyncio.ensure_future(self._on_own(make))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
+            raise
+
+    async def _on_own(self, make: w.Make) -> Any:
+        async with self._lock:
+            if self._store is None:
+                assert self._opener is not None
+                self._store = await self._opener()
+            return await self._store.run(make)
+
+    async def close(self) -> None:
+        """Wait for the transactions under way, then close the intakes' own session."""
+        if self._landing:
+            await asyncio.wait(list(self._landing))
+        async with self._lock:
+            if self._store is not None:
+                await self._store.close()
+                self._store = None
 
     async def enqueue(self, triple: Triple, now_ms: int) -> bool:
         """Enqueue one intake (validated by the caller) in the next shared transaction:
@@ -109,7 +151,7 @@ class Intakes:
 
     async def _land(self, batch: _Batch) -> None:
         try:
-            results = await self._run(batch.plan)
+            results = await self.run(batch.plan)
         except StoreUnavailable as error:
             for call in batch.calls:
                 call.settle(error)
@@ -135,6 +177,6 @@ class Intakes:
                 w.plan_enqueue, event, call.now_ms, ttl_ms, max_attempts, limits=self._limits
             )
             try:
-                call.settle(await self._run(make))
+                call.settle(await self.run(make))
             except Exception as error:
                 call.settle(error)
