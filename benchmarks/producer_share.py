@@ -201,7 +201,7 @@ async def window(target: str, case: str, args: argparse.Namespace, concurrency: 
         finally:
             stop.set()
             if feeder is not None:
-                await asyncio.wait_for(feeder.communicate(), 60)
+                await asyncio.wait_for(feeder.communicate(b""), 60)  # EOF ends it
             dispatcher.stop()
             await asyncio.gather(running, *([producing] if producing else []))
     return f"{rate}|{line}"
