@@ -67,6 +67,7 @@ from asnackq.dispatch.summary import Summary
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
+from asnackq.store.intakes import Intakes
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -136,6 +137,7 @@ class AsyncQueue:
         self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
+        self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
 
     @classmethod
     async def connect(
@@ -170,9 +172,12 @@ class AsyncQueue:
         defaults = check_defaults(clock, ttl_ms, max_attempts, limits)  # before any change
         ev.check_max_bytes(max_event_bytes)
         store = await open_store(target, w.SCHEMA, busy_s, attempts)
-        return cls(
+        queue = cls(
             store, limits, False, clock=clock, budget=defaults, max_event_bytes=max_event_bytes
         )
+        if is_url(target):  # intakes on a session of their own, beside the cycles
+            queue._intakes.own(partial(open_store, target, w.SCHEMA, busy_s, attempts))
+        return queue
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -237,6 +242,7 @@ class AsyncQueue:
 
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
+        await self._intakes.close()
         async with self._lock:
             await self._db.close()
 
@@ -316,10 +322,14 @@ class AsyncQueue:
         if to is not None:
             raise ValueError("to names endpoints for an event with data, not for {id, qty}")
         ttl, tries = self.budget.fill(ttl_ms, max_attempts)
-        make = partial(w.plan_enqueue, event, self._now(now_ms), ttl, tries, limits=self.limits)
+        now = self._now(now_ms)
+        make = partial(w.plan_enqueue, event, now, ttl, tries, limits=self.limits)
         if self.tracer is not None:
             return bool((await self._traced(make, [(event, ttl, tries)]))[0])
-        return bool(await self._run(make, intake=True))
+        if self.intakes_only:  # in the application's transaction: that is the one
+            return bool(await self._run(make, intake=True))
+        make()  # validated here: a bad event is this caller's ValueError alone
+        return await self._intakes.enqueue((event, ttl, tries), now)
 
     async def enqueue_many(
         self, items: Sequence[Item], now_ms: int | None = None, *, to: Sequence[str] | None = None
@@ -334,7 +344,11 @@ class AsyncQueue:
         make = partial(w.plan_enqueue_many, triples, self._now(now_ms), limits=self.limits)
         if self.tracer is not None:
             return await self._traced(make, triples)
-        results: list[bool | w.Conflict] = await self._run(make, intake=True)
+        if self.intakes_only:  # in the application's transaction: that is the one
+            results: list[bool | w.Conflict] = await self._run(make, intake=True)
+            return results
+        make()  # validated here, before any I/O
+        results = await self._intakes.run(make)
         return results
 
     async def publish(

@@ -6,7 +6,8 @@ Rules of this wing:
   the sqlite3 driver is the core's, ``sqlite_aio`` runs plans through aiosqlite, ``pg``
   through psycopg (sync and async) with the texts of ``pg_sql`` keyed to the core's.
 * One connection and one lock per store in async code: two coroutines' transactions never
-  interleave, and a cancelled caller never splits a write.
+  interleave, and a cancelled caller never splits a write.  Concurrent ``enqueue`` calls
+  share one transaction, each judged as if alone (``intakes``).
 * A target is a path or a ``postgresql://`` URL (``targets``); a writer never converts a
   file that belongs to someone else (``files``); readers never write (``readers``).
 * Imports: ``asnackq.core`` only.

@@ -107,7 +107,15 @@ def conflict_delay_s(attempt: int) -> float:
 # A session whose client vanished mid-transaction (a host lost, a network cut) would hold
 # its row locks until TCP gives up: the server ends it after 10 s idle in a transaction
 # (no transaction of ours waits on the client: sends happen between transactions).
-SQL_SESSION = "SET idle_in_transaction_session_timeout = 10000"
+#
+# Every statement is planned for its own parameters and the table as it is now
+# (``plan_cache_mode``): psycopg prepares a statement after a few runs, and the server's
+# generic plan for it, made while ``jobs`` was nearly empty and without statistics, is a
+# sequential scan that it keeps while the table grows to tens of thousands of live and dead
+# rows.  Each lookup of jobs by id (every intake and every finish) then read the whole table:
+# a Dispatcher beside a producer fell from 759 to 198 jobs/s within 30 s (issue 37).
+SQL_SESSION = """SELECT set_config('idle_in_transaction_session_timeout', '10000', false),
+  set_config('plan_cache_mode', 'force_custom_plan', false)"""
 # Before its COMMIT, an async transaction that wrote learns its id (one round trip; one
 # that only read has none, and nothing to lose): after a lost COMMIT, a new session asks
 # the server whether that transaction committed.  Only the server that gave the id can

@@ -1,0 +1,182 @@
+"""Concurrent ``enqueue`` calls on one ``AsyncQueue`` share a transaction: group commit.
+
+A queue has one connection and one lock (``asnackq.aio``, rule 2).  Sixteen request handlers
+each calling ``enqueue`` would otherwise take the lock sixteen times, each paying a durable
+COMMIT, and a Dispatcher's cycle waiting for the same lock would queue behind all of them.
+Here, the calls that arrive while a transaction waits for the lock join it.
+
+Rules of this module:
+
+1. **Each call is judged as if alone.**  A transaction runs the calls in arrival order
+   through ``plan_enqueue_many``, which judges each item exactly as a sequential ``enqueue``
+   would (a repeat of an id earlier in the same transaction reads False, or a ``Conflict``);
+   calls with different clock readings are consecutive plans in the one transaction.  Each
+   call is validated by its caller before it joins (a ``ValueError`` is that caller's alone
+   and changes nothing).
+2. **Each caller gets its own fate.**  A ``Conflict`` (nothing written for it) is raised to
+   that caller alone; the others' jobs commit.  A transaction that fails for any
+   other reason is run again one call per transaction, so an error that belongs to one call
+   reaches that caller only (intakes are idempotent: a job already written reads False).
+   A store outage (``StoreUnavailable``, ``CommitUnknown``) reaches every caller of the
+   transaction, as it would have reached each alone.
+3. **On PostgreSQL the intakes have a session of their own** (``Intakes.own``, opened at
+   the first intake; ``enqueue_many`` runs there too): a producer's COMMITs run beside the
+   Dispatcher's cycles instead of taking turns with them on the queue's one connection
+   (the server orders concurrent transactions by its row locks, as for two workers).  On a
+   file the intakes keep the queue's connection and lock: one writer per file.
+4. **No wait is added.**  A call that finds no transaction waiting starts one at once; the
+   batch closes when its transaction takes the lock.  A caller that is cancelled waits for
+   its transaction to end, then re-raises (as ``AsyncQueue``'s transactions do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+from itertools import groupby
+from typing import Any
+
+from asnackq.core import worker as w
+from asnackq.store.opening import Store
+from asnackq.store.outage import StoreUnavailable
+
+__all__ = ["Intakes"]
+
+Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
+Opener = Callable[[], Awaitable[Store]]
+Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validated
+
+
+class _Call:
+    """One ``enqueue`` waiting for its transaction: its intake, its clock reading, its fate."""
+
+    def __init__(self, triple: Triple, now_ms: int) -> None:
+        self.triple, self.now_ms = triple, now_ms
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def settle(self, result: object) -> None:
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+        else:
+            self.future.set_result(result)
+
+
+class _Batch:
+    """Calls waiting for one transaction; closed once it has the lock."""
+
+    def __init__(self, limits: w.Limits) -> None:
+        self.limits = limits
+        self.calls: list[_Call] = []
+        self.taken: list[_Call] | None = None  # the calls run, fixed when it first runs
+
+    def plan(self) -> w.Plan[list[bool | w.Conflict]]:
+        """The calls in arrival order, each run of calls with one clock reading as one
+        ``plan_enqueue_many`` (which judges each item exactly as a sequential ``enqueue``).
+        A generator: the batch closes when a driver first runs it, under the lock."""
+        if self.taken is None:
+            self.taken = list(self.calls)
+        results: list[bool | w.Conflict] = []
+        changed = False
+        for now_ms, run in groupby(self.taken, key=lambda call: call.now_ms):
+            triples = [call.triple for call in run]
+            plan = w.plan_enqueue_many(triples, now_ms, limits=self.limits)
+            found, wrote = yield from plan
+            results += found
+            changed = changed or wrote
+        return results, changed
+
+
+class Intakes:
+    """Gathers one queue's concurrent intakes into shared transactions (see the module)."""
+
+    def __init__(self, run: Run, limits: w.Limits) -> None:
+        self._run, self._limits = run, limits
+        self._open: _Batch | None = None
+        self._landing: set[asyncio.Task[None]] = set()
+        self._opener: Opener | None = None  # a session of their own (``own``), or None
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+
+    def own(self, opener: Opener) -> None:
+        """Run the intakes on a session of their own, opened by ``opener`` at the first one
+        (PostgreSQL: beside the queue's cycles, never behind them; see the module)."""
+        self._opener = opener
+
+    async def run(self, make: w.Make) -> Any:
+        """Run one intake plan (validated by the caller) where the intakes run."""
+        if self._opener is None:
+            return await self._run(make)
+        task = asyncio.ensure_future(self._on_own(make))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
+            raise
+
+    async def _on_own(self, make: w.Make) -> Any:
+        async with self._lock:
+            if self._store is None:
+                assert self._opener is not None
+                self._store = await self._opener()
+            return await self._store.run(make)
+
+    async def close(self) -> None:
+        """Wait for the transactions under way, then close the intakes' own session."""
+        if self._landing:
+            await asyncio.wait(list(self._landing))
+        async with self._lock:
+            if self._store is not None:
+                await self._store.close()
+                self._store = None
+
+    async def enqueue(self, triple: Triple, now_ms: int) -> bool:
+        """Enqueue one intake (validated by the caller) in the next shared transaction:
+        True inserted, False already there; a ``Conflict`` is raised to this caller."""
+        call = _Call(triple, now_ms)
+        batch = self._open
+        if batch is None or batch.taken is not None:
+            batch = self._open = _Batch(self._limits)
+            task = asyncio.ensure_future(self._land(batch))
+            self._landing.add(task)
+            task.add_done_callback(self._landing.discard)
+        batch.calls.append(call)
+        try:
+            return bool(await asyncio.shield(call.future))
+        except asyncio.CancelledError:
+            await asyncio.wait([call.future])  # let its transaction end, then re-raise
+            raise
+
+    async def _land(self, batch: _Batch) -> None:
+        try:
+            results = await self.run(batch.plan)
+        except StoreUnavailable as error:
+            for call in batch.calls:
+                call.settle(error)
+        except Exception as error:
+            if batch.taken is None or len(batch.taken) == 1:
+                for call in batch.calls:
+                    call.settle(error)
+            else:
+                await self._alone(batch.calls)
+        except BaseException:
+            for call in batch.calls:
+                call.future.cancel()
+            raise
+        else:
+            for call, result in zip(batch.calls, results, strict=True):
+                call.settle(result)
+
+    async def _alone(self, calls: list[_Call]) -> None:
+        """Each call of a failed transaction in a transaction of its own."""
+        for call in calls:
+            event, ttl_ms, max_attempts = call.triple
+            make = partial(
+                w.plan_enqueue, event, call.now_ms, ttl_ms, max_attempts, limits=self._limits
+            )
+            try:
+                call.settle(await self.run(make))
+            except Exception as error:
+                call.settle(error)

@@ -1,0 +1,237 @@
+"""Concurrent ``enqueue`` calls on one AsyncQueue share transactions (``store/intakes.py``),
+and each call's fate is exactly what it would be alone: the same True/False/Conflict, the
+same row, its own error - on a real SQLite file and a real PostgreSQL database."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from typing import Any
+
+import psycopg
+import pytest
+
+from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.core import worker as w
+
+from .conftest import T0
+
+COLUMNS = "id, qty, status, attempts, max_attempts, token, available_at, deadline"
+REFUSE = {
+    "sqlite": """CREATE TRIGGER refuse BEFORE INSERT ON jobs WHEN NEW.id = 'bad'
+      BEGIN SELECT RAISE(ABORT, 'refused by the test'); END""",
+    "pg": """CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.id = 'bad' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+      RETURN NEW; END $$;
+      CREATE TRIGGER refuse BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION refuse()""",
+}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("pg", marks=pytest.mark.process)])
+def targets(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A factory of fresh queue targets of one kind: files, or PostgreSQL databases."""
+    if request.param == "pg":
+        pg_db = request.getfixturevalue("pg_db")
+        return request.param, pg_db
+    names = iter(range(1000))
+    return request.param, lambda: str(tmp_path / f"q{next(names)}.db")
+
+
+def table(target: str) -> list[tuple[Any, ...]]:
+    sql = f"SELECT {COLUMNS} FROM jobs ORDER BY id"
+    if target.startswith("postgresql://"):
+        with psycopg.connect(target) as con:
+            return [tuple(row) for row in con.execute(sql).fetchall()]
+    con = sqlite3.connect(target)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def execute(target: str, sql: str) -> None:
+    if target.startswith("postgresql://"):
+        with psycopg.connect(target, autocommit=True) as con:
+            con.execute(sql)
+        return
+    con = sqlite3.connect(target)
+    try:
+        con.executescript(sql)
+    finally:
+        con.close()
+
+
+def calls(rng: random.Random, n: int) -> list[tuple[dict[str, Any], int, int, int]]:
+    """Intakes over a small pool of ids (repeats, same and other quantities) with their own
+    clock readings and budgets."""
+    return [
+        (
+            {"id": f"j{rng.randrange(12)}", "qty": rng.choice((1, 1, 2))},
+            T0 + rng.randrange(3),
+            rng.choice((60_000, 3_600_000)),
+            rng.randint(1, 5),
+        )
+        for _ in range(n)
+    ]
+
+
+def outcome(result: Any) -> Any:
+    return ("conflict", str(result)) if isinstance(result, w.Conflict) else result
+
+
+async def sequential(target: str, intakes: list[Any]) -> list[Any]:
+    results = []
+    async with AsyncQueue.open(target) as q:
+        for event, now, ttl, tries in intakes:
+            try:
+                results.append(await q.enqueue(event, now, ttl, tries))
+            except w.Conflict as conflict:
+                results.append(conflict)
+    return [outcome(r) for r in results]
+
+
+async def concurrent(target: str, intakes: list[Any]) -> list[Any]:
+    async with AsyncQueue.open(target) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)  # the next calls queue behind one
+        results = await asyncio.gather(
+            *(q.enqueue(event, now, ttl, tries) for event, now, ttl, tries in intakes),
+            return_exceptions=True,
+        )
+    return [outcome(r) for r in results]
+
+
+async def test_concurrent_enqueues_give_each_call_its_sequential_result_and_row(targets):
+    kind, fresh = targets
+    rng = random.Random(37)
+    seen: set[Any] = set()
+    for _ in range(12 if kind == "sqlite" else 6):
+        intakes = calls(rng, rng.randint(2, 40))
+        alone, together = fresh(), fresh()
+        async with AsyncQueue.open(alone) as q:
+            await q.enqueue({"id": "warm", "qty": 1}, T0)
+        expected = await sequential(alone, intakes)
+        assert await concurrent(together, intakes) == expected
+        assert table(together) == table(alone)
+        seen |= {r[0] if isinstance(r, tuple) else r for r in expected}
+    assert seen == {True, False, "conflict"}  # the mix had repeats and conflicts
+
+
+@pytest.mark.process
+async def test_calls_made_together_share_transactions_on_postgresql(pg_db):
+    url = pg_db()
+    async with AsyncQueue.open(url) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)
+        results = await asyncio.gather(*(q.enqueue({"id": f"j{i}", "qty": 1}) for i in range(50)))
+    assert results == [True] * 50
+    with psycopg.connect(url) as con:
+        row = con.execute("SELECT count(DISTINCT xmin::text) FROM jobs WHERE id <> 'warm'")
+        transactions = row.fetchone()
+    assert transactions is not None and transactions[0] <= 3  # 50 calls, not 50 COMMITs
+
+
+async def test_an_error_that_belongs_to_one_call_reaches_that_caller_only(targets):
+    kind, fresh = targets
+    target = fresh()
+    async with AsyncQueue.open(target) as q:
+        await q.enqueue({"id": "known", "qty": 1}, T0)
+        execute(target, REFUSE[kind])
+        events = [
+            {"id": "a", "qty": 1},
+            {"id": "bad", "qty": 1},  # the database refuses this row
+            {"id": "known", "qty": 2},  # a Conflict
+            {"id": "b", "qty": 1},
+            {"id": "known", "qty": 1},  # already there
+        ]
+        results = await asyncio.gather(*(q.enqueue(e) for e in events), return_exceptions=True)
+        assert results[0] is True and results[3] is True and results[4] is False
+        assert "refused by the test" in str(results[1])
+        assert isinstance(results[2], w.Conflict)
+        assert await q.enqueue({"id": "c", "qty": 1}) is True  # the queue goes on
+    assert [row[0] for row in table(target)] == ["a", "b", "c", "known"]
+
+
+async def test_a_bad_event_is_its_caller_s_value_error_and_changes_nothing(targets):
+    _, fresh = targets
+    target = fresh()
+    async with AsyncQueue.open(target) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)
+        bad = {"id": "no spaces allowed", "qty": 1}
+        results = await asyncio.gather(
+            q.enqueue({"id": "a", "qty": 1}),
+            q.enqueue(bad),
+            q.enqueue({"id": "b", "qty": 1}),
+            return_exceptions=True,
+        )
+    assert results[0] is True and results[2] is True
+    assert isinstance(results[1], ValueError)
+    assert [row[0] for row in table(target)] == ["a", "b", "warm"]
+
+
+async def test_a_cancelled_caller_waits_for_its_transaction_and_the_others_are_kept(targets):
+    _, fresh = targets
+    target = fresh()
+    async with AsyncQueue.open(target) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)
+        tasks = [asyncio.ensure_future(q.enqueue({"id": f"j{i}", "qty": 1})) for i in range(8)]
+        await asyncio.sleep(0)  # every call has joined its transaction
+        tasks[3].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert [r for i, r in enumerate(results) if i != 3] == [True] * 7
+        # the cancelled call's job was in a transaction that committed, or in none
+        again = await q.enqueue({"id": "j3", "qty": 1})
+    ids = [row[0] for row in table(target)]
+    assert ids == sorted([*(f"j{i}" for i in range(8)), "warm"])
+    assert again in (True, False)
+
+
+def sessions(url: str) -> int:
+    with psycopg.connect(url) as con:
+        row = con.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def ended(url: str) -> bool:
+    """Whether every session on ``url`` ends within 30 s (a backend exits just after its
+    client closes)."""
+    for _ in range(300):
+        if sessions(url) == 0:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+@pytest.mark.process
+async def test_on_postgresql_intakes_run_on_their_own_session_beside_a_dispatcher(pg_db):
+    url = pg_db()
+    sent: list[str] = []
+    everything = asyncio.Event()
+    ids = [f"j{i}" for i in range(200)]
+
+    async def send(event: dict[str, Any], token: int) -> bool:
+        sent.append(event["id"])
+        if set(sent) >= set(ids):
+            everything.set()
+        return True
+
+    async with AsyncQueue.open(url) as q:
+        dispatcher = Dispatcher(q, send, concurrency=16)
+        running = asyncio.ensure_future(dispatcher.run(follow=True))
+        results: list[Any] = []
+        for start in range(0, 200, 20):
+            batch = [{"id": i, "qty": 1} for i in ids[start : start + 20]]
+            results += await asyncio.gather(*(q.enqueue(e) for e in batch))
+            results += await q.enqueue_many([batch[0], {"id": batch[1]["id"], "qty": 2}])
+        assert sessions(url) == 2  # the queue's and its intakes'
+        await asyncio.wait_for(everything.wait(), 60)
+        dispatcher.stop()
+        await running
+    assert results.count(True) == 200 and results.count(False) == 10
+    assert sum(isinstance(r, w.Conflict) for r in results) == 10
+    assert sorted(sent) == sorted(ids)  # each job sent once
+    assert {row[2] for row in table(url)} == {"done"}
+    assert await ended(url)  # both sessions closed
