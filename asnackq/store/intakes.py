@@ -10,7 +10,9 @@ Rules of this module:
 1. **Each call is judged as if alone.**  A transaction runs the calls in arrival order
    through ``plan_enqueue_many``, which judges each item exactly as a sequential ``enqueue``
    would (a repeat of an id earlier in the same transaction reads False, or a ``Conflict``);
-   calls with different clock readings are consecutive plans in the one transaction.  Each
+   calls with different clock readings are consecutive plans in the one transaction.  A
+   call alone in its transaction runs the core's ``plan_enqueue``, exactly as before any
+   sharing (a ``Conflict`` rolls that transaction back).  Each
    call is validated by its caller before it joins (a ``ValueError`` is that caller's alone
    and changes nothing).
 2. **Each caller gets its own fate.**  A ``Conflict`` (nothing written for it) is raised to
@@ -78,6 +80,12 @@ class _Batch:
         A generator: the batch closes when a driver first runs it, under the lock."""
         if self.taken is None:
             self.taken = list(self.calls)
+        if len(self.taken) == 1:  # alone: the core's enqueue (a Conflict rolls it back)
+            (call,) = self.taken
+            event, ttl_ms, max_attempts = call.triple
+            alone = w.plan_enqueue(event, call.now_ms, ttl_ms, max_attempts, limits=self.limits)
+            inserted, wrote = yield from alone
+            return [inserted], wrote
         results: list[bool | w.Conflict] = []
         changed = False
         for now_ms, run in groupby(self.taken, key=lambda call: call.now_ms):
