@@ -83,7 +83,7 @@ def test_a_bunch_the_recorder_noted_late_is_left_unjudged_and_any_other_is_caugh
     assert not elsewhere.capped and elsewhere.max_window >= 140, elsewhere
 
 
-async def test_the_recorder_notes_its_own_stalls_and_only_them():
+async def test_the_recorder_notes_a_stall_of_its_own_loop():
     stalls: list[tuple[float, float]] = []
     watchdog = asyncio.ensure_future(watch_stalls(stalls))
     await asyncio.sleep(0.05)

@@ -441,9 +441,11 @@ def plan_audit(
             for row in page:
                 job, inbox = row[1:8], row[8:13]
                 entry = purged_entry(job, inbox, row[13], purged_before)
-                found = judge(job, inbox, now_ms) if entry is None else entry["flags"]
-                name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
-                name = name if entry is None else entry["stage"]
+                if entry is not None:
+                    found, name = entry["flags"], entry["stage"]
+                else:
+                    found = judge(job, inbox, now_ms)
+                    name = stage(job, inbox, now_ms) if job[0] is not None else "orphan"
                 stages[name] = stages.get(name, 0) + 1
                 for flag in found:
                     flags[flag] += 1
