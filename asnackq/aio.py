@@ -54,7 +54,7 @@ from asnackq.core import lanes, tracing
 from asnackq.core import rate as r
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
-from asnackq.core.endpoints import Change, Endpoint
+from asnackq.core.endpoints import Change, Endpoint, Schedule
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
 from asnackq.dispatch.events import Event, Events, EventStream, Listener
@@ -503,10 +503,19 @@ class AsyncQueue:
         """Make ``rate`` the queue's shared send rate (its table, when absent, too)."""
         await self._run(partial(r.plan_rate_setup, rate))
 
+    @property
+    def rate_key(self) -> str:
+        """The key of the shared send rate this queue's runs keep to: the queue's, or in an
+        endpoint's lane (``in_lane``) that endpoint's own."""
+        if self.lane is None or self.lane.endpoint is None:
+            return r.DEFAULT_KEY
+        return "endpoint_" + lanes.lane_of(self.lane.endpoint)
+
     async def shared_rate(self) -> r.Rate | None:
-        """The queue's shared send rate, if one was set (``limit_rate``): read outside any
-        write transaction, so a run looking for it every second takes no write lock."""
-        rate: r.Rate | None = await self._read(r.plan_shared_rate())
+        """The shared send rate (``rate_key``'s), if one was set (``limit_rate``): read
+        outside any write transaction, so a run looking for it every second takes no write
+        lock."""
+        rate: r.Rate | None = await self._read(r.plan_shared_rate(self.rate_key))
         return rate
 
     async def _read(self, plan: w.Plan[T]) -> T:
@@ -525,7 +534,7 @@ class AsyncQueue:
     async def clear_rate(self) -> bool:
         """Remove the queue's shared send rate (every worker's claims go unpaced, also
         those of runs paced so far); whether there was one."""
-        cleared: bool = await self._run(r.plan_rate_clear)
+        cleared: bool = await self._run(partial(r.plan_rate_clear, self.rate_key))
         return cleared
 
     async def paced_cycle(
@@ -772,6 +781,7 @@ async def send_once(
         token = ticket["token"]
         sending = send(event, token) if gate is None else gate.send(send, event, token)
         outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
+        outcome = settings.retry_delay(ticket, outcome, jitter)
     except w.Overloaded as error:
         return Seen(False, error, verdict="overloaded"), None  # the sink is there
     except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
@@ -782,6 +792,7 @@ async def send_once(
         return Seen(True, cause=cause, verdict=verdict, error=one_line(error)), None
     except (w.Retryable, w.Permanent) as error:
         outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
+        outcome = settings.retry_delay(ticket, outcome, jitter)
         return Seen(False, verdict=outcome[0], error=one_line(error)), Sent(
             claimed, *outcome_at(port, claimed, outcome)
         )
@@ -863,15 +874,18 @@ class Dispatcher:
     adaptive).  ``gather_ms`` (at most a tenth of the lease is used) is
     how long results may wait for more while every coroutine is busy; 0 settles each
     batch as soon as the last transaction ends.  ``retry`` is the delay before a job's next
-    attempt (and between re-sends while the sink is away); ``breaker`` when to pause for an
-    outage.  ``clock`` is the queue's unless given.  ``rate`` (sends a second, with bursts
-    of at most ``burst``) caps the sends of every worker of the queue together: its
-    permits are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier
-    than its slot; it becomes the queue's rate, which a run given none keeps to as well,
-    looking for it at its start and every ``RATE_CHECK_S`` (``settings.rate``: the run's
-    now; ``AsyncQueue.clear_rate`` removes it).  ``keep_attempts``: each request's status,
-    latency, verdict and first KiB of its answer are written with the cycle that follows it
-    (``asnackq.store.attempts``; shown by ``asnackq inspect``).
+    attempt (and between re-sends while the sink is away); ``schedule`` (an endpoint's:
+    ``endpoints.schedule_of``), if given, the delay before a job's next attempt instead;
+    ``breaker`` when to pause for an outage.  ``clock`` is the queue's unless given.
+    ``rate`` (sends a second, with bursts of at most ``burst``) caps the sends of every
+    worker of the queue together (in an endpoint's lane: of that endpoint): its permits
+    are taken with the claims (``asnackq.core.rate``), each ticket sent no earlier than its
+    slot; it becomes the queue's rate (``AsyncQueue.rate_key``), which a run given none
+    keeps to as well, looking for it at its start and every ``RATE_CHECK_S``
+    (``settings.rate``: the run's now; ``AsyncQueue.clear_rate`` removes it).
+    ``keep_attempts``: each request's status, latency, verdict and first KiB of its answer
+    are written with the cycle that follows it (``asnackq.store.attempts``; shown by
+    ``asnackq inspect``).
     Ranges are the queue's ``limits``.  ``summary`` is the current (or last) run's.
     """
 
@@ -892,6 +906,7 @@ class Dispatcher:
         trace: Trace | None = None,
         prefetch: int | None = None,
         retry: w.Retry = w.RUN_ONCE_RETRY,
+        schedule: w.Retry | Schedule | None = None,
         breaker: BreakerPolicy = DEFAULT_BREAKER,
         rate: float | None = None,
         burst: int = 1,
@@ -916,8 +931,12 @@ class Dispatcher:
         if type(grace_s) not in (int, float) or not 0 <= grace_s <= 3600:
             raise ValueError(f"grace_s must be a number of seconds in 0..3600: {grace_s!r}")
         retry.check(limits)
+        if schedule is not None and type(schedule) not in (w.Retry, Schedule):
+            raise ValueError(f"schedule must be a Retry or a Schedule: {schedule!r}")
+        if schedule is not None:
+            schedule.check(limits)
         breaker.check()
-        shared = None if rate is None else r.check_rate(rate, burst)
+        shared = None if rate is None else r.check_rate(rate, burst, queue.rate_key)
         if prefetch is not None:
             w.check_int(prefetch, "prefetch", 0, 1024)
         if on_event is not None and not callable(on_event):
@@ -938,6 +957,7 @@ class Dispatcher:
             prefetch=prefetch,
             trace=trace,
             retry=retry,
+            schedule=schedule,
             limits=limits,
             shared=SharedRate(shared, own=shared is not None),
             spans=DeliverySpans.of(owner),
@@ -963,6 +983,12 @@ class Dispatcher:
         get ``grace_s``; results committed), after which ``run`` returns its summary."""
         if self._stop is not None:
             self._stop.set()
+
+    def wake(self) -> None:
+        """Look for claimable jobs now rather than at the next idle poll (some were just
+        enqueued); nothing if no run is under way."""
+        if self._committer is not None:
+            self._committer.wake()
 
     @property
     def owner(self) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,21 @@ def execute(path: Path | str, sql: str) -> list[tuple[Any, ...]]:
         return found
     finally:
         con.close()
+
+
+async def asnackq_cli(*args: str, wait_s: float = 120) -> tuple[int, str, str]:
+    """Run ``python -m asnackq ARGS`` as a child process: its exit code, stdout, stderr."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "asnackq",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), wait_s)
+    assert child.returncode is not None
+    return child.returncode, out.decode(), err.decode()
 
 
 @pytest.fixture

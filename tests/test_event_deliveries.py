@@ -7,10 +7,8 @@ with SIGKILL mid-run and restarted leaves every event applied once at a WebhookR
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,7 +27,7 @@ from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 from asnackq.wire.send import TOKEN_HEADER, AsyncHttpSender
 
-from .conftest import execute
+from .conftest import asnackq_cli, execute
 from .sinks import serving, sink
 from .test_endpoints import where as a_queue
 
@@ -181,17 +179,8 @@ async def apply(con: aiosqlite.Connection, webhook_id: str, payload: Any) -> Non
 
 
 async def cli(*args: str) -> tuple[int, str]:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "asnackq",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(child.communicate(), 120)
-    assert child.returncode is not None
-    return child.returncode, (out + err).decode()
+    code, out, err = await asnackq_cli(*args)
+    return code, out + err
 
 
 @pytest.mark.process

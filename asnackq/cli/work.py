@@ -58,6 +58,7 @@ __all__ = ["add_work"]
 
 if TYPE_CHECKING:
     from asnackq.aio import AsyncQueue
+    from asnackq.dispatch.breaker import BreakerPolicy
     from asnackq.dispatch.endpoint import EndpointSend
     from asnackq.wire.send import AsyncHttpSender, AsyncSend
 
@@ -121,11 +122,13 @@ def add_work(commands: Commands) -> None:
         "--until-empty, stop once no job is pending or leased.",
     )
     work.add_argument("queue", type=target, help=QUEUE_HELP)
-    to = work.add_mutually_exclusive_group(required=True)
+    to = work.add_mutually_exclusive_group()
     to.add_argument(
         "--sink",
         type=sink_url,
-        help="the sink's /events URL: every job but the endpoints' deliveries is sent there",
+        help="the sink's /events URL: every job but the endpoints' deliveries is sent there "
+        "(without --sink or --endpoint: every endpoint's deliveries, each as its row says, "
+        "with a breaker, pacing and in-flight limit of its own)",
     )
     to.add_argument(
         "--endpoint",
@@ -141,7 +144,7 @@ def add_work(commands: Commands) -> None:
     work.add_argument(
         "--concurrency",
         type=concurrency_arg,
-        default=64,
+        default=None,
         help="sends in flight (default 64), or 'auto': as many as the sink takes without "
         "slowing down or answering 429/503 (up to --max-concurrency)",
     )
@@ -277,20 +280,28 @@ def check_endpoint_options(args: argparse.Namespace) -> None:
         w.check_identifier(args.endpoint, "--endpoint")
     except ValueError:
         raise Usage("--endpoint: a name is 1-64 ASCII letters, digits, '_' or '-'") from None
-    given = [
-        flag
-        for flag, value in (
-            ("--success", args.success),
-            ("--secret-file", args.secret_file),
-            ("--timeout-s", args.timeout_s),
-        )
-        if value is not None
-    ]
+    refuse_given(args, ROW_SAYS[:3], "with --endpoint, the endpoint's row says how to send")
+
+
+# Options that say how to send, which an endpoint's row says for itself.
+ROW_SAYS = (
+    ("--success", "success"),
+    ("--secret-file", "secret_file"),
+    ("--timeout-s", "timeout_s"),
+    ("--concurrency", "concurrency"),
+    ("--rate", "rate"),
+    ("--kill-after-acks", "kill_after_acks"),
+)
+
+
+def refuse_given(
+    args: argparse.Namespace, options: tuple[tuple[str, str], ...], why: str, *also: str
+) -> None:
+    """A usage error naming those of ``options`` (flag, attribute) that were given, and
+    the flags ``also``."""
+    given = [flag for flag, key in options if getattr(args, key) is not None] + list(also)
     if given:
-        raise Usage(
-            f"{', '.join(given)}: with --endpoint, the endpoint's row says how to send "
-            "(asnackq endpoint update)"
-        )
+        raise Usage(f"{', '.join(given)}: {why} (asnackq endpoint update)")
     if args.allow_network and not args.allow_remote:
         raise Usage("--allow-network goes with --allow-remote")
 
@@ -311,6 +322,22 @@ def endpoint_send(queue: Any, args: argparse.Namespace, tls: SinkTls) -> Endpoin
     )
 
 
+def run_options(
+    args: argparse.Namespace, tracer: Tracer | None, retry: w.Retry, breaker: BreakerPolicy
+) -> dict[str, Any]:
+    """The Dispatcher's options every ``work`` run takes from the command line."""
+    return {
+        "lease_ms": args.lease_ms,
+        "trace": tracer,
+        "prefetch": args.prefetch,
+        "retry": retry,
+        "breaker": breaker,
+        "gather_ms": args.gather_ms,
+        "clock": offset_clock(args.clock_offset_ms),
+        "keep_attempts": args.keep_attempts,
+    }
+
+
 def offset_clock(offset_ms: int) -> Callable[[], int]:
     """The run's wall clock (epoch ms) read ``offset_ms`` off."""
     if not offset_ms:
@@ -324,6 +351,10 @@ def run_work(args: argparse.Namespace) -> int:
     from asnackq.dispatch.metrics import WorkerMetrics
     from asnackq.wire.send import AsyncHttpSender
 
+    if args.sink is None and args.endpoint is None:  # every endpoint: as their rows say
+        from asnackq.cli.fleet import check_fleet_options
+
+        check_fleet_options(args)
     if args.endpoint is not None:  # (before a --secret-file it refuses is read)
         check_endpoint_options(args)
     tls = sink_tls(args)
@@ -339,14 +370,21 @@ def run_work(args: argparse.Namespace) -> int:
         raise Usage(str(error)) from None
     if args.burst != 1 and args.rate in (None, "off"):
         raise Usage("--burst goes with --rate R")
-    if args.max_concurrency is not None and args.concurrency != "auto":
+    fleet = args.sink is None and args.endpoint is None
+    if args.max_concurrency is not None and args.concurrency != "auto" and not fleet:
         raise Usage("--max-concurrency goes with --concurrency auto")
+    if args.concurrency is None:
+        args.concurrency = 64
     clear = args.rate == "off"
     rate = None if clear else args.rate
     log_to_stderr(args, "work")
     gives_up = time.monotonic() + args.db_wait_s
     when_up(lambda: existing_queue(args.queue), args.queue, gives_up)
     owner = args.owner or default_owner()
+    if fleet:
+        from asnackq.cli.fleet import run_fleet
+
+        return run_fleet(args, owner, retry, breaker, gives_up, dict(tls))
     sender: AsyncHttpSender | EndpointSend | None = None
     if args.sink is not None:
         sender = AsyncHttpSender(
@@ -384,16 +422,9 @@ def run_work(args: argparse.Namespace) -> int:
                     owner=owner,
                     concurrency=args.concurrency,
                     max_concurrency=256 if args.max_concurrency is None else args.max_concurrency,
-                    lease_ms=args.lease_ms,
-                    trace=tracer,
-                    prefetch=args.prefetch,
-                    retry=retry,
-                    breaker=breaker,
-                    gather_ms=args.gather_ms,
-                    clock=offset_clock(args.clock_offset_ms),
                     rate=rate,
                     burst=args.burst,
-                    keep_attempts=args.keep_attempts,
+                    **run_options(args, tracer, retry, breaker),
                 )
             except ValueError as error:
                 raise Usage(str(error)) from None

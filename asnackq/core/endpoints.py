@@ -51,6 +51,7 @@ __all__ = [
     "EndpointExists",
     "Exponential",
     "NoSuchEndpoint",
+    "Schedule",
     "check_change",
     "duration",
     "hidden",
@@ -64,6 +65,7 @@ __all__ = [
     "plan_remove",
     "plan_rotate",
     "plan_update",
+    "schedule_of",
 ]
 
 DAY_MS = w.DAY_MS
@@ -140,6 +142,39 @@ class Delays:
             raise ValueError(f"retry delays must be a tuple of 1-{MAX_DELAYS} waits in ms")
         for wait in self.ms:
             w.check_int(wait, "a retry delay (ms)", 0, MAX_DELAY_MS)
+
+
+class Schedule(NamedTuple):
+    """The waits before a delivery's retries, in order (``Delays``): retry number ``n``
+    waits ``delays_ms[n - 1]``, the last one repeating, exactly as listed (no jitter: the
+    breaker, not the schedule, spreads the sends after an outage)."""
+
+    delays_ms: tuple[int, ...]
+
+    @property
+    def cap_ms(self) -> int:
+        return max(self.delays_ms)
+
+    def check(self, limits: w.Limits) -> Schedule:
+        """This schedule, if every wait is within ``limits``' longest delay."""
+        for wait in self.delays_ms:
+            w.check_int(wait, "a retry delay (ms)", 0, limits.delay_ms)
+        return self
+
+    def delay(self, attempt: int, jitter: float, limits: w.Limits) -> int:
+        """The wait before retry number ``attempt`` (``jitter`` is checked, not used)."""
+        w.check_int(attempt, "attempt", 1, 16)
+        w.check_jitter(jitter)
+        return self.delays_ms[min(attempt, len(self.delays_ms)) - 1]
+
+
+def schedule_of(endpoint: Endpoint) -> w.Retry | Schedule:
+    """The delays before ``endpoint``'s deliveries' retries: exponential as the core's
+    ``Retry`` (full jitter), a list of delays as a ``Schedule``."""
+    retry = endpoint.retry
+    if isinstance(retry, Exponential):
+        return w.Retry(retry.base_ms, retry.cap_ms)
+    return Schedule(retry.ms)
 
 
 Secrets = tuple[tuple[str, int | None], ...]

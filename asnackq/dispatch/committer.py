@@ -183,6 +183,11 @@ class Committer:
 
     # --- the lifecycle's side ---------------------------------------------------------
 
+    def wake(self) -> None:
+        """New jobs may be claimable: the next cycle looks, not only the idle poll."""
+        self.pacer.poll_again()
+        self.kick.set()
+
     def drain(self) -> None:
         """Claim nothing more; coroutines finish what is held, then get None."""
         if self.phase is Phase.CLAIMING:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asnackq.core import worker as w
+from asnackq.core.endpoints import Schedule
 from asnackq.core.rate import Rate
 from asnackq.dispatch.events import Events
 
@@ -51,10 +52,21 @@ class Settings:
     trace: Trace | None
     retry: w.Retry
     limits: w.Limits
+    # the delays before a job's next attempt (None: ``retry``'s); ``retry`` alone paces the
+    # re-sends while the sink is away and the waits an overload leaves unsaid
+    schedule: w.Retry | Schedule | None = None
     shared: SharedRate = field(default_factory=SharedRate)  # every worker's, of the queue
     spans: DeliverySpans | None = None  # None: the run is not traced
     events: Events = field(default_factory=lambda: Events(""))  # what the run tells
     keep_attempts: bool = False  # each request's answer kept (``asnackq.store.attempts``)
+
+    def retry_delay(
+        self, ticket: w.Ticket, outcome: tuple[str, int], jitter: float
+    ) -> tuple[str, int]:
+        """``outcome`` (as ``w.judge_send`` gave it) with the schedule's delay if it is a retry."""
+        if outcome[0] != "retry" or self.schedule is None:
+            return outcome
+        return "retry", self.schedule.delay(ticket["attempt"], jitter, self.limits)
 
     @property
     def rate(self) -> Rate | None:

@@ -1,0 +1,142 @@
+"""``asnackq work QUEUE`` with neither ``--sink`` nor ``--endpoint``: one worker for every
+endpoint of the queue (``asnackq.dispatch.fleet``), until stopped or, with
+``--until-empty``, until no enabled endpoint has a pending or leased delivery."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from asnackq.cli.common import Usage
+from asnackq.cli.render import emit, key_values, plural
+from asnackq.core import worker as w
+from asnackq.dispatch.traces import Tracer
+
+if TYPE_CHECKING:
+    from asnackq.aio import Summary
+    from asnackq.dispatch.breaker import BreakerPolicy
+
+
+def check_fleet_options(args: argparse.Namespace) -> None:
+    """Without ``--sink`` or ``--endpoint`` each endpoint's row says how to send to it: the
+    options that say it for one receiver are refused, not ignored."""
+    from asnackq.cli.work import ROW_SAYS, refuse_given
+
+    burst = ("--burst",) if args.burst != 1 else ()
+    refuse_given(args, ROW_SAYS, "every endpoint's row says how to send to it", *burst)
+
+
+def run_fleet(
+    args: argparse.Namespace,
+    owner: str,
+    retry: w.Retry,
+    breaker: BreakerPolicy,
+    gives_up: float,
+    tls: dict[str, Any],
+) -> int:
+    """The fleet's run on ``args.queue`` (the options checked by ``run_work``)."""
+    from asnackq.cli.work import queue_when_up, run_options
+    from asnackq.dispatch.fleet import Fleet
+
+    tracer = Tracer(args.trace) if args.trace else None
+    started = time.perf_counter()
+
+    async def main() -> tuple[dict[str, Summary], bool]:
+        async with queue_when_up(args.queue, gives_up) as queue:
+            try:
+                fleet = Fleet(
+                    queue,
+                    owner=owner,
+                    max_concurrency=64 if args.max_concurrency is None else args.max_concurrency,
+                    sender_options={
+                        "allow_remote": args.allow_remote,
+                        "allow_networks": args.allow_network,
+                        **tls,
+                    },
+                    **run_options(args, tracer, retry, breaker),
+                )
+            except ValueError as error:
+                raise Usage(str(error)) from None
+            running = asyncio.ensure_future(fleet.run(until_empty=args.until_empty))
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, running.cancel)
+            await asyncio.wait([running])
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            if not running.cancelled() and running.exception() is not None:
+                raise running.exception()  # type: ignore[misc]
+            return fleet.summaries, running.cancelled()
+
+    try:
+        summaries, stopped = asyncio.run(main())
+    finally:
+        if tracer is not None:
+            tracer.close()
+    return report(args, owner, summaries, stopped, time.perf_counter() - started, retry, breaker)
+
+
+def report(
+    args: argparse.Namespace,
+    owner: str,
+    summaries: dict[str, Summary],
+    stopped: bool,
+    seconds: float,
+    retry: w.Retry,
+    breaker: BreakerPolicy,
+) -> int:
+    """Print each endpoint's summary and the totals; exit 1 if a delivery ended dead that
+    its endpoint never rejected (unless ``--accept-dead``)."""
+    per: dict[str, dict[str, int]] = {name: s.as_dict() for name, s in sorted(summaries.items())}
+    totals: dict[str, int] = {}
+    for counts in per.values():
+        for key, value in counts.items():
+            totals[key] = totals.get(key, 0) + value
+    unanswered = sum(s.dead_unanswered for s in summaries.values())
+    result: dict[str, Any] = {
+        "owner": owner,
+        "seconds": round(seconds, 3),
+        "stopped_by_signal": stopped,
+        "endpoints": per,
+        "totals": totals,
+        "retry": retry._asdict(),
+        "breaker": dataclasses.asdict(breaker),
+    }
+    rows = [
+        (
+            name,
+            f"done {c['done']}, retried {c['retried']}, dead {c['dead']}, "
+            f"requests {c['requests']}, outages {c['outages']}",
+        )
+        for name, c in per.items()
+    ]
+    emit(
+        args,
+        result,
+        lambda out: out.print(
+            key_values(
+                f"asnackq work {owner}: every endpoint"
+                + (" (stopped by signal)" if stopped else ""),
+                [
+                    *rows,
+                    ("endpoints", str(len(per))),
+                    ("done", str(totals.get("done", 0))),
+                    ("dead", str(totals.get("dead", 0))),
+                    ("seconds", f"{seconds:.1f}"),
+                ],
+            )
+        ),
+    )
+    if unanswered and not args.accept_dead:
+        print(
+            f"asnackq work: {plural(unanswered, 'delivery', 'deliveries')} ended dead that "
+            "their endpoint never rejected; pass --accept-dead to exit 0",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,306 @@
+"""One worker for every endpoint (``asnackq.dispatch.fleet``): each endpoint's deliveries
+go to it alone, with its own breaker, in-flight limit, rate and retry schedule; an endpoint
+that never answers or answers 503 costs the others nothing and spends no attempts; a
+disabled endpoint has nothing claimed until it is enabled; a change of its row takes
+effect without a restart; ``asnackq work QUEUE`` runs it.  Real aiohttp receivers on
+127.0.0.1 port 0 verify every request with the official Standard Webhooks library."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from asnackq.aio import AsyncQueue
+from asnackq.core import lanes
+from asnackq.core import worker as w
+from asnackq.core.endpoints import Delays, Endpoint
+from asnackq.dispatch.fleet import Fleet, idle_ms_for
+from asnackq.wire import webhooks as wh
+
+from .conftest import asnackq_cli, execute
+from .sinks import serving
+from .test_endpoints import where as a_queue
+from .test_event_deliveries import Hooks, hooks, statuses
+
+where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
+FAST = w.Retry(5, 20)
+WAIT_S = 60  # a bound on every wait: generous, for a busy machine
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Return once ``check()`` holds (polled), failing after ``WAIT_S``."""
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(fleet: Fleet) -> AsyncIterator[asyncio.Future[Any]]:
+    task = asyncio.ensure_future(fleet.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
+class Timed(Hooks):
+    """``Hooks`` that keep each verified request's arrival (monotonic seconds)."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__(secret)
+        self.arrivals: list[float] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.arrivals.append(time.monotonic())
+        return await super().handle(request)
+
+
+@contextlib.asynccontextmanager
+async def timed(secret: str) -> AsyncIterator[tuple[Timed, str]]:
+    receiver = Timed(secret)
+    app = web.Application()
+    app.router.add_post("/hook", receiver.handle)
+    async with serving(app) as server:
+        yield receiver, f"{server.base}/hook"
+
+
+@contextlib.asynccontextmanager
+async def silent() -> AsyncIterator[str]:
+    """A receiver that never answers: every request waits until the test ends."""
+    gate = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        await gate.wait()
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    async with serving(app) as server:
+        yield f"{server.base}/hook"
+        gate.set()
+
+
+def done_of(where: str, endpoint: str) -> int:
+    return sum(s == ("done", endpoint) for s in statuses(where).values())
+
+
+def attempts_of(where: str, endpoint: str) -> list[tuple[str, int]]:
+    return sorted(
+        execute(
+            where,
+            "SELECT j.status, j.attempts FROM asnackq_deliveries AS d JOIN jobs AS j"
+            f" ON j.id = d.job WHERE d.endpoint = '{endpoint}'",
+        )
+    )
+
+
+async def test_one_fleet_delivers_each_endpoints_deliveries_to_it_alone(where: str) -> None:
+    one, two = wh.new_secret(), wh.new_secret()
+    async with (
+        hooks(one) as (orders, orders_url),
+        hooks(two) as (users, users_url),
+        AsyncQueue.open(where) as queue,
+    ):
+        await queue.add_endpoint(Endpoint("orders", orders_url, ("order.*",), (one,)))
+        await queue.add_endpoint(Endpoint("users", users_url, ("user.*",), (two,), concurrency=2))
+        await queue.enqueue_many(
+            [{"id": f"o{i}", "type": "order.paid", "data": {"n": i}} for i in range(30)]
+        )
+        await queue.enqueue_many([{"id": f"u{i}", "type": "user.new", "data": i} for i in range(9)])
+        summaries = await Fleet(queue, owner="fleet", retry=FAST).run(until_empty=True)
+    assert (summaries["orders"].done, summaries["users"].done) == (30, 9)
+    assert sorted(s.webhook_id for s in orders.seen) == sorted(f"o{i}" for i in range(30))
+    assert sorted(s.webhook_id for s in users.seen) == sorted(f"u{i}" for i in range(9))
+    assert (orders.refused, users.refused) == (0, 0)
+    assert set(statuses(where).values()) == {("done", "orders"), ("done", "users")}
+
+
+async def test_a_silent_and_a_503_endpoint_cost_the_healthy_one_nothing(tmp_path: Path) -> None:
+    """The healthy endpoint's 200 deliveries all end done while one endpoint never answers
+    and another answers 503: those two spend no attempt (each claimed delivery is held
+    under its lease, at most its in-flight limit and the tickets kept ahead), none dies."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with (
+        hooks(secret) as (healthy, healthy_url),
+        hooks(secret, 503) as (failing, failing_url),
+        silent() as silent_url,
+        AsyncQueue.open(where) as queue,
+    ):
+        await queue.add_endpoint(Endpoint("healthy", healthy_url, secrets=(secret,)))
+        for name, url in (("failing", failing_url), ("silent", silent_url)):
+            await queue.add_endpoint(
+                Endpoint(name, url, secrets=(secret,), concurrency=2, timeout_s=0.2)
+            )
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(200)])
+        fleet = Fleet(queue, owner="fleet", retry=FAST, lease_ms=2000, prefetch=0)
+        async with running(fleet):
+            await until(lambda: done_of(where, "healthy") == 200, "every healthy delivery done")
+            paused = {name: d.paused for name, d in fleet.dispatchers().items()}
+    assert sorted(s.webhook_id for s in healthy.seen) == sorted(f"e{i}" for i in range(200))
+    assert paused == {"healthy": False, "failing": True, "silent": True}
+    for name in ("failing", "silent"):
+        held = attempts_of(where, name)
+        claimed = [attempts for _, attempts in held if attempts]
+        assert 1 <= len(claimed) <= 2 and set(claimed) == {1}  # its two slots, one attempt each
+        assert {status for status, _ in held} <= {"pending", "leased"}
+    assert len(failing.seen) >= 2  # it was asked, and answered 503
+
+
+async def test_a_disabled_endpoint_has_nothing_claimed_until_it_is_enabled(where: str) -> None:
+    secret = wh.new_secret()
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(Endpoint("partner", url, secrets=(secret,)))
+        await queue.add_endpoint(Endpoint("other", url, secrets=(secret,)))
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(5)])
+        await queue.disable_endpoint("partner", "maintenance")
+        fleet = Fleet(queue, owner="fleet", retry=FAST, refresh_s=0.05)
+        async with running(fleet):
+            await until(lambda: done_of(where, "other") == 5, "the other endpoint's deliveries")
+            assert set(fleet.dispatchers()) == {"other"}
+            assert attempts_of(where, "partner") == [("pending", 0)] * 5  # none claimed
+            await queue.enable_endpoint("partner")
+            await until(lambda: done_of(where, "partner") == 5, "delivered once enabled")
+    assert len(partner.seen) == 10
+
+
+async def test_an_endpoints_schedule_and_rate_are_its_own(tmp_path: Path) -> None:
+    """A list of delays longer than an hour is the delay a failed delivery waits; a rate
+    paces its endpoint alone (its own rate row; the queue's untouched)."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with (
+        hooks(secret, 500) as (_, late_url),
+        timed(secret) as (paced, paced_url),
+        AsyncQueue.open(where) as queue,
+    ):
+        await queue.add_endpoint(
+            Endpoint("late", late_url, secrets=(secret,), retry=Delays((7_200_000,)))
+        )
+        await queue.add_endpoint(Endpoint("paced", paced_url, secrets=(secret,), rate=20.0))
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(10)])
+        before = w.epoch_ms()
+        fleet = Fleet(queue, owner="fleet", retry=FAST, refresh_s=0.05)
+        async with running(fleet):
+            await until(lambda: done_of(where, "paced") == 10, "the paced endpoint's deliveries")
+            await until(
+                lambda: (
+                    {s for s, _ in attempts_of(where, "late")} == {"pending"}
+                    and all(a == 1 for _, a in attempts_of(where, "late"))
+                ),
+                "each late delivery failed once and waits",
+            )
+    arrivals = sorted(paced.arrivals)
+    assert arrivals[-1] - arrivals[0] >= 9 / 20 * 0.95  # 20 a second, bursts of one
+    waits = execute(
+        where,
+        "SELECT j.available_at FROM asnackq_deliveries AS d JOIN jobs AS j ON j.id = d.job"
+        " WHERE d.endpoint = 'late'",
+    )
+    assert all(at >= before + 7_200_000 for (at,) in waits)  # the schedule's two hours
+    keys = {key for (key,) in execute(where, "SELECT key FROM asnackq_rate")}
+    assert keys == {"endpoint_" + lanes.lane_of("paced")}
+
+
+async def test_a_change_of_an_endpoints_row_takes_effect_without_a_restart(where: str) -> None:
+    secret = wh.new_secret()
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(Endpoint("partner", url, secrets=(secret,), concurrency=1))
+        fleet = Fleet(queue, owner="fleet", retry=FAST, refresh_s=0.05)
+        async with running(fleet):
+            await until(lambda: "partner" in fleet.dispatchers(), "the endpoint's Dispatcher")
+            first = fleet.dispatchers()["partner"]
+            await queue.update_endpoint("partner", concurrency=3)
+            await until(
+                lambda: fleet.dispatchers().get("partner") not in (None, first),
+                "a Dispatcher made with the new concurrency",
+            )
+            assert fleet.dispatchers()["partner"].settings.concurrency == 3
+            await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(4)])
+            fleet.wake()
+            await until(lambda: done_of(where, "partner") == 4, "delivered by the new one")
+            await queue.remove_endpoint("partner")
+            await until(lambda: not fleet.dispatchers(), "no Dispatcher once removed")
+    assert len(partner.seen) == 4
+
+
+def test_idle_lanes_poll_less_often_the_more_there_are() -> None:
+    assert [idle_ms_for(n) for n in (0, 1, 8, 20, 100, 1000)] == [20, 20, 20, 50, 250, 500]
+
+
+def test_a_fleet_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    async def main() -> list[str]:
+        refused = []
+        async with AsyncQueue.open(tmp_path / "q.db") as queue:
+            for options in (
+                {"refresh_s": 0},
+                {"refresh_s": "1"},
+                {"max_concurrency": 0},
+                {"idle_ms": True},
+                {"lease_ms": 0},
+                {"owner": "a b"},
+                {"on_start": 3},
+            ):
+                with pytest.raises(ValueError) as caught:
+                    Fleet(queue, **options)
+                refused.append(str(caught.value))
+            with pytest.raises(ValueError, match="no lane"):
+                Fleet(queue.in_lane(lanes.PLAIN))
+        return refused
+
+    refused = asyncio.run(main())
+    assert all("\n" not in line and line for line in refused)
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.process
+async def test_work_without_a_sink_serves_every_endpoint(tmp_path: Path) -> None:
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with hooks(secret) as (a, a_url), hooks(secret) as (b, b_url):
+        async with AsyncQueue.open(where) as queue:
+            await queue.add_endpoint(Endpoint("a", a_url, ("x.*",), (secret,)))
+            await queue.add_endpoint(Endpoint("b", b_url, secrets=(secret,)))
+            await queue.enqueue_many(
+                [{"id": f"e{i}", "type": "x.y" if i % 2 else "z", "data": i} for i in range(20)]
+            )
+        code, out, err = await asnackq_cli("work", where, "--until-empty", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert {name: c["done"] for name, c in result["endpoints"].items()} == {"a": 10, "b": 20}
+    assert (len(a.seen), len(b.seen)) == (10, 20)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--concurrency", "4"], "--concurrency"),
+        (["--timeout-s", "3"], "--timeout-s"),
+        (["--rate", "5"], "--rate"),
+        (["--success", "2xx"], "--success"),
+        (["--burst", "3"], "--burst"),
+    ],
+)
+async def test_work_without_a_sink_refuses_what_the_rows_say(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
+    where = str(tmp_path / "q.db")
+    async with AsyncQueue.open(where):
+        pass
+    code, out, err = await asnackq_cli("work", where, "--until-empty", *flags)
+    assert code == 2 and out == ""
+    assert named in err and "row says" in err and "Traceback" not in err
