@@ -13,6 +13,20 @@ Rules of this module (the style of ``worker.py``; standard library only):
   and everything after it stay unsent, and the next run resumes there.  Exactly-once
   *sending* is impossible; the sink's inbox absorbs the re-send.
 * ``send`` gets a copy; marking uses the values originally selected.
+
+Events of any JSON value (``{"id", "data", "type"?, "key"?}``, ``core.events``) are
+accepted too, by ``core.events``' own plan and nothing else: one body made and its size
+checked (``max_event_bytes``, 256 KiB unless given, at most 1 MiB) before any statement,
+the same event again ``False``, the same id with another type, key or data a
+``Conflict``, and the event stored (``asnackq_events``) with one delivery per enabled
+endpoint taking its type, all in the accept's transaction (inside the application's own
+from asyncio, on SQLite or PostgreSQL: ``asnackq.store.borrowed.Source``).  The source DB
+holds them in the queue's tables (``worker.SCHEMA``, made by the first event's accept on
+a file that lacks them).  An event leaves by its deliveries, each a job with its lease,
+retries and dead letter, sent by the queue's worker (``asnackq work SOURCE``), never by
+``dispatch``: ``pending`` and ``dispatch`` read the ``{id, qty}`` rows only, and their
+order and stop-at-the-first-failure are the seed's, unchanged.  An endpoint set to
+ordered gives an event's ``key`` that order across its deliveries.
 """
 
 from __future__ import annotations
@@ -22,6 +36,9 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from asnackq.core import events as ev
+from asnackq.core import worker as w
+from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, DEFAULT_TTL_MS
 from asnackq.core.worker import (
     BadAck,
     Conflict,
@@ -70,15 +87,50 @@ def open_source(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return open_db(path, SOURCE_SCHEMA)
 
 
-def accept(con: sqlite3.Connection, event: dict[str, Any]) -> bool:
-    """Accept an order and its outbox row in one transaction (True), or recognise it (False)."""
-    plan = plan_accept(event)
+def accept(
+    con: sqlite3.Connection,
+    event: dict[str, Any],
+    *,
+    now_ms: int | None = None,
+    max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
+) -> bool:
+    """Accept an order and its outbox row, or an event with its deliveries, in one
+    transaction (True), or recognise it (False)."""
+    plan = plan_accept(event, now_ms, max_event_bytes=max_event_bytes)
     return bool(drive(check_con(con), plan))
 
 
-def plan_accept(event: object) -> Plan[bool]:
-    """Validate an order and return its plan (result: True accepted, False already there)."""
-    return _accept(*check_event(event))
+def plan_accept(
+    event: object,
+    now_ms: int | None = None,
+    *,
+    max_event_bytes: int = ev.DEFAULT_MAX_BYTES,
+    tables: bool = True,
+) -> Plan[bool]:
+    """Validate an order ``{id, qty}`` or an event ``{id, data, type?, key?}`` and return
+    its plan (result: True accepted, False already there).  ``now_ms`` (None: the wall
+    clock) is an event's intake time; ``tables``: make the queue's tables first when
+    absent (a SQLite file; a store that made them when it was opened passes False)."""
+    ev.check_max_bytes(max_event_bytes)
+    if now_ms is not None:
+        w.check_now(now_ms, limits=w.PRODUCT)
+    if not ev.is_event(event):
+        return _accept(*check_event(event))
+    now = w.epoch_ms() if now_ms is None else now_ms
+    triple = (event, DEFAULT_TTL_MS, DEFAULT_MAX_ATTEMPTS)
+    intake = ev.plan_intake([triple], now, max_bytes=max_event_bytes)
+    return _publish(intake, tables)
+
+
+def _publish(intake: Plan[list[Any]], tables: bool) -> Plan[bool]:
+    """An event's intake, the queue's tables made first if asked: a known event with
+    another body is a ``Conflict`` (nothing written)."""
+    if tables:
+        yield from w.plan_schema(w.SCHEMA)
+    [found], changed = yield from intake
+    if isinstance(found, Conflict):
+        raise found
+    return bool(found.created), changed
 
 
 def _accept(job_id: str, qty: int) -> Plan[bool]:
