@@ -17,12 +17,15 @@ from asnackq.core import events as ev
 from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint
+from asnackq.lab.procs import sink_process
 from asnackq.store import files
 from asnackq.store.borrowed import PG_ORDERS, Source
 from asnackq.store.targets import is_url
 
 from .conftest import T0, execute
+from .sinks import sink_state
 from .test_borrowed import app as an_app
+from .test_webhook_senders import SECRET, receiver, run_cli
 
 HOOKS = Endpoint("hooks", "http://127.0.0.1:9/hooks")  # every type
 PAID = Endpoint("paid", "http://127.0.0.1:9/paid", types=("order.*",))
@@ -152,26 +155,58 @@ def test_orders_keep_their_seq_order_and_dispatch_beside_events(source):
     assert jobs == [("pending",), ("pending",)]  # the event's deliveries: the worker's
 
 
-async def test_a_new_source_takes_an_event_and_is_then_a_queue_the_worker_opens(tmp_path):
+async def test_a_source_db_is_a_queue_whose_endpoints_and_worker_open_it(tmp_path):
     path = tmp_path / "fresh.db"
     outbox.open_source(path).close()
-    with pytest.raises(ValueError, match="holds other tables"):  # orders and outbox only
-        files.holds(path, w.SCHEMA)
-    con = outbox.open_source(path)
-    try:
-        assert outbox.accept(con, EVENT, now_ms=T0) is True  # no endpoint yet: no delivery
-    finally:
-        con.close()
     assert files.holds(path, w.SCHEMA) and files.holds(path, outbox.SOURCE_SCHEMA)
     async with AsyncQueue.open(path) as queue:  # the worker's (and ``endpoint add``'s) view
         await queue.add_endpoint(HOOKS, now_ms=T0)
-        found = await queue.publish({**EVENT, "id": "e2"}, T0)
-        assert [name for name, _ in found.deliveries] == ["hooks"]
-        assert await queue.delivery(found.deliveries[0][1]) is not None
-    assert stored(path)[0] == [
-        ("e1", "order.paid", "customer-7"),
-        ("e2", "order.paid", "customer-7"),
-    ]
+        con = outbox.open_source(path)
+        try:
+            assert outbox.accept(con, EVENT, now_ms=T0) is True
+        finally:
+            con.close()
+        [(job_id,)] = execute(path, "SELECT job FROM asnackq_deliveries")
+        event_id, body = await queue.delivery(job_id)
+    assert event_id == "e1" and json.loads(body)["data"] == EVENT["data"]
+
+
+@pytest.mark.process
+def test_the_commands_accept_orders_and_events_and_each_leaves_its_own_way(tmp_path):
+    source = tmp_path / "source.db"
+
+    def accept(*args):
+        return run_cli("outbox", "accept", str(source), *args)
+
+    assert json.loads(accept("--id", "o1", "--qty", "2").stdout)["accepted"] is True
+    (tmp_path / "secret").write_text(SECRET)
+    with receiver() as hooks:
+        secret = ("--secret-file", str(tmp_path / "secret"))
+        added = run_cli("endpoint", "add", str(source), "hooks", "--url", hooks.url, *secret)
+        assert added.returncode == 0, added.stderr
+        event = ("--id", "e1", "--type", "order.paid", "--key", "c-7", "--data", '{"n": [1]}')
+        assert json.loads(accept(*event).stdout)["accepted"] is True
+        assert json.loads(accept(*event).stdout)["accepted"] is False
+        before = digest(source)
+        for refused, says in (
+            ((*event[:-1], '{"n": 2}'), "exists with another type, key or data"),
+            (("--id", "e2", "--type", "order..paid", "--data", "1"), "an event type is dotted"),
+            (("--id", "e2", "--data", '"' + "x" * 99 + '"', "--max-event-bytes", "50"), "over"),
+            (("--id", "e2", "--data", "1", "--max-event-bytes", str(ev.MAX_BYTES + 1)), "1..1"),
+            (("--id", "e2", "--data", "{"), "--data:"),
+            (("--id", "e2", "--data", "1", "--qty", "1"), "--qty (an order) or --data"),
+        ):
+            said = accept(*refused)
+            assert said.returncode in (1, 2) and said.stderr.count("\n") == 1, said.stderr
+            assert says in said.stderr
+        assert digest(source) == before
+        done = run_cli("work", str(source), "--endpoint", "hooks", "--until-empty", "--json")
+        assert done.returncode == 0, done.stderr
+        assert [seen["webhook-id"] for seen in hooks.seen] == ["e1"] and hooks.refused == 0
+    with sink_process(tmp_path / "sink.db") as url:
+        sent = run_cli("outbox", "dispatch", str(source), "--sink", url)
+    assert json.loads(sent.stdout) == {"sent": ["o1"]}  # the orders alone, in seq order
+    assert sink_state(tmp_path / "sink.db") == (2, [("o1", 2, 1)])
 
 
 # --- inside the application's transaction, on SQLite and PostgreSQL ----------------------

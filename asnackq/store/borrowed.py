@@ -142,11 +142,11 @@ class Source:
     order and its outbox row, or an event and its deliveries, inside the application's
     transaction.
 
-    On an aiosqlite connection the source's tables and the queue's are made (an event's
-    endpoints can then be added, and its deliveries worked, on the same file); on a
-    psycopg ``AsyncConnection`` the queue's alone: there the outbox takes events with
-    ``data``, and the ``{id, qty}`` orders (the seq-ordered outbox) are refused in one
-    line, since their ordered dispatch reads a SQLite source DB."""
+    On an aiosqlite connection the source's tables and the queue's are made
+    (``outbox.TABLES``); on a psycopg ``AsyncConnection`` the queue's alone: there the
+    outbox takes events with ``data``, and the ``{id, qty}`` orders (the seq-ordered
+    outbox) are refused in one line, since their ordered dispatch reads a SQLite source
+    DB."""
 
     def __init__(self, store: Any, sqlite: bool, max_event_bytes: int) -> None:
         self.store, self.sqlite, self.max_event_bytes = store, sqlite, max_event_bytes
@@ -160,8 +160,8 @@ class Source:
         w.check_int(attempts, "attempts", 1, 100)
         ev.check_max_bytes(max_event_bytes)
         if isinstance(db, aiosqlite.Connection):
-            schema = (*outbox.SOURCE_SCHEMA, *w.SCHEMA)
-            return cls(await BorrowedSqlite.adopt(db, schema), True, max_event_bytes)
+            store = await BorrowedSqlite.adopt(db, outbox.TABLES)
+            return cls(store, True, max_event_bytes)
         return cls(await adopt(db, w.SCHEMA, attempts), False, max_event_bytes)
 
     async def accept(self, event: dict[str, Any], now_ms: int | None = None) -> bool:
@@ -170,8 +170,6 @@ class Source:
         if not (self.sqlite or ev.is_event(event)):
             raise ValueError(PG_ORDERS)
         now = w.epoch_ms() if now_ms is None else now_ms
-        make = partial(
-            outbox.plan_accept, event, now, max_event_bytes=self.max_event_bytes, tables=False
-        )
+        make = partial(outbox.plan_accept, event, now, max_event_bytes=self.max_event_bytes)
         make()  # validated before anything is sent
         return bool(await self.store.run(make))  # (the connection's turn; re-made on a retry)
