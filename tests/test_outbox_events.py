@@ -5,6 +5,7 @@ outbox beside them keeps its seq order and its dispatch."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sqlite3
@@ -22,9 +23,12 @@ from asnackq.store import files
 from asnackq.store.borrowed import PG_ORDERS, Source
 from asnackq.store.targets import is_url
 
+from . import pgdb
 from .conftest import T0, execute
+from .sequencer import until
 from .sinks import sink_state
 from .test_borrowed import app as an_app
+from .test_borrowed import open_app
 from .test_webhook_senders import SECRET, receiver, run_cli
 
 HOOKS = Endpoint("hooks", "http://127.0.0.1:9/hooks")  # every type
@@ -67,6 +71,12 @@ def stored(target):
         execute(target, "SELECT event, endpoint, key FROM asnackq_deliveries ORDER BY job"),
         execute(target, "SELECT qty, status FROM jobs ORDER BY id"),
     )
+
+
+def sized(event_id, size):
+    """An untyped event whose body, accepted at ``T0``, is exactly ``size`` bytes."""
+    frame = len(json.dumps({"data": "", "timestamp": ev.timestamp(T0)}, separators=(",", ":")))
+    return {"id": event_id, "data": "x" * (size - frame)}
 
 
 def digest(path):
@@ -129,10 +139,6 @@ def test_bad_events_are_one_line_and_change_no_byte(source, tmp_path):
 
 
 def test_the_size_limit_is_256_kib_unless_given_and_at_most_1_mib(source):
-    def sized(event_id, size):  # a body of exactly ``size`` bytes (no type, at T0)
-        frame = len(json.dumps({"data": "", "timestamp": ev.timestamp(T0)}, separators=(",", ":")))
-        return {"id": event_id, "data": "x" * (size - frame)}
-
     assert outbox.accept(source, sized("at", BIG), now_ms=T0) is True
     with pytest.raises(ValueError, match=f"is {BIG + 1} bytes, over the queue's max_event_bytes"):
         outbox.accept(source, sized("past", BIG + 1), now_ms=T0)
@@ -277,3 +283,59 @@ async def test_on_postgresql_the_outbox_takes_events_and_refuses_orders(app, app
         await app_source.accept({"id": "o1", "qty": 2})
     assert str(raised.value) == PG_ORDERS
     await app.rollback()
+
+
+@pytest.mark.process
+async def test_a_source_stores_bodies_up_to_its_limit_and_refuses_one_byte_more(app):
+    default = await Source.within(app.con)
+    widest = await Source.within(app.con, max_event_bytes=ev.MAX_BYTES)
+    await app.begin()
+    assert await default.accept(sized("at", BIG), T0) is True
+    with pytest.raises(ValueError, match="over the queue's max_event_bytes"):
+        await default.accept(sized("past", BIG + 1), T0)
+    assert await widest.accept(sized("mib", ev.MAX_BYTES), T0) is True
+    with pytest.raises(ValueError, match="over the queue's max_event_bytes"):
+        await widest.accept(sized("big", ev.MAX_BYTES + 1), T0)
+    await app.commit()
+    sizes = execute(app.target, "SELECT id, length(body) FROM asnackq_events ORDER BY seq")
+    assert sizes == [("at", BIG), ("mib", ev.MAX_BYTES)]
+
+
+def waiting_for_a_lock(url):
+    """Whether a session of this database waits for a lock another transaction holds."""
+    rows = pgdb.query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock'",
+    )
+    return rows[0][0] > 0
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("body", ["same", "other"])
+async def test_two_applications_accepting_one_event_at_once_on_postgresql(pg_db, body):
+    url = pg_db()
+    first, second = await open_app(url), await open_app(url)
+    try:
+        one, two = await Source.within(first.con), await Source.within(second.con)
+        await first.begin()
+        assert await one.accept({"id": "e0", "data": 0}, T0) is True  # the tables, committed
+        await first.commit()
+        await first.begin()
+        await second.begin()
+        assert await one.accept(EVENT, T0) is True
+        racing = asyncio.ensure_future(
+            two.accept(EVENT if body == "same" else {**EVENT, "data": 2}, T0)
+        )
+        await until(lambda: waiting_for_a_lock(url), 30)  # on the first's new row
+        await first.commit()
+        if body == "same":  # its savepoint rolled back, its plan made again: it reads e1
+            assert await asyncio.wait_for(racing, 30) is False
+        else:
+            with pytest.raises(w.Conflict):
+                await asyncio.wait_for(racing, 30)
+        await second.commit()
+    finally:
+        await first.con.close()
+        await second.con.close()
+    assert stored(url)[0] == [("e0", None, None), ("e1", "order.paid", "customer-7")]
