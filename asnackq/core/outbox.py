@@ -112,7 +112,8 @@ def plan_accept(
 ) -> Plan[bool]:
     """Validate an order ``{id, qty}`` or an event ``{id, data, type?, key?}`` and return
     its plan (result: True accepted, False already there).  ``now_ms`` (None: the wall
-    clock) is an event's intake time."""
+    clock) is an event's intake time; its deliveries get the default budget of a job
+    (``core.budget``: a day, 5 attempts; an endpoint's list of delays its own)."""
     ev.check_max_bytes(max_event_bytes)
     if now_ms is not None:
         w.check_now(now_ms, limits=w.PRODUCT)
