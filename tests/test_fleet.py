@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Fleet
 from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Delays, Endpoint
-from asnackq.dispatch.fleet import Fleet, idle_ms_for
+from asnackq.dispatch.fleet import idle_ms_for
 from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli, execute
