@@ -145,6 +145,9 @@ class AsyncQueue:
         self._event_tables = False  # made by an event's intake on this connection
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
         self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
+        # called with the endpoints given deliveries by an intake of this queue, once
+        # committed (a fleet on the same queue looks for them at once: ``Fleet.wake``)
+        self.published: list[Callable[[set[str]], object]] = []
 
     @classmethod
     async def connect(
@@ -403,6 +406,10 @@ class AsyncQueue:
         )
         found: list[ev.Published | bool | w.Conflict] = await self._run(make, intake=True)
         self._event_tables = True
+        if self.published and not self.intakes_only:  # (committed: a fleet may look now)
+            names = {name for r in found if isinstance(r, ev.Published) for name, _ in r.deliveries}
+            for listener in list(self.published):
+                listener(names)
         return found
 
     def in_lane(self, lane: lanes.Lane) -> AsyncQueue:
@@ -1248,17 +1255,19 @@ class Fleet:
     def wake(self, endpoints: Iterable[str] | None = None) -> None:
         """New deliveries were enqueued (for ``endpoints``; None: any): their lanes look now,
         not at their next idle poll."""
-        names = self.running if endpoints is None else endpoints
+        names = list(self.running if endpoints is None else endpoints)
         for name in names:
             running = self.running.get(name)
             if running is not None:
                 running.dispatcher.wake()
-        self._wake.set()
+        if endpoints is None or not set(names) <= set(self.running):
+            self._wake.set()  # (an endpoint without a Dispatcher yet: read the rows now)
 
     async def run(self, *, until_empty: bool = False) -> dict[str, Summary]:
         """Deliver until cancelled (or, ``until_empty``, until every enabled endpoint's
         lane holds no pending or leased delivery); each endpoint's summary."""
         self._follow = not until_empty
+        self.queue.published.append(self.wake)
         try:
             await self._refresh()
             while not (until_empty and not self.running):
@@ -1269,6 +1278,7 @@ class Fleet:
                 if not until_empty:
                     await self._refresh()
         finally:
+            self.queue.published.remove(self.wake)
             await asyncio.shield(self._stop_all())
         return self.summaries
 

@@ -235,6 +235,26 @@ async def test_a_change_of_an_endpoints_row_takes_effect_without_a_restart(where
     assert len(partner.seen) == 4
 
 
+async def test_an_intake_on_the_fleets_queue_wakes_its_endpoints_lanes(tmp_path: Path) -> None:
+    """Idle lanes that would look again only after a minute deliver an event published on
+    the fleet's own queue at once: the intake names the endpoints it gave deliveries."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(Endpoint("partner", url, secrets=(secret,)))
+        await queue.add_endpoint(Endpoint("idle", url, ("never.*",), (secret,)))
+        fleet = Fleet(queue, owner="fleet", retry=FAST, idle_ms=60_000, refresh_s=60)
+        async with running(fleet):
+            await until(lambda: len(fleet.dispatchers()) == 2, "both endpoints' Dispatchers")
+            await asyncio.sleep(0.2)  # (their first claims found nothing: idle for a minute)
+            started = time.monotonic()
+            await queue.publish({"id": "now", "data": 1})
+            await until(lambda: done_of(where, "partner") == 1, "the event delivered")
+            took = time.monotonic() - started
+    assert took < 30  # not the minute's poll
+    assert [s.webhook_id for s in partner.seen] == ["now"]
+
+
 def test_idle_lanes_poll_less_often_the_more_there_are() -> None:
     assert [idle_ms_for(n) for n in (0, 1, 8, 20, 100, 1000)] == [20, 20, 20, 50, 250, 500]
 
