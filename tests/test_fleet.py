@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 from aiohttp import web
 
@@ -23,12 +25,13 @@ from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Delays, Endpoint
 from asnackq.dispatch.fleet import idle_ms_for
+from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli, execute
 from .sinks import serving
 from .test_endpoints import where as a_queue
-from .test_event_deliveries import Hooks, hooks, statuses
+from .test_event_deliveries import APPLIED, Hooks, apply, hooks, statuses
 
 where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
 FAST = w.Retry(5, 20)
@@ -324,3 +327,49 @@ async def test_work_without_a_sink_refuses_what_the_rows_say(
     code, out, err = await asnackq_cli("work", where, "--until-empty", *flags)
     assert code == 2 and out == ""
     assert named in err and "row says" in err and "Traceback" not in err
+
+
+@pytest.mark.process
+async def test_a_fleet_killed_mid_run_and_started_again_applies_every_event_once(
+    tmp_path: Path,
+) -> None:
+    """Two receivers apply each webhook-id once in their own inbox; the fleet is SIGKILLed
+    once some of the 2 x 40 deliveries are applied, and a fresh one finishes every one."""
+    where, secret = str(tmp_path / "q.db"), wh.new_secret()
+    cons = [await aiosqlite.connect(tmp_path / f"app{i}.db", isolation_level=None) for i in (0, 1)]
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            urls, receivers = [], []
+            for con in cons:
+                await con.execute_fetchall(APPLIED)
+                receiver = await WebhookReceiver.within(con, [secret], apply)
+                app = web.Application()
+                app.router.add_post("/hook", receiver.handle)
+                server = await stack.enter_async_context(serving(app))
+                urls.append(f"{server.base}/hook")
+                receivers.append(receiver)
+            async with AsyncQueue.open(where) as queue:
+                for name, url in zip(("a", "b"), urls, strict=True):
+                    await queue.add_endpoint(
+                        Endpoint(name, url, secrets=(secret,), success="ack", concurrency=2)
+                    )
+                await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(40)])
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "asnackq", "work", where, "--lease-ms", "1000",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            await until(lambda: sum(r.counts["applied"] for r in receivers) >= 10, "some applied")
+            child.kill()
+            await child.wait()
+            code, _, err = await asnackq_cli("work", where, "--until-empty", "--json")
+            assert code == 0, err
+            applied = [
+                [tuple(row) for row in await con.execute_fetchall("SELECT id FROM applied")]
+                for con in cons
+            ]
+    finally:
+        for con in cons:
+            await con.close()
+    for rows in applied:
+        assert sorted(rows) == sorted((f"e{i}",) for i in range(40))  # each once
+    assert set(statuses(where).values()) == {("done", "a"), ("done", "b")}
