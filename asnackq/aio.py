@@ -1243,6 +1243,7 @@ class Fleet:
         self.running: dict[str, Running] = {}
         self.summaries: dict[str, Summary] = {}  # each endpoint's runs, added up
         self.failures = 0  # Dispatchers that failed (started again)
+        self.refused: dict[str, int] = {}  # endpoints not served: the row's updated_ms then
         self._wake = asyncio.Event()
         self._follow = True  # each Dispatcher's run: until cancelled, or until its lane empties
         # Dispatchers are checked when made: a bad option is refused before any run
@@ -1295,7 +1296,8 @@ class Fleet:
             sum(row.state == "enabled" for row in rows.values())
         )
         for name, row in rows.items():
-            if row.state == "enabled" and name not in self.running:
+            waits = self.refused.get(name) == row.updated_ms  # (refused: until it changes)
+            if row.state == "enabled" and name not in self.running and not waits:
                 await self._start(row, idle_ms)
 
     def _stale(self, name: str) -> bool:
@@ -1320,9 +1322,13 @@ class Fleet:
                 )
             )
             dispatcher = Dispatcher(lane, send, **self._dispatcher_options(row, idle_ms))
-        except (ValueError, StoreUnavailable) as error:
+        except ValueError as error:  # its row, as this worker reads it: until it changes
             await stack.aclose()
-            logger.warning("endpoint %s not started: %s", row.name, one_line(error))
+            self.refused[row.name] = row.updated_ms
+            logger.warning("endpoint %s not served: %s", row.name, one_line(error))
+            return
+        except StoreUnavailable:  # (tried again at the next refresh)
+            await stack.aclose()
             return
         except BaseException:  # (cancelled while it started: its senders closed)
             await asyncio.shield(stack.aclose())

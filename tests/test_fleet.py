@@ -258,6 +258,32 @@ async def test_an_intake_on_the_fleets_queue_wakes_its_endpoints_lanes(tmp_path:
     assert [s.webhook_id for s in partner.seen] == ["now"]
 
 
+async def test_an_endpoint_this_worker_refuses_is_said_once_and_served_once_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A remote URL (this worker does not allow remote hosts) is refused once, in one log
+    line, not at every refresh; its deliveries wait, and go once the row is changed."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(
+            Endpoint("partner", "https://partner.example/hook", secrets=(secret,)),
+            allow_remote=True,
+        )
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(3)])
+        fleet = Fleet(queue, owner="fleet", retry=FAST, refresh_s=0.02)
+        async with running(fleet):
+            await until(lambda: "partner" in fleet.refused, "the endpoint refused")
+            await asyncio.sleep(0.3)  # (some fifteen refreshes)
+            assert fleet.dispatchers() == {}
+            assert attempts_of(where, "partner") == [("pending", 0)] * 3
+            await queue.update_endpoint("partner", url=url)
+            await until(lambda: done_of(where, "partner") == 3, "delivered once changed")
+    said = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and secret not in said[0]
+    assert len(partner.seen) == 3
+
+
 def test_idle_lanes_poll_less_often_the_more_there_are() -> None:
     assert [idle_ms_for(n) for n in (0, 1, 8, 20, 100, 1000)] == [20, 20, 20, 50, 250, 500]
 
