@@ -137,6 +137,7 @@ def add_lab(commands: Commands) -> None:
         "start (the demo's fixed kill)",
     )
     add_lab_faults(lab)
+    add_lab_endpoints(lab)
     lab.add_argument(
         "--dir",
         type=Path,
@@ -217,6 +218,86 @@ def add_lab_faults(lab: argparse.ArgumentParser) -> None:
     )
 
 
+def add_lab_endpoints(lab: argparse.ArgumentParser) -> None:
+    """``--endpoints N`` and its faults (``asnackq.lab.fanout``)."""
+    lab.add_argument(
+        "--endpoints",
+        type=within(int, 1, 64),
+        default=None,
+        metavar="N",
+        help="instead of one sink: --jobs events fanned out to N endpoints ep0..epN-1, each "
+        "a receiver process of its own, served by --processes `asnackq work QUEUE`; "
+        "verdicts per endpoint",
+    )
+    lab.add_argument(
+        "--endpoint-fault",
+        action="append",
+        default=[],
+        metavar="NAME:KIND[:ARG]",
+        help="with --endpoints (repeat for more): down:AT:FOR (SIGKILLed AT s after the "
+        "first events, back FOR s later), slow:MS, 429:RATE, 503:RATE, 410:AFTER (one "
+        "410 after AFTER applied; the lab enables it again), twice (a receiver that "
+        "applies twice: a verdict must fail)",
+    )
+    lab.add_argument(
+        "--endpoint-ordered",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --endpoints: this endpoint is ordered (each key's events in enqueue order)",
+    )
+    lab.add_argument(
+        "--healthy-bound-s",
+        type=within(float, 0.01, 3600),
+        default=None,
+        metavar="S",
+        help="with --endpoints: a healthy endpoint's every delivery applied within S s of "
+        "its enqueue (default 10)",
+    )
+
+
+def run_fanout(args: argparse.Namespace) -> int:
+    """``lab --endpoints``: the fan-out run and its verdicts (exit 1 on any violation)."""
+    import tempfile
+
+    from asnackq.lab import fanout
+
+    try:
+        if args.db is not None or args.pg_local or args.sinks != 1 or args.kill_every:
+            raise ValueError(
+                "--endpoints runs on files: no --db, --pg-local, --sinks, --kill-every"
+            )
+        config = fanout.FanoutConfig(
+            endpoints=args.endpoints,
+            events=args.jobs,
+            processes=args.processes,
+            faults=dict(fanout.parse_fault(text) for text in args.endpoint_fault),
+            ordered=tuple(args.endpoint_ordered),
+            bound_s=args.healthy_bound_s or fanout.HEALTHY_BOUND_S,
+            lease_ms=args.lease_ms,
+            timeout_s=args.timeout_s,
+            seed=args.seed,
+        )
+        config.check()
+        if args.dir is not None and args.dir.exists() and any(args.dir.iterdir()):
+            raise ValueError(f"--dir {args.dir} must be empty or absent")
+    except ValueError as error:
+        raise Usage(str(error)) from None
+    with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
+        root = args.dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        result = fanout.run_fanout(config, root)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out = Console(highlight=False)
+    for name, found in result["endpoints"].items():
+        shown = {k: v for k, v in found.items() if k in fanout.VERDICTS or k == "latency_ms"}
+        out.print(f"{name} ({found['fault'] or 'healthy'}): {json.dumps(shown)}")
+    for violation in result["violations"]:
+        out.print(f"[bold red]VIOLATION[/] {violation}")
+    return 1 if result["violations"] else 0
+
+
 def lab_config(args: argparse.Namespace) -> LabConfig:
     """The lab's configuration from its options, checked (``ValueError`` for one out of range)."""
     from asnackq.lab import LabConfig
@@ -263,6 +344,11 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
 def run_lab(args: argparse.Namespace) -> int:
     from asnackq.lab import report, report_rows
     from asnackq.lab import run_lab as experiment
+
+    if args.endpoints is not None:
+        return run_fanout(args)
+    if args.endpoint_fault or args.endpoint_ordered or args.healthy_bound_s is not None:
+        raise Usage("--endpoint-fault, --endpoint-ordered and --healthy-bound-s need --endpoints")
 
     try:  # the lab's own ranges: an option out of range is a usage error
         config = lab_config(args)

@@ -1,0 +1,100 @@
+"""``asnackq lab --endpoints``: events fanned out to receiver processes of their own, each
+with its fault, served by ``asnackq work QUEUE`` processes; the verdicts per endpoint find
+no violation when the product holds, and do fail when a receiver applies twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asnackq.lab.fanout import in_order, parse_fault
+
+from .conftest import asnackq_cli
+
+WAIT_S = 400  # a bound on the whole lab run: generous, for a busy machine
+EVERY_FAULT = {
+    "ep1": "503:0.5",
+    "ep2": "slow:200",
+    "ep3": "410:5",
+    "ep4": "down:0.5:2",
+    "ep5": "429:0.3",
+}
+
+
+async def lab(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, object]]:
+    out_file = tmp_path / "result.json"
+    code, out, err = await asnackq_cli(
+        "lab", "--dir", str(tmp_path / "run"), "--json", str(out_file), "--timeout-s", "300",
+        *args, wait_s=WAIT_S,
+    )  # fmt: skip
+    assert "Traceback" not in err, err
+    return code, out, json.loads(out_file.read_text()) if out_file.exists() else {}
+
+
+@pytest.mark.process
+async def test_a_lab_run_with_every_endpoint_fault_finds_no_violation(tmp_path: Path) -> None:
+    faults = [f"--endpoint-fault={name}:{fault}" for name, fault in EVERY_FAULT.items()]
+    code, out, result = await lab(
+        tmp_path, "--endpoints", "6", "--jobs", "60", "--healthy-bound-s", "60", *faults
+    )
+    assert code == 0, out
+    assert result["violations"] == []
+    endpoints = result["endpoints"]
+    assert isinstance(endpoints, dict)
+    for name, found in endpoints.items():
+        assert found["nothing-lost"] is True and found["applied-once"] is True, name
+    assert endpoints["ep0"]["healthy-bound"] is True and endpoints["ep0"]["fault"] is None
+    assert endpoints["ep3"]["gone-reenabled"] is True  # disabled by its 410, enabled again
+    assert endpoints["ep4"]["deliveries"] == {"done": 60}  # every one despite its SIGKILL
+    done = {(e["endpoint"], e["what"]) for e in result["lab_events"]}  # type: ignore[attr-defined]
+    assert {("ep4", "killed"), ("ep4", "restarted"), ("ep3", "enabled")} <= done
+    assert ("ep3", "disabled: gone: answered 410") in done
+
+
+@pytest.mark.process
+async def test_a_receiver_that_applies_twice_fails_the_applied_once_verdict(
+    tmp_path: Path,
+) -> None:
+    code, out, result = await lab(
+        tmp_path, "--endpoints", "2", "--jobs", "20", "--endpoint-fault", "ep1:twice"
+    )
+    assert code == 1
+    assert result["violations"] == ["ep1: applied-once: 20 deliveries applied more than once"]
+    assert "VIOLATION ep1: applied-once" in out
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--endpoints", "2", "--endpoint-fault", "ep2:slow:10"], "no endpoint 'ep2'"),
+        (["--endpoints", "2", "--endpoint-fault", "ep0:boom"], "NAME:KIND[:ARG]"),
+        (["--endpoint-fault", "ep0:slow:10"], "need --endpoints"),
+        (["--endpoints", "2", "--kill-every", "1"], "runs on files"),
+    ],
+)
+async def test_bad_endpoint_options_are_one_line_and_start_nothing(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    code, out, err = await asnackq_cli("lab", "--dir", str(tmp_path / "run"), *args)
+    assert code == 2 and out == ""
+    assert said in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_order_verdict_names_an_event_applied_after_a_later_one_of_its_key() -> None:
+    rows = [("e0", "k0", 0, 1), ("e1", "k1", 1, 2), ("e2", "k0", 2, 3)]
+    assert in_order(rows) is True
+    assert (
+        in_order([rows[2], rows[1], rows[0]])
+        == "e0 (key k0) applied after a later event of its key"
+    )
+
+
+def test_a_fault_is_name_kind_and_arguments() -> None:
+    assert parse_fault("ep3:down:1.5:2") == ("ep3", "down:1.5:2")
+    for bad in ("ep0:503:2", "ep0:slow", "ep0", "e p:slow:1", "ep0:410:x"):
+        with pytest.raises(ValueError, match="endpoint"):
+            parse_fault(bad)
