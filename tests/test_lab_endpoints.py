@@ -95,6 +95,6 @@ def test_the_order_verdict_names_an_event_applied_after_a_later_one_of_its_key()
 
 def test_a_fault_is_name_kind_and_arguments() -> None:
     assert parse_fault("ep3:down:1.5:2") == ("ep3", "down:1.5:2")
-    for bad in ("ep0:503:2", "ep0:slow", "ep0", "e p:slow:1", "ep0:410:x"):
+    for bad in ("ep0:503:1", "ep0:slow", "ep0", "e p:slow:1", "ep0:410:x"):
         with pytest.raises(ValueError, match="endpoint"):
             parse_fault(bad)

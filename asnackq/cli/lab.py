@@ -235,8 +235,8 @@ def add_lab_endpoints(lab: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME:KIND[:ARG]",
         help="with --endpoints (repeat for more): down:AT:FOR (SIGKILLed AT s after the "
-        "first events, back FOR s later), slow:MS, 429:RATE, 503:RATE, 410:AFTER (one "
-        "410 after AFTER applied; the lab enables it again), twice (a receiver that "
+        "first events, back FOR s later), slow:MS, 429:RATE, 503:RATE (RATE below 1), "
+        "410:AFTER (one 410 after AFTER applied; the lab enables it again), twice (a receiver that "
         "applies twice: a verdict must fail)",
     )
     lab.add_argument(
