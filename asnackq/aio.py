@@ -394,8 +394,10 @@ class AsyncQueue:
         """This queue (its connection, lock and budget) with claims in ``lane``: one
         endpoint's deliveries only, or (``lanes.PLAIN``) only jobs that are not deliveries
         (``asnackq.core.lanes``); a Dispatcher on it claims and waits for those alone."""
-        if type(lane) is not lanes.Lane:
+        if type(lane) is not lanes.Lane or type(lane.ordered) is not bool:
             raise ValueError(f"lane must be a lanes.Lane: {lane!r}")
+        if lane.ordered and lane.endpoint is None:
+            raise ValueError("an ordered lane is an endpoint's: lanes.Lane(name, ordered=True)")
         view = copy.copy(self)
         view.lane = lane
         return view

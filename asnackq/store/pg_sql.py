@@ -417,6 +417,7 @@ PG_EVENTS_DDL = (
     events.SCHEMA[1],
     events.SCHEMA[2],
     'CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id COLLATE "C")',
+    events.SCHEMA[4],
 )
 _ANY_EVENT = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
 STATEMENTS.update(
@@ -445,6 +446,14 @@ _PG_MINE = (
     'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
     " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s)"
 )
+_PG_ORDERED = (  # (``lanes._ORDERED``: ids compared as bytes, as a lane's range is)
+    'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
+    " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s"
+    " AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS k"
+    " JOIN jobs AS o ON o.id = k.job WHERE k.endpoint = %(lane)s AND k.key = d.key"
+    " AND k.job <> d.job AND (o.status = 'leased' OR (o.status = 'pending'"
+    ' AND k.job COLLATE "C" < d.job COLLATE "C")))))'
+)
 _PG_PLAIN = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
 _PG_CLAIMABLE = re.compile(r"WHERE status (?:= '(?:pending|leased)'|IN \('pending', 'leased'\))")
 
@@ -461,6 +470,8 @@ def _pg_lane(pg: str, condition: str, by_id: bool) -> str:
 for _core in lanes.CLAIMS:
     STATEMENTS[lanes.LANE_TEXTS[_core]] = _pg_lane(text(_core), _PG_MINE, by_id=True)
     STATEMENTS[lanes.PLAIN_TEXTS[_core]] = _pg_lane(text(_core), _PG_PLAIN, by_id=False)
+    if _core != w.SQL_ACTIVE:  # (an ordered lane's is an endpoint lane's)
+        STATEMENTS[lanes.ORDERED_TEXTS[_core]] = _pg_lane(text(_core), _PG_ORDERED, by_id=True)
 
 SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"
