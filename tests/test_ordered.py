@@ -6,6 +6,7 @@ redriven delivery goes next in its key.  And a hundred cycles at random against 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,3 +179,27 @@ def test_an_ordered_lane_is_an_endpoints() -> None:
     assert lanes.Lane("o").ordered is False
     with pytest.raises(ValueError, match="endpoint's"):
         AsyncQueue.in_lane(object.__new__(AsyncQueue), lanes.Lane(None, ordered=True))
+
+
+def test_an_ordered_claim_reads_its_range_and_each_keys_deliveries_by_index(
+    tmp_path: Path,
+) -> None:
+    from asnackq.core import events as ev
+
+    con = w.open_queue(tmp_path / "q.db")
+    try:
+        w.drive(con, w.plan_schema(ev.SCHEMA))
+        params = {"now": 1, "n": 4, "losses": 3, **LANE.params()}
+        for sql in (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING):
+            plan = con.execute("EXPLAIN QUERY PLAN " + lanes.ORDERED_TEXTS[sql], params)
+            reads = [row[3] for row in plan.fetchall()]
+            assert (
+                "SEARCH jobs USING INDEX asnackq_jobs_by_lane (status=? AND id>? AND id<?)" in reads
+            )
+            assert (
+                "SEARCH k USING COVERING INDEX asnackq_deliveries_by_key (endpoint=? AND key=?)"
+                in reads
+            )
+            assert not [r for r in reads if r.startswith(("SCAN jobs", "SCAN d", "SCAN k"))]
+    finally:
+        con.close()
