@@ -196,10 +196,16 @@ def test_an_ordered_claim_reads_its_range_and_each_keys_deliveries_by_index(
             assert (
                 "SEARCH jobs USING INDEX asnackq_jobs_by_lane (status=? AND id>? AND id<?)" in reads
             )
-            assert (
-                "SEARCH k USING COVERING INDEX asnackq_deliveries_by_key (endpoint=? AND key=?)"
-                in reads
+            by_key = (
+                "SEARCH k USING COVERING INDEX asnackq_deliveries_by_key"
+                " (endpoint=? AND key=? AND job>?)"
             )
+            oldest = (
+                "SEARCH a USING COVERING INDEX asnackq_jobs_by_lane (status=? AND id>? AND id<?)"
+            )
+            assert by_key in reads and oldest in reads
+            # (the lane's oldest pending and leased: read once a statement, not once a row)
+            assert "CORRELATED" not in reads[reads.index(oldest) - 1]
             assert not [r for r in reads if r.startswith(("SCAN jobs", "SCAN d", "SCAN k"))]
     finally:
         con.close()

@@ -22,7 +22,8 @@ Rules of this module (standard library only):
   passes that test in any one snapshot (the leased one, else the earliest), so a claim of
   n rows takes at most one per key, and a key is held while its head waits for a retry.
   Done and dead release a key; a delivery without a key is unordered.  The test reads the
-  key's stored deliveries (``KEY_INDEX``), so its cost grows with those not yet purged.
+  key's deliveries (``KEY_INDEX``) from the lane's oldest pending or leased one on, and a
+  claim tests each row it reads past (a key's held backlog ahead of claimable rows too).
   A redriven delivery of a key is its earliest pending one: it goes after the key's
   delivery in flight, if any, and before the key's later pending ones; those done while
   it was dead stay done, so a receiver sees it after them.  The lane's "anything left?"
@@ -101,12 +102,19 @@ _MINE = (
     " WHERE d.job = jobs.id AND d.endpoint = :lane)"
 )
 # An ordered lane's: its own, and a keyed one only if no other of its key is leased and
-# none earlier is pending.
+# none earlier is pending.  The key's deliveries are read from the lane's oldest pending or
+# leased job on (two seeks of ``LANE_INDEX``, once a statement): older ones are done or dead.
+_OLDEST = (
+    "min(coalesce((SELECT min(id) FROM jobs AS a WHERE a.status = 'pending'"
+    " AND a.id >= :lane_lo AND a.id < :lane_hi), :lane_hi),"
+    " coalesce((SELECT min(id) FROM jobs AS a WHERE a.status = 'leased'"
+    " AND a.id >= :lane_lo AND a.id < :lane_hi), :lane_hi))"
+)
 _ORDERED = (
     "id >= :lane_lo AND id < :lane_hi AND EXISTS (SELECT 1 FROM asnackq_deliveries AS d"
     " WHERE d.job = jobs.id AND d.endpoint = :lane AND (d.key IS NULL OR NOT EXISTS ("
     "SELECT 1 FROM asnackq_deliveries AS k JOIN jobs AS o ON o.id = k.job"
-    " WHERE k.endpoint = :lane AND k.key = d.key AND k.job <> d.job"
+    f" WHERE k.endpoint = :lane AND k.key = d.key AND k.job >= {_OLDEST} AND k.job <> d.job"
     " AND (o.status = 'leased' OR (o.status = 'pending' AND k.job < d.job)))))"
 )
 _NOT_DELIVERIES = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"

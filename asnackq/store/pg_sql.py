@@ -446,12 +446,22 @@ _PG_MINE = (
     'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
     " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s)"
 )
+_PG_OLDEST = (
+    "least("
+    + ", ".join(  # (``lanes._OLDEST``)
+        f"""(SELECT min(a.id COLLATE "C") FROM jobs AS a WHERE a.status = '{status}'"""
+        ' AND a.id COLLATE "C" >= %(lane_lo)s AND a.id COLLATE "C" < %(lane_hi)s)'
+        for status in ("pending", "leased")
+    )
+    + ")"
+)
 _PG_ORDERED = (  # (``lanes._ORDERED``: ids compared as bytes, as a lane's range is)
     'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
     " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s"
     " AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS k"
     " JOIN jobs AS o ON o.id = k.job WHERE k.endpoint = %(lane)s AND k.key = d.key"
-    " AND k.job <> d.job AND (o.status = 'leased' OR (o.status = 'pending'"
+    f' AND k.job COLLATE "C" >= {_PG_OLDEST} AND k.job <> d.job'
+    " AND (o.status = 'leased' OR (o.status = 'pending'"
     ' AND k.job COLLATE "C" < d.job COLLATE "C")))))'
 )
 _PG_PLAIN = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
