@@ -409,7 +409,8 @@ STATEMENTS.update(
 
 # Events and their deliveries (``core.events``): the tables under the schemas' lock, as the
 # endpoints'.  A lane's range is compared in the "C" collation (bytes), the order its ids
-# are made to sort in, whatever the database's collation; its index is made so.
+# are made to sort in, whatever the database's collation; its index is made so, and the
+# ordered lanes' index of a key's deliveries (``lanes.KEY_INDEX``) too.
 PG_EVENTS_DDL = (
     """CREATE TABLE IF NOT EXISTS asnackq_events (
     seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE, type TEXT,
@@ -417,7 +418,8 @@ PG_EVENTS_DDL = (
     events.SCHEMA[1],
     events.SCHEMA[2],
     'CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id COLLATE "C")',
-    events.SCHEMA[4],
+    """CREATE INDEX IF NOT EXISTS asnackq_deliveries_by_key
+  ON asnackq_deliveries (endpoint, key, job COLLATE "C") WHERE key IS NOT NULL""",
 )
 _ANY_EVENT = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
 STATEMENTS.update(
