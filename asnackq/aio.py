@@ -68,6 +68,7 @@ from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
+from asnackq.store.joint import Joint
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -138,6 +139,7 @@ class AsyncQueue:
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
+        self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
 
     @classmethod
     async def connect(
@@ -276,13 +278,21 @@ class AsyncQueue:
         built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
+        if self.lane is not None and fault is None and not intake:  # lanes share transactions
+            joined: T = await self._joint.run(make)
+            return joined
 
         def again() -> w.Plan[T]:
             return built.pop() if built else make()
 
+        return await self._shielded(again, fault)
+
+    async def _shielded(self, make: Callable[[], w.Plan[T]], fault: w.Fault = None) -> T:
+        """``make``'s plan in a transaction of its own, under the lock, shielded."""
+
         async def locked() -> T:
             async with self._lock:
-                result: T = await self._db.run(again, fault)
+                result: T = await self._db.run(make, fault)
                 return result
 
         task = asyncio.ensure_future(locked())

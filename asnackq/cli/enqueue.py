@@ -28,7 +28,7 @@ from asnackq.store.outage import database_error
 from asnackq.store.targets import Target, one_line
 from asnackq.wire import strict_json
 
-__all__ = ["add_enqueue"]
+__all__ = ["add_enqueue", "add_event_options", "event_of"]
 
 
 def add_enqueue(commands: Commands) -> None:
@@ -48,22 +48,13 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("input", nargs="?", help="JSON Lines file, or - for stdin")
     enqueue.add_argument("--id", help="the job id ([A-Za-z0-9_-]{1,64})")
     enqueue.add_argument("--qty", type=exact_int, help="the job's quantity, 1..1000 (with --id)")
-    enqueue.add_argument("--data", metavar="JSON", help="an event's data, any JSON (with --id)")
-    enqueue.add_argument("--type", help="the event's type, a dotted name (with --data)")
-    enqueue.add_argument("--key", help="the event's key (with --data)")
+    add_event_options(enqueue)
     enqueue.add_argument(
         "--to",
         action="append",
         metavar="ENDPOINT",
         help="send the events to this endpoint (again for more) instead of those whose "
         "types take them",
-    )
-    enqueue.add_argument(
-        "--max-event-bytes",
-        type=exact_int,
-        default=ev.DEFAULT_MAX_BYTES,
-        help=f"the largest body an event stores, 1..{ev.MAX_BYTES} "
-        f"(default {ev.DEFAULT_MAX_BYTES})",
     )
     enqueue.add_argument(
         "--ttl-ms",
@@ -80,6 +71,31 @@ def add_enqueue(commands: Commands) -> None:
     enqueue.add_argument("--json", action="store_true", help="print the counts as JSON")
     add_otel(enqueue, spans=False)
     enqueue.set_defaults(run=run_enqueue)
+
+
+def add_event_options(parser: argparse.ArgumentParser) -> None:
+    """``--data``, ``--type``, ``--key`` and ``--max-event-bytes``: an event given by options."""
+    parser.add_argument("--data", metavar="JSON", help="an event's data, any JSON (with --id)")
+    parser.add_argument("--type", help="the event's type, a dotted name (with --data)")
+    parser.add_argument("--key", help="the event's key (with --data)")
+    parser.add_argument(
+        "--max-event-bytes",
+        type=exact_int,
+        default=ev.DEFAULT_MAX_BYTES,
+        help=f"the largest body an event stores, 1..{ev.MAX_BYTES} "
+        f"(default {ev.DEFAULT_MAX_BYTES})",
+    )
+
+
+def event_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The event ``--id``, ``--data``, ``--type`` and ``--key`` give (``Usage`` when the data
+    is not JSON)."""
+    try:
+        data = strict_json.loads(args.data)
+    except ValueError as error:
+        raise Usage(f"--data: {error}") from None
+    event = {"id": args.id, "data": data, "type": args.type, "key": args.key}
+    return {k: v for k, v in event.items() if v is not None or k == "data"}
 
 
 Intake = ops.Intake
@@ -145,16 +161,7 @@ def one_intake(args: argparse.Namespace) -> Intake:
     """The one job (``--id``, ``--qty``) or event (``--id``, ``--data``, ...) given."""
     if args.data is None:
         return {"id": args.id, "qty": args.qty}, args.ttl_ms, args.max_attempts
-    try:
-        data = strict_json.loads(args.data)
-    except ValueError as error:
-        raise Usage(f"--data: {error}") from None
-    event = {"id": args.id, "data": data, "type": args.type, "key": args.key}
-    return (
-        {k: v for k, v in event.items() if v is not None or k == "data"},
-        args.ttl_ms,
-        args.max_attempts,
-    )
+    return event_of(args), args.ttl_ms, args.max_attempts
 
 
 def check_enqueue_options(args: argparse.Namespace) -> None:

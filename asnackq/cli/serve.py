@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import ssl
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from asnackq.cli.common import (
     DELAY_MS,
@@ -40,6 +40,7 @@ from asnackq.cli.common import (
     wait_for_database,
     within,
 )
+from asnackq.cli.enqueue import add_event_options, event_of
 from asnackq.cli.otel import add_otel
 from asnackq.core.receivers import is_loopback
 from asnackq.sink.checks import read_secrets
@@ -212,10 +213,18 @@ def sink_server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 def add_outbox(commands: Commands) -> None:
     outbox = commands.add_parser("outbox", help="ordered delivery through a transactional outbox")
     actions = outbox.add_subparsers(dest="action", required=True, metavar="ACTION")
-    accept = actions.add_parser("accept", help="accept an order and its outbox row atomically")
+    accept = actions.add_parser(
+        "accept",
+        help="accept an order and its outbox row, or an event and its deliveries, atomically",
+        description="Accept an order (--id, --qty: an outbox row that dispatch sends in seq "
+        "order) or an event (--id, --data: stored with one delivery per enabled endpoint "
+        "taking its type, which the queue's worker sends: asnackq work SOURCE), in one "
+        "transaction.",
+    )
     accept.add_argument("source", type=Path)
-    accept.add_argument("--id", required=True, help="the order id ([A-Za-z0-9_-]{1,64})")
-    accept.add_argument("--qty", required=True, type=exact_int, help="its quantity, 1..1000")
+    accept.add_argument("--id", required=True, help="its id ([A-Za-z0-9_-]{1,64})")
+    accept.add_argument("--qty", type=exact_int, help="the order's quantity, 1..1000")
+    add_event_options(accept)
     pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
     pending.add_argument("source", type=Path)
     pending.add_argument("--limit", type=within(int, 1, 16), default=16, help="items listed")
@@ -240,7 +249,7 @@ def add_outbox(commands: Commands) -> None:
 
 def run_outbox(args: argparse.Namespace) -> int:
     from asnackq.core import outbox
-    from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable, check_event
+    from asnackq.core.worker import BadAck, Conflict, Permanent, Retryable
     from asnackq.wire.send import HttpSender
 
     if args.action == "pending":  # read-only: a file is never created or migrated
@@ -248,7 +257,7 @@ def run_outbox(args: argparse.Namespace) -> int:
             print(json.dumps(outbox.pending(cast(sqlite3.Connection, con), args.limit)))
         return 0
     if args.action == "accept":
-        check_event({"id": args.id, "qty": args.qty})  # before the file is created
+        event = accepted(args)  # checked before the file is created
         # A new or empty file, or a source DB already: never another application's file.
         sessions.take_turn(lambda: files.holds(args.source, outbox.SOURCE_SCHEMA), args.source)
     else:
@@ -267,7 +276,7 @@ def run_outbox(args: argparse.Namespace) -> int:
     try:
         if args.action == "accept":
             try:
-                new = outbox.accept(con, {"id": args.id, "qty": args.qty})
+                new = outbox.accept(con, event, max_event_bytes=args.max_event_bytes)
             except Conflict as error:
                 raise Failure(str(error)) from None
             print(json.dumps({"id": args.id, "accepted": new}))
@@ -281,6 +290,19 @@ def run_outbox(args: argparse.Namespace) -> int:
         if args.action == "dispatch":
             sender.close()
     return 0
+
+
+def accepted(args: argparse.Namespace) -> dict[str, Any]:
+    """The order (``--qty``) or event (``--data``) that ``outbox accept`` was given, checked."""
+    from asnackq.core import outbox
+
+    if (args.qty is None) == (args.data is None):
+        raise Usage("--id goes with --qty (an order) or --data (an event)")
+    if args.data is None and (args.type, args.key) != (None, None):
+        raise Usage("--type and --key go with --data")
+    event = {"id": args.id, "qty": args.qty} if args.data is None else event_of(args)
+    outbox.plan_accept(event, max_event_bytes=args.max_event_bytes)  # ValueError: one line
+    return event
 
 
 def add_dashboard(commands: Commands) -> None:

@@ -205,6 +205,9 @@ class Fleet:
             await stack.aclose()
             log.warning("endpoint %s not started: %s", row.name, one_line(error))
             return
+        except BaseException:  # (cancelled while it started: its senders closed)
+            await asyncio.shield(stack.aclose())
+            raise
         task = asyncio.ensure_future(dispatcher.run(follow=self._follow))
         self.running[row.name] = Running(plan(row), dispatcher, task, stack)
         if self.on_start is not None:

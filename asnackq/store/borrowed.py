@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sqlite3
+from functools import partial
 from typing import Any
 
 import aiosqlite
 
+from asnackq.core import events as ev
 from asnackq.core import outbox
 from asnackq.core import worker as w
 from asnackq.store.outage import BUSY, NO_TRANSACTION
@@ -40,11 +42,17 @@ from asnackq.store.turns import turn
 __all__ = [
     "BUSY",
     "NO_TRANSACTION",
+    "PG_ORDERS",
     "BorrowedSqlite",
     "Source",
     "adopt",
     "check_journal",
 ]
+
+PG_ORDERS = (
+    "the outbox on PostgreSQL takes events with data ({id, data, type?, key?}); "
+    "{id, qty} orders and their ordered dispatch need a SQLite source DB"
+)
 
 # What the queue's file must be (``worker.PRAGMAS``), as the PRAGMAs read it back.
 JOURNAL = {"journal_mode": "delete", "synchronous": 2}
@@ -130,18 +138,38 @@ async def adopt(con: object, schema: tuple[str, ...], attempts: int) -> Any:
 
 
 class Source:
-    """The outbox's source tables (``core.outbox``) on an application's aiosqlite connection:
-    ``accept`` writes the order and its outbox row inside the application's transaction."""
+    """The outbox (``core.outbox``) on an application's connection: ``accept`` writes an
+    order and its outbox row, or an event and its deliveries, inside the application's
+    transaction.
 
-    def __init__(self, store: BorrowedSqlite) -> None:
-        self.store = store
+    On an aiosqlite connection the source's tables and the queue's are made
+    (``outbox.TABLES``); on a psycopg ``AsyncConnection`` the queue's alone: there the
+    outbox takes events with ``data``, and the ``{id, qty}`` orders (the seq-ordered
+    outbox) are refused in one line, since their ordered dispatch reads a SQLite source
+    DB."""
+
+    def __init__(self, store: Any, sqlite: bool, max_event_bytes: int) -> None:
+        self.store, self.sqlite, self.max_event_bytes = store, sqlite, max_event_bytes
 
     @classmethod
-    async def within(cls, db: aiosqlite.Connection) -> Source:
-        """Check ``db`` and create the source tables, in a transaction of their own."""
-        return cls(await BorrowedSqlite.adopt(db, outbox.SOURCE_SCHEMA))
+    async def within(
+        cls, db: object, *, attempts: int = 8, max_event_bytes: int = ev.DEFAULT_MAX_BYTES
+    ) -> Source:
+        """Check ``db`` and create the tables, in a transaction of their own; ``attempts``
+        and ``max_event_bytes`` as ``AsyncQueue.within``'s."""
+        w.check_int(attempts, "attempts", 1, 100)
+        ev.check_max_bytes(max_event_bytes)
+        if isinstance(db, aiosqlite.Connection):
+            store = await BorrowedSqlite.adopt(db, outbox.TABLES)
+            return cls(store, True, max_event_bytes)
+        return cls(await adopt(db, w.SCHEMA, attempts), False, max_event_bytes)
 
-    async def accept(self, event: dict[str, Any]) -> bool:
-        """``outbox.accept`` inside the open transaction: True accepted, False already there."""
-        plan = outbox.plan_accept(event)  # validated before anything is sent
-        return bool(await self.store.run(lambda: plan))  # (the connection's turn)
+    async def accept(self, event: dict[str, Any], now_ms: int | None = None) -> bool:
+        """``outbox.accept`` inside the open transaction: True accepted, False already
+        there; ``now_ms`` (None: the wall clock) is an event's intake time."""
+        if not (self.sqlite or ev.is_event(event)):
+            raise ValueError(PG_ORDERS)
+        now = w.epoch_ms() if now_ms is None else now_ms
+        make = partial(outbox.plan_accept, event, now, max_event_bytes=self.max_event_bytes)
+        make()  # validated before anything is sent
+        return bool(await self.store.run(make))  # (the connection's turn; re-made on a retry)
