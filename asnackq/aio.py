@@ -44,7 +44,8 @@ import random
 import re
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -55,8 +56,10 @@ from asnackq.core import rate as r
 from asnackq.core import worker as w
 from asnackq.core.budget import DEFAULT_MAX_ATTEMPTS, Budget, Item, intakes
 from asnackq.core.endpoints import Change, Endpoint, Schedule
+from asnackq.dispatch import fleet as fl
 from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 from asnackq.dispatch.committer import Committer
+from asnackq.dispatch.endpoint import EndpointSend
 from asnackq.dispatch.events import Event, Events, EventStream, Listener
 from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.port import Port
@@ -81,6 +84,7 @@ __all__ = [
     "Clock",
     "Dispatcher",
     "Event",
+    "Fleet",
     "QueueBusy",
     "Summary",
     "default_owner",
@@ -88,6 +92,7 @@ __all__ = [
 
 T = TypeVar("T")
 Clock = Callable[[], int]
+logger = logging.getLogger("asnackq.worker")
 NOT_AN_INTAKE = (
     "on the application's connection a queue only enqueues: claims, finishes and the "
     "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
@@ -140,6 +145,9 @@ class AsyncQueue:
         self._event_tables = False  # made by an event's intake on this connection
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
         self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
+        # called with the endpoints given deliveries by an intake of this queue, once
+        # committed (a fleet on the same queue looks for them at once: ``Fleet.wake``)
+        self.published: list[Callable[[set[str]], object]] = []
 
     @classmethod
     async def connect(
@@ -398,6 +406,10 @@ class AsyncQueue:
         )
         found: list[ev.Published | bool | w.Conflict] = await self._run(make, intake=True)
         self._event_tables = True
+        if self.published and not self.intakes_only:  # (committed: a fleet may look now)
+            names = {name for r in found if isinstance(r, ev.Published) for name, _ in r.deliveries}
+            for listener in list(self.published):
+                listener(names)
         return found
 
     def in_lane(self, lane: lanes.Lane) -> AsyncQueue:
@@ -1159,6 +1171,225 @@ class Dispatcher:
         if self._gate is not None:
             self.summary.concurrency = self._gate.limit
             self.summary.concurrency_cuts = self._gate.cuts
+
+
+@dataclass
+class Running:
+    """An endpoint's Dispatcher as it runs."""
+
+    made_with: tuple[object, ...]
+    dispatcher: Dispatcher
+    task: asyncio.Future[Summary]
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+
+class Fleet:
+    """One worker for every endpoint of ``queue``: ``await Fleet(queue).run()``.
+
+    The endpoints are read in one statement every ``refresh_s``; each enabled endpoint has a
+    Dispatcher of its own in its lane (``in_lane``: its claims take that endpoint's
+    deliveries alone) on the queue's connection, sending through an ``EndpointSend`` fed
+    with the row as last read: its own breaker, in-flight limit (the row's concurrency),
+    rate row (``rate_key``) and retry schedule.  An endpoint away, throttled or at its
+    limit claims nothing more and spends no attempt beyond its breaker's probes; a backlog
+    of one never stands in front of another's deliveries.  A disabled or removed endpoint
+    has no Dispatcher: none of its deliveries is claimed.  A change of what a Dispatcher
+    is made with (``fleet.plan``) stops it (no more claims; sends in flight finish; results
+    committed) and starts a new one.  The rows and the jobs are the only state: a worker
+    killed at any point loses nothing.  While the database is away the endpoints as last
+    read go on; a Dispatcher that fails is logged and started again after ``refresh_s``.
+    The lanes' transactions share one while they wait (``asnackq.store.joint``).
+
+    ``owner`` names the leases of every endpoint's Dispatcher; ``sender_options`` go to each
+    ``EndpointSend`` (``allow_remote``, ``allow_networks``, TLS files); ``options`` to each
+    ``Dispatcher`` (``lease_ms``, ``breaker``, ``retry`` - the pace of re-sends while an
+    endpoint is away -, ``gather_ms``, ``keep_attempts``, ``grace_s``, ``jitter``, ``clock``,
+    ``trace``, ``prefetch``).  ``max_concurrency``: the most sends in flight to an endpoint
+    whose concurrency is "auto".  ``idle_ms``: how often an idle lane looks for new
+    deliveries (None: ``idle_ms_for`` the number of endpoints).  ``on_start(name,
+    dispatcher)`` and ``on_stop(name, dispatcher)`` are called as endpoints' Dispatchers
+    start and end (a metrics exporter follows them so).
+    """
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        *,
+        owner: str | None = None,
+        refresh_s: float = fl.REFRESH_S,
+        max_concurrency: int = fl.AUTO_MAX,
+        idle_ms: int | None = None,
+        sender_options: dict[str, Any] | None = None,
+        on_start: Callable[[str, Dispatcher], object] | None = None,
+        on_stop: Callable[[str, Dispatcher], object] | None = None,
+        **options: Any,
+    ) -> None:
+        if queue.intakes_only or queue.lane is not None:
+            raise ValueError("a fleet runs on a queue of its own (AsyncQueue.connect), no lane")
+        if type(refresh_s) not in (int, float) or not 0.01 <= refresh_s <= 60:
+            raise ValueError(f"refresh_s must be a number of seconds in 0.01..60: {refresh_s!r}")
+        w.check_int(max_concurrency, "max_concurrency", 1, 1024)
+        if idle_ms is not None:
+            w.check_int(idle_ms, "idle_ms", 1, 60_000)
+        for hook in (on_start, on_stop):
+            if hook is not None and not callable(hook):
+                raise ValueError(f"on_start and on_stop must be callable: {hook!r}")
+        self.queue, self.refresh_s = queue, refresh_s
+        self.owner = owner if owner is not None else default_owner()
+        w.check_identifier(self.owner, "owner")
+        self.max_concurrency, self.idle_ms = max_concurrency, idle_ms
+        self.sender_options = dict(sender_options or {})
+        self.options = options
+        self.on_start, self.on_stop = on_start, on_stop
+        self.rows: dict[str, ep.Endpoint] = {}  # the endpoints as last read
+        self.running: dict[str, Running] = {}
+        self.summaries: dict[str, Summary] = {}  # each endpoint's runs, added up
+        self.failures = 0  # Dispatchers that failed (started again)
+        self.refused: dict[str, int] = {}  # endpoints not served: the row's updated_ms then
+        self._wake = asyncio.Event()
+        self._follow = True  # each Dispatcher's run: until cancelled, or until its lane empties
+        # Dispatchers are checked when made: a bad option is refused before any run
+        Dispatcher(queue, _never_sent, owner=self.owner, **options)
+
+    def dispatchers(self) -> dict[str, Dispatcher]:
+        """The running Dispatchers, by endpoint."""
+        return {name: running.dispatcher for name, running in self.running.items()}
+
+    def wake(self, endpoints: Iterable[str] | None = None) -> None:
+        """New deliveries were enqueued (for ``endpoints``; None: any): their lanes look now,
+        not at their next idle poll."""
+        names = list(self.running if endpoints is None else endpoints)
+        for name in names:
+            running = self.running.get(name)
+            if running is not None:
+                running.dispatcher.wake()
+        if endpoints is None or not set(names) <= set(self.running):
+            self._wake.set()  # (an endpoint without a Dispatcher yet: read the rows now)
+
+    async def run(self, *, until_empty: bool = False) -> dict[str, Summary]:
+        """Deliver until cancelled (or, ``until_empty``, until every enabled endpoint's
+        lane holds no pending or leased delivery); each endpoint's summary."""
+        self._follow = not until_empty
+        self.queue.published.append(self.wake)
+        try:
+            await self._refresh()
+            while not (until_empty and not self.running):
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                await self._reap(until_empty)
+                if not until_empty:
+                    await self._refresh()
+        finally:
+            self.queue.published.remove(self.wake)
+            await asyncio.shield(self._stop_all())
+        return self.summaries
+
+    async def _refresh(self) -> None:
+        """Read the endpoints; start, restart and stop Dispatchers to match."""
+        try:
+            rows = {row.name: row for row in await self.queue.endpoints()}
+        except StoreUnavailable:
+            return  # the endpoints as last read go on
+        self.rows = rows
+        for name in [name for name in self.running if self._stale(name)]:
+            await self._stop(name)
+        idle_ms = self.idle_ms or fl.idle_ms_for(
+            sum(row.state == "enabled" for row in rows.values())
+        )
+        for name, row in rows.items():
+            waits = self.refused.get(name) == row.updated_ms  # (refused: until it changes)
+            if row.state == "enabled" and name not in self.running and not waits:
+                await self._start(row, idle_ms)
+
+    def _stale(self, name: str) -> bool:
+        row = self.rows.get(name)
+        return row is None or row.state != "enabled" or fl.plan(row) != self.running[name].made_with
+
+    async def _start(self, row: ep.Endpoint, idle_ms: int) -> None:
+        lane = self.queue.in_lane(lanes.Lane(row.name, ordered=row.ordered))
+        lane.limits = fl.LANE_LIMITS
+        stack = contextlib.AsyncExitStack()
+        try:
+            if row.rate is None:  # none of its own: an earlier rate row binds it no more
+                await lane.clear_rate()
+            send = await stack.enter_async_context(
+                EndpointSend(
+                    row.name,
+                    read=partial(self._row, row.name),
+                    disable=partial(self.queue.disable_endpoint, row.name),
+                    payload=self.queue.delivery,
+                    refresh_s=self.refresh_s,
+                    **self.sender_options,
+                )
+            )
+            dispatcher = Dispatcher(lane, send, **self._dispatcher_options(row, idle_ms))
+        except ValueError as error:  # its row, as this worker reads it: until it changes
+            await stack.aclose()
+            self.refused[row.name] = row.updated_ms
+            logger.warning("endpoint %s not served: %s", row.name, one_line(error))
+            return
+        except StoreUnavailable:  # (tried again at the next refresh)
+            await stack.aclose()
+            return
+        except BaseException:  # (cancelled while it started: its senders closed)
+            await asyncio.shield(stack.aclose())
+            raise
+        task = asyncio.ensure_future(dispatcher.run(follow=self._follow))
+        self.running[row.name] = Running(fl.plan(row), dispatcher, task, stack)
+        if self.on_start is not None:
+            self.on_start(row.name, dispatcher)
+
+    def _dispatcher_options(self, row: ep.Endpoint, idle_ms: int) -> dict[str, Any]:
+        concurrency = row.concurrency
+        return {
+            "owner": self.owner,
+            "idle_ms": idle_ms,
+            **self.options,
+            "concurrency": concurrency,
+            "max_concurrency": self.max_concurrency if concurrency == "auto" else concurrency,
+            "schedule": ep.schedule_of(row),
+            "rate": row.rate,
+            "burst": row.burst,
+        }
+
+    async def _row(self, name: str) -> ep.Endpoint:
+        row = self.rows.get(name)
+        if row is None:
+            raise ep.NoSuchEndpoint(f"no endpoint {name!r}")
+        return row
+
+    async def _reap(self, until_empty: bool) -> None:
+        """Dispatchers that ended: emptied (``until_empty``) or failed (started again at
+        the next refresh)."""
+        for name, running in list(self.running.items()):
+            if running.task.done():
+                failure = None if running.task.cancelled() else running.task.exception()
+                if failure is not None:
+                    self.failures += 1
+                    logger.error("endpoint %s: its run failed: %s", name, one_line(failure))
+                await self._stop(name)
+
+    async def _stop(self, name: str) -> None:
+        """Stop an endpoint's Dispatcher as a cancellation does: no more claims, sends in
+        flight get its grace, their results are committed."""
+        running = self.running.pop(name)
+        running.task.cancel()
+        await asyncio.wait([running.task])
+        fl.add(self.summaries, name, running.dispatcher.summary)
+        await running.stack.aclose()
+        if self.on_stop is not None:
+            self.on_stop(name, running.dispatcher)
+
+    async def _stop_all(self) -> None:
+        for running in self.running.values():
+            running.task.cancel()  # (every one winds down at once)
+        for name in list(self.running):
+            await self._stop(name)
+
+
+async def _never_sent(event: dict[str, Any], token: int | None = None) -> object:
+    raise AssertionError("a fleet's options are checked with this send: it is never called")
 
 
 async def outlasting(call: Callable[[], Awaitable[T]]) -> T:

@@ -10,25 +10,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 from aiohttp import web
 
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Fleet
 from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Delays, Endpoint
-from asnackq.dispatch.fleet import Fleet, idle_ms_for
+from asnackq.dispatch.fleet import idle_ms_for
+from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli, execute
 from .sinks import serving
 from .test_endpoints import where as a_queue
-from .test_event_deliveries import Hooks, hooks, statuses
+from .test_event_deliveries import APPLIED, Hooks, apply, hooks, statuses
 
 where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
 FAST = w.Retry(5, 20)
@@ -235,6 +238,52 @@ async def test_a_change_of_an_endpoints_row_takes_effect_without_a_restart(where
     assert len(partner.seen) == 4
 
 
+async def test_an_intake_on_the_fleets_queue_wakes_its_endpoints_lanes(tmp_path: Path) -> None:
+    """Idle lanes that would look again only after a minute deliver an event published on
+    the fleet's own queue at once: the intake names the endpoints it gave deliveries."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(Endpoint("partner", url, secrets=(secret,)))
+        await queue.add_endpoint(Endpoint("idle", url, ("never.*",), (secret,)))
+        fleet = Fleet(queue, owner="fleet", retry=FAST, idle_ms=60_000, refresh_s=60)
+        async with running(fleet):
+            await until(lambda: len(fleet.dispatchers()) == 2, "both endpoints' Dispatchers")
+            await asyncio.sleep(0.2)  # (their first claims found nothing: idle for a minute)
+            started = time.monotonic()
+            await queue.publish({"id": "now", "data": 1})
+            await until(lambda: done_of(where, "partner") == 1, "the event delivered")
+            took = time.monotonic() - started
+    assert took < 30  # not the minute's poll
+    assert [s.webhook_id for s in partner.seen] == ["now"]
+
+
+async def test_an_endpoint_this_worker_refuses_is_said_once_and_served_once_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A remote URL (this worker does not allow remote hosts) is refused once, in one log
+    line, not at every refresh; its deliveries wait, and go once the row is changed."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    async with hooks(secret) as (partner, url), AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(
+            Endpoint("partner", "https://partner.example/hook", secrets=(secret,)),
+            allow_remote=True,
+        )
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(3)])
+        fleet = Fleet(queue, owner="fleet", retry=FAST, refresh_s=0.02)
+        async with running(fleet):
+            await until(lambda: "partner" in fleet.refused, "the endpoint refused")
+            await asyncio.sleep(0.3)  # (some fifteen refreshes)
+            assert fleet.dispatchers() == {}
+            assert attempts_of(where, "partner") == [("pending", 0)] * 3
+            await queue.update_endpoint("partner", url=url)
+            await until(lambda: done_of(where, "partner") == 3, "delivered once changed")
+    said = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and secret not in said[0]
+    assert len(partner.seen) == 3
+
+
 def test_idle_lanes_poll_less_often_the_more_there_are() -> None:
     assert [idle_ms_for(n) for n in (0, 1, 8, 20, 100, 1000)] == [20, 20, 20, 50, 250, 500]
 
@@ -304,3 +353,49 @@ async def test_work_without_a_sink_refuses_what_the_rows_say(
     code, out, err = await asnackq_cli("work", where, "--until-empty", *flags)
     assert code == 2 and out == ""
     assert named in err and "row says" in err and "Traceback" not in err
+
+
+@pytest.mark.process
+async def test_a_fleet_killed_mid_run_and_started_again_applies_every_event_once(
+    tmp_path: Path,
+) -> None:
+    """Two receivers apply each webhook-id once in their own inbox; the fleet is SIGKILLed
+    once some of the 2 x 40 deliveries are applied, and a fresh one finishes every one."""
+    where, secret = str(tmp_path / "q.db"), wh.new_secret()
+    cons = [await aiosqlite.connect(tmp_path / f"app{i}.db", isolation_level=None) for i in (0, 1)]
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            urls, receivers = [], []
+            for con in cons:
+                await con.execute_fetchall(APPLIED)
+                receiver = await WebhookReceiver.within(con, [secret], apply)
+                app = web.Application()
+                app.router.add_post("/hook", receiver.handle)
+                server = await stack.enter_async_context(serving(app))
+                urls.append(f"{server.base}/hook")
+                receivers.append(receiver)
+            async with AsyncQueue.open(where) as queue:
+                for name, url in zip(("a", "b"), urls, strict=True):
+                    await queue.add_endpoint(
+                        Endpoint(name, url, secrets=(secret,), success="ack", concurrency=2)
+                    )
+                await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(40)])
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "asnackq", "work", where, "--lease-ms", "1000",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            await until(lambda: sum(r.counts["applied"] for r in receivers) >= 10, "some applied")
+            child.kill()
+            await child.wait()
+            code, _, err = await asnackq_cli("work", where, "--until-empty", "--json")
+            assert code == 0, err
+            applied = [
+                [tuple(row) for row in await con.execute_fetchall("SELECT id FROM applied")]
+                for con in cons
+            ]
+    finally:
+        for con in cons:
+            await con.close()
+    for rows in applied:
+        assert sorted(rows) == sorted((f"e{i}",) for i in range(40))  # each once
+    assert set(statuses(where).values()) == {("done", "a"), ("done", "b")}

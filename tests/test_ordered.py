@@ -5,18 +5,23 @@ redriven delivery goes next in its key.  And a hundred cycles at random against 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Fleet
 from asnackq.core import lanes
 from asnackq.core import worker as w
-from asnackq.core.endpoints import Endpoint
+from asnackq.core.endpoints import Delays, Endpoint
+from asnackq.wire import webhooks as wh
 
 from .conftest import T0
+from .sinks import serving
 from .test_endpoints import where as a_queue
 
 where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
@@ -209,3 +214,47 @@ def test_an_ordered_claim_reads_its_range_and_each_keys_deliveries_by_index(
             assert not [r for r in reads if r.startswith(("SCAN jobs", "SCAN d", "SCAN k"))]
     finally:
         con.close()
+
+
+async def test_a_fleet_sends_an_ordered_endpoints_keys_in_order_one_at_a_time(where: str) -> None:
+    """A Fleet claims an ordered endpoint's deliveries in its ordered lane: each event first
+    answered 500, then 204; each key's events are ACKed in enqueue order, never two of one
+    key in flight at once, while the keys go on side by side."""
+    tried: set[str] = set()
+    acked: dict[str, list[int]] = {}
+    in_flight: dict[str, int] = {}
+    overlaps = 0
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal overlaps
+        data = json.loads(await request.read())["data"]
+        key, first = data["key"], request.headers["webhook-id"] not in tried
+        tried.add(request.headers["webhook-id"])
+        overlaps += bool(in_flight.get(key))
+        in_flight[key] = in_flight.get(key, 0) + 1
+        await asyncio.sleep(0.002)
+        in_flight[key] -= 1
+        if first:
+            return web.Response(status=500)
+        acked.setdefault(key, []).append(data["n"])
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    async with serving(app) as running, AsyncQueue.open(where) as queue:
+        await queue.add_endpoint(
+            Endpoint(
+                "o",
+                f"{running.base}/hook",
+                secrets=(wh.new_secret(),),
+                ordered=True,
+                concurrency=8,
+                retry=Delays((10,)),
+            )
+        )
+        events = [{"id": f"{k}-{n}", "key": k, "data": {"key": k, "n": n}} for n in range(5)
+                  for k in "ABCD"]  # fmt: skip
+        await queue.enqueue_many(events)
+        summaries = await Fleet(queue, owner="fleet").run(until_empty=True)
+    assert summaries["o"].done == 20
+    assert acked == {k: [0, 1, 2, 3, 4] for k in "ABCD"} and overlaps == 0

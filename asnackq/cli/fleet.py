@@ -10,23 +10,44 @@ import dataclasses
 import signal
 import sys
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from asnackq.cli.common import Usage
 from asnackq.cli.render import emit, key_values, plural
 from asnackq.core import worker as w
-from asnackq.dispatch.traces import Tracer
 
 if TYPE_CHECKING:
-    from asnackq.aio import Summary
+    from asnackq.aio import AsyncQueue, Summary
     from asnackq.dispatch.breaker import BreakerPolicy
+
+
+# Options that say how to send, which an endpoint's row says for itself.
+ROW_SAYS = (
+    ("--success", "success"),
+    ("--secret-file", "secret_file"),
+    ("--timeout-s", "timeout_s"),
+    ("--concurrency", "concurrency"),
+    ("--rate", "rate"),
+    ("--kill-after-acks", "kill_after_acks"),
+)
+
+
+def refuse_given(
+    args: argparse.Namespace, options: tuple[tuple[str, str], ...], why: str, *also: str
+) -> None:
+    """A usage error naming those of ``options`` (flag, attribute) that were given, and
+    the flags ``also``."""
+    given = [flag for flag, key in options if getattr(args, key) is not None] + list(also)
+    if given:
+        raise Usage(f"{', '.join(given)}: {why} (asnackq endpoint update)")
+    if args.allow_network and not args.allow_remote:
+        raise Usage("--allow-network goes with --allow-remote")
 
 
 def check_fleet_options(args: argparse.Namespace) -> None:
     """Without ``--sink`` or ``--endpoint`` each endpoint's row says how to send to it: the
     options that say it for one receiver are refused, not ignored."""
-    from asnackq.cli.work import ROW_SAYS, refuse_given
-
     burst = ("--burst",) if args.burst != 1 else ()
     refuse_given(args, ROW_SAYS, "every endpoint's row says how to send to it", *burst)
 
@@ -34,20 +55,18 @@ def check_fleet_options(args: argparse.Namespace) -> None:
 def run_fleet(
     args: argparse.Namespace,
     owner: str,
-    retry: w.Retry,
-    breaker: BreakerPolicy,
-    gives_up: float,
+    opened: AbstractAsyncContextManager[AsyncQueue],
+    options: dict[str, Any],
     tls: dict[str, Any],
 ) -> int:
-    """The fleet's run on ``args.queue`` (the options checked by ``run_work``)."""
-    from asnackq.cli.work import queue_when_up, run_options
-    from asnackq.dispatch.fleet import Fleet
+    """The fleet's run on the queue ``opened`` gives, its Dispatchers made with ``options``
+    (``run_work`` checked the command line and made both)."""
+    from asnackq.aio import Fleet
 
-    tracer = Tracer(args.trace) if args.trace else None
     started = time.perf_counter()
 
     async def main() -> tuple[dict[str, Summary], bool]:
-        async with queue_when_up(args.queue, gives_up) as queue:
+        async with opened as queue:
             try:
                 fleet = Fleet(
                     queue,
@@ -58,7 +77,7 @@ def run_fleet(
                         "allow_networks": args.allow_network,
                         **tls,
                     },
-                    **run_options(args, tracer, retry, breaker),
+                    **options,
                 )
             except ValueError as error:
                 raise Usage(str(error)) from None
@@ -73,12 +92,14 @@ def run_fleet(
                 raise running.exception()  # type: ignore[misc]
             return fleet.summaries, running.cancelled()
 
+    tracer = options.get("trace")
     try:
         summaries, stopped = asyncio.run(main())
     finally:
         if tracer is not None:
             tracer.close()
-    return report(args, owner, summaries, stopped, time.perf_counter() - started, retry, breaker)
+    seconds = time.perf_counter() - started
+    return report(args, owner, summaries, stopped, seconds, options["retry"], options["breaker"])
 
 
 def report(

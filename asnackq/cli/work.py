@@ -281,30 +281,9 @@ def check_endpoint_options(args: argparse.Namespace) -> None:
         w.check_identifier(args.endpoint, "--endpoint")
     except ValueError:
         raise Usage("--endpoint: a name is 1-64 ASCII letters, digits, '_' or '-'") from None
+    from asnackq.cli.fleet import ROW_SAYS, refuse_given
+
     refuse_given(args, ROW_SAYS[:3], "with --endpoint, the endpoint's row says how to send")
-
-
-# Options that say how to send, which an endpoint's row says for itself.
-ROW_SAYS = (
-    ("--success", "success"),
-    ("--secret-file", "secret_file"),
-    ("--timeout-s", "timeout_s"),
-    ("--concurrency", "concurrency"),
-    ("--rate", "rate"),
-    ("--kill-after-acks", "kill_after_acks"),
-)
-
-
-def refuse_given(
-    args: argparse.Namespace, options: tuple[tuple[str, str], ...], why: str, *also: str
-) -> None:
-    """A usage error naming those of ``options`` (flag, attribute) that were given, and
-    the flags ``also``."""
-    given = [flag for flag, key in options if getattr(args, key) is not None] + list(also)
-    if given:
-        raise Usage(f"{', '.join(given)}: {why} (asnackq endpoint update)")
-    if args.allow_network and not args.allow_remote:
-        raise Usage("--allow-network goes with --allow-remote")
 
 
 def endpoint_send(queue: Any, args: argparse.Namespace, tls: SinkTls) -> EndpointSend:
@@ -396,7 +375,10 @@ def run_work(args: argparse.Namespace) -> int:
     if fleet:
         from asnackq.cli.fleet import run_fleet
 
-        return run_fleet(args, owner, retry, breaker, gives_up, dict(tls))
+        tracer = Tracer(args.trace) if args.trace else None
+        opened = queue_when_up(args.queue, gives_up)
+        options = run_options(args, tracer, retry, breaker)
+        return run_fleet(args, owner, opened, options, dict(tls))
     sender: AsyncHttpSender | EndpointSend | None = None
     if args.sink is not None:
         sender = AsyncHttpSender(

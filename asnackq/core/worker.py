@@ -1277,11 +1277,28 @@ def open_db(path: str | os.PathLike[str], schema: Iterable[str]) -> sqlite3.Conn
     try:
         for pragma in PRAGMAS:
             con.execute(pragma).fetchall()
-        drive(con, plan_schema(schema))
+        if not _present(con, schema):  # (present: no write lock taken, none waited for)
+            drive(con, plan_schema(schema))
     except BaseException:
         con.close()
         raise
     return con
+
+
+_CREATES = re.compile(r"\s*CREATE (?:TABLE|(?:UNIQUE )?INDEX) IF NOT EXISTS (\w+)\b")
+
+
+def _present(con: sqlite3.Connection, schema: Iterable[str]) -> bool:
+    """Whether every table and index of ``schema`` exists already (a read: a file another
+    process writes without pause is not waited on for a write lock it does not need)."""
+    names = set()
+    for statement in schema:
+        found = _CREATES.match(statement)
+        if found is None:
+            return False
+        names.add(found[1])
+    rows = con.execute("SELECT name FROM sqlite_master").fetchall()
+    return names <= {name for (name,) in rows}
 
 
 def enqueue(
