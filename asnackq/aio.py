@@ -416,8 +416,10 @@ class AsyncQueue:
         """This queue (its connection, lock and budget) with claims in ``lane``: one
         endpoint's deliveries only, or (``lanes.PLAIN``) only jobs that are not deliveries
         (``asnackq.core.lanes``); a Dispatcher on it claims and waits for those alone."""
-        if type(lane) is not lanes.Lane:
+        if type(lane) is not lanes.Lane or type(lane.ordered) is not bool:
             raise ValueError(f"lane must be a lanes.Lane: {lane!r}")
+        if lane.ordered and lane.endpoint is None:
+            raise ValueError("an ordered lane is an endpoint's: lanes.Lane(name, ordered=True)")
         view = copy.copy(self)
         view.lane = lane
         return view
@@ -1305,7 +1307,7 @@ class Fleet:
         return row is None or row.state != "enabled" or fl.plan(row) != self.running[name].made_with
 
     async def _start(self, row: ep.Endpoint, idle_ms: int) -> None:
-        lane = self.queue.in_lane(lanes.Lane(row.name))
+        lane = self.queue.in_lane(lanes.Lane(row.name, ordered=row.ordered))
         lane.limits = fl.LANE_LIMITS
         stack = contextlib.AsyncExitStack()
         try:

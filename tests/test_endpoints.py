@@ -214,7 +214,6 @@ async def test_a_refused_update_changes_nothing(
     [
         ({"name": "bad name"}, "endpoint name"),
         ({"name": "x" * 65}, "endpoint name"),
-        ({"ordered": True}, "concurrency must be 1"),
         ({"burst": 5}, "burst needs a rate"),
         ({"state": "paused"}, "state"),
         ({"state": "disabled"}, "reason"),
@@ -416,7 +415,6 @@ def test_bad_input_is_a_usage_line_and_writes_nothing(where: str, tmp_path: Path
         ("add", where, "other", "--url", URL, "--timeout-s", "700"),
         ("update", where, "orders"),
         ("update", where, "orders", "--url", "http://example.com/x"),
-        ("update", where, "orders", "--ordered", "--concurrency", "4"),
         ("rotate-secret", where, "orders"),
         ("rotate-secret", where, "orders", "--secret-file", str(bad_file)),
         ("disable", where, "orders", "--reason", "two\nlines"),
@@ -425,9 +423,6 @@ def test_bad_input_is_a_usage_line_and_writes_nothing(where: str, tmp_path: Path
         assert "whsec_tooshort" not in said
     assert "--allow-remote" in cli(
         "endpoint", "add", where, "x", "--url", "http://example.com/", code=2
-    )
-    assert "concurrency must be 1" in cli(
-        "endpoint", "update", where, "orders", "--concurrency", "4", "--ordered", code=2
     )
     assert "exists already" in cli("endpoint", "add", where, "orders", "--url", URL, code=1)
     assert "no endpoint 'nope'" in cli("endpoint", "enable", where, "nope", code=1)

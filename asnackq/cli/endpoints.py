@@ -130,7 +130,7 @@ def add_settings(parser: argparse.ArgumentParser, update: bool) -> None:
         "--ordered",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="one at a time, in order (concurrency 1)" + keep,
+        help="the events of one key one at a time, in enqueue order" + keep,
     )
     parser.add_argument(
         "--header",
@@ -192,8 +192,6 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("burst", "concurrency", "timeout_s", "success", "ordered"):
         if getattr(args, key) is not None:
             given[key] = getattr(args, key)
-    if args.ordered and "concurrency" not in given:
-        given["concurrency"] = 1  # (ordered: one at a time)
     retry = retry_of(args)
     if retry is not None:
         given["retry"] = retry

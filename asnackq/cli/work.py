@@ -49,6 +49,7 @@ from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, key_values, plural, progress_line
 from asnackq.core import lanes
 from asnackq.core import worker as w
+from asnackq.core.endpoints import NoSuchEndpoint
 from asnackq.core.rate import MAX_BURST, MAX_SEND_RATE, MIN_SEND_RATE, Rate
 from asnackq.dispatch.traces import Tracer
 from asnackq.store.targets import Target, one_line
@@ -301,6 +302,17 @@ def endpoint_send(queue: Any, args: argparse.Namespace, tls: SinkTls) -> Endpoin
     )
 
 
+async def endpoint_lane(queue: Any, name: str) -> lanes.Lane:
+    """The lane of the endpoint ``name`` as its row says at the run's start: an ordered
+    endpoint's holds each key while one of its deliveries is out (a row not there yet:
+    ordered too, the stricter, since it may be added so)."""
+    try:
+        row = await queue.endpoint(name)
+    except NoSuchEndpoint:
+        return lanes.Lane(name, ordered=True)
+    return lanes.Lane(name, ordered=row.ordered)
+
+
 def run_options(
     args: argparse.Namespace, tracer: Tracer | None, retry: w.Retry, breaker: BreakerPolicy
 ) -> dict[str, Any]:
@@ -390,7 +402,9 @@ def run_work(args: argparse.Namespace) -> int:
         ):
             # A sink's run takes every job but the endpoints' deliveries; an endpoint's run,
             # that endpoint's deliveries alone (``asnackq.core.lanes``).
-            lane = lanes.PLAIN if args.endpoint is None else lanes.Lane(args.endpoint)
+            lane = (
+                lanes.PLAIN if args.endpoint is None else await endpoint_lane(queue, args.endpoint)
+            )
             queue = queue.in_lane(lane)
             if clear:
                 await queue.clear_rate()

@@ -189,8 +189,10 @@ class Endpoint:
     all; ``secrets``: whsec_ secrets (plain, or ``(secret, until_ms)``), newest first;
     ``rate`` sends a second (None: unlimited) in bursts of ``burst``; ``concurrency`` an
     int or "auto"; ``retry`` ``Exponential`` or ``Delays``; ``success`` "2xx" or "ack";
-    ``ordered``: one at a time, in order (concurrency 1); ``headers``: extra request
-    headers, ``(name, value)`` pairs or a dict.
+    ``ordered``: the events of one key one at a time, in enqueue order (its claims hold a
+    key while one of its deliveries is in flight or waits for a retry: ``core.lanes``), so
+    any ``concurrency`` sends across keys; ``headers``: extra request headers, ``(name,
+    value)`` pairs or a dict.
     """
 
     name: str
@@ -220,8 +222,6 @@ class Endpoint:
             w.check_now(getattr(self, key), key)
         if self.rate is None and self.burst != 1:
             raise ValueError("burst needs a rate (sends a second)")
-        if self.ordered and self.concurrency != 1:
-            raise ValueError("an ordered endpoint sends one at a time: concurrency must be 1")
         self._check_state()
 
     def _check_state(self) -> None:
@@ -422,8 +422,6 @@ def check_change(changes: object, allow_remote: bool) -> dict[str, Any]:
             "(rename: remove and add; state: disable or enable)"
         )
     checked = {key: FIELDS[key](value) for key, value in changes.items()}
-    if checked.get("ordered") and checked.get("concurrency", 1) != 1:
-        raise ValueError("an ordered endpoint sends one at a time: concurrency must be 1")
     if "url" in checked:
         check_remote(checked["url"], allow_remote)
     return checked

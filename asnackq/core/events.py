@@ -69,6 +69,7 @@ SCHEMA = (
     lanes.DELIVERIES,
     "CREATE INDEX IF NOT EXISTS asnackq_deliveries_by_event ON asnackq_deliveries (event)",
     lanes.LANE_INDEX,
+    lanes.KEY_INDEX,
 )
 # The tables and indexes ``SCHEMA`` (and the endpoints') makes: present, nothing to make (on
 # PostgreSQL no schema lock is taken, so that intakes inside applications' transactions do
@@ -80,6 +81,7 @@ NAMES = (
     "asnackq_deliveries",
     "asnackq_deliveries_by_event",
     "asnackq_jobs_by_lane",
+    "asnackq_deliveries_by_key",
 )
 SQL_PRESENT = (
     "SELECT count(*) FROM sqlite_master WHERE name IN ("

@@ -15,6 +15,19 @@ Rules of this module (standard library only):
   a plain job whose id happens to fall in the range is never taken by the lane.
 * The plain lane (``PLAIN``: a sink's worker) takes every job that is not a delivery,
   through the same texts (``PLAIN_TEXTS``) with ``NOT EXISTS`` that look-up.
+* An ordered lane (``Lane(name, ordered=True)``: an ordered endpoint's) claims through
+  ``ORDERED_TEXTS``: its own deliveries, of which one with a key is taken only while no
+  other delivery of that endpoint and key is leased and none earlier (lower id, so enqueued
+  before it) is pending.  Of the pending and leased deliveries of one key at most one
+  passes that test in any one snapshot (the leased one, else the earliest), so a claim of
+  n rows takes at most one per key, and a key is held while its head waits for a retry.
+  Done and dead release a key; a delivery without a key is unordered.  The test reads the
+  key's deliveries (``KEY_INDEX``) from the lane's oldest pending or leased one on, and a
+  claim tests each row it reads past (a key's held backlog ahead of claimable rows too).
+  A redriven delivery of a key is its earliest pending one: it goes after the key's
+  delivery in flight, if any, and before the key's later pending ones; those done while
+  it was dead stay done, so a receiver sees it after them.  The lane's "anything left?"
+  (``SQL_ACTIVE``) counts a held delivery as left.
 * The quarantine is not a lane's: a spent job dies by its own deadline or budget, whoever
   claims, exactly as the core decides.
 """
@@ -30,8 +43,10 @@ from asnackq.core import worker as w
 
 __all__ = [
     "DELIVERIES",
+    "KEY_INDEX",
     "LANE_INDEX",
     "LANE_TEXTS",
+    "ORDERED_TEXTS",
     "PLAIN",
     "PLAIN_TEXTS",
     "Lane",
@@ -48,6 +63,9 @@ DELIVERIES = """CREATE TABLE IF NOT EXISTS asnackq_deliveries (job TEXT PRIMARY 
 # A lane's claim is a range of this index (a queue without events never has it, so a
 # plain queue's writes maintain no more indexes than the core's).
 LANE_INDEX = "CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id)"
+# An ordered lane's test reads a key's deliveries through this index (keyless ones: not in it).
+KEY_INDEX = """CREATE INDEX IF NOT EXISTS asnackq_deliveries_by_key
+  ON asnackq_deliveries (endpoint, key, job) WHERE key IS NOT NULL"""
 COUNTER_DIGITS = 16
 
 
@@ -64,10 +82,11 @@ def delivery_id(endpoint: str, number: int) -> str:
 
 
 class Lane(NamedTuple):
-    """Whose jobs a claim takes: one endpoint's deliveries, or (``endpoint`` None) every
-    job that is not a delivery."""
+    """Whose jobs a claim takes: one endpoint's deliveries (``ordered``: one at a time per
+    key, in enqueue order), or (``endpoint`` None) every job that is not a delivery."""
 
     endpoint: str | None
+    ordered: bool = False
 
     def params(self) -> dict[str, Any]:
         if self.endpoint is None:
@@ -81,6 +100,22 @@ PLAIN = Lane(None)
 _MINE = (
     "id >= :lane_lo AND id < :lane_hi AND EXISTS (SELECT 1 FROM asnackq_deliveries AS d"
     " WHERE d.job = jobs.id AND d.endpoint = :lane)"
+)
+# An ordered lane's: its own, and a keyed one only if no other of its key is leased and
+# none earlier is pending.  The key's deliveries are read from the lane's oldest pending or
+# leased job on (two seeks of ``LANE_INDEX``, once a statement): older ones are done or dead.
+_OLDEST = (
+    "min(coalesce((SELECT min(id) FROM jobs AS a WHERE a.status = 'pending'"
+    " AND a.id >= :lane_lo AND a.id < :lane_hi), :lane_hi),"
+    " coalesce((SELECT min(id) FROM jobs AS a WHERE a.status = 'leased'"
+    " AND a.id >= :lane_lo AND a.id < :lane_hi), :lane_hi))"
+)
+_ORDERED = (
+    "id >= :lane_lo AND id < :lane_hi AND EXISTS (SELECT 1 FROM asnackq_deliveries AS d"
+    " WHERE d.job = jobs.id AND d.endpoint = :lane AND (d.key IS NULL OR NOT EXISTS ("
+    "SELECT 1 FROM asnackq_deliveries AS k JOIN jobs AS o ON o.id = k.job"
+    f" WHERE k.endpoint = :lane AND k.key = d.key AND k.job >= {_OLDEST} AND k.job <> d.job"
+    " AND (o.status = 'leased' OR (o.status = 'pending' AND k.job < d.job)))))"
 )
 _NOT_DELIVERIES = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
 # Where the core's claim statements read claimable (or active) jobs, and how they order them.
@@ -111,16 +146,27 @@ CLAIMS = (
 # The core's statement -> an endpoint's lane's text, and the plain lane's.
 LANE_TEXTS = {sql: _variant(sql, _MINE, by_id=True) for sql in CLAIMS}
 PLAIN_TEXTS = {sql: _variant(sql, _NOT_DELIVERIES, by_id=False) for sql in CLAIMS}
+# An ordered lane's: its claims held per key; what is left, as any endpoint lane's.
+ORDERED_TEXTS = {
+    sql: LANE_TEXTS[sql] if sql == w.SQL_ACTIVE else _variant(sql, _ORDERED, by_id=True)
+    for sql in CLAIMS
+}
 
 
 def text(
     lane: Lane, sql: str, params: tuple[Any, ...] | dict[str, Any]
 ) -> tuple[str, tuple[Any, ...] | dict[str, Any]]:
     """A statement and its parameters as ``lane`` runs them (others: unchanged)."""
-    found = (PLAIN_TEXTS if lane.endpoint is None else LANE_TEXTS).get(sql)
+    found = _texts(lane).get(sql)
     if found is None:
         return sql, params
     return found, {**(params if isinstance(params, dict) else {}), **lane.params()}
+
+
+def _texts(lane: Lane) -> dict[str, str]:
+    if lane.endpoint is None:
+        return PLAIN_TEXTS
+    return ORDERED_TEXTS if lane.ordered else LANE_TEXTS
 
 
 def substituted(plan: w.Plan[T], lane: Lane) -> Generator[w.Step, Any, tuple[T, bool]]:

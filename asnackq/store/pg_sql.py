@@ -409,7 +409,8 @@ STATEMENTS.update(
 
 # Events and their deliveries (``core.events``): the tables under the schemas' lock, as the
 # endpoints'.  A lane's range is compared in the "C" collation (bytes), the order its ids
-# are made to sort in, whatever the database's collation; its index is made so.
+# are made to sort in, whatever the database's collation; its index is made so, and the
+# ordered lanes' index of a key's deliveries (``lanes.KEY_INDEX``) too.
 PG_EVENTS_DDL = (
     """CREATE TABLE IF NOT EXISTS asnackq_events (
     seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE, type TEXT,
@@ -417,6 +418,8 @@ PG_EVENTS_DDL = (
     events.SCHEMA[1],
     events.SCHEMA[2],
     'CREATE INDEX IF NOT EXISTS asnackq_jobs_by_lane ON jobs (status, id COLLATE "C")',
+    """CREATE INDEX IF NOT EXISTS asnackq_deliveries_by_key
+  ON asnackq_deliveries (endpoint, key, job COLLATE "C") WHERE key IS NOT NULL""",
 )
 _ANY_EVENT = "= ANY(ARRAY(SELECT json_array_elements_text(%s::json)))"
 STATEMENTS.update(
@@ -445,6 +448,24 @@ _PG_MINE = (
     'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
     " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s)"
 )
+_PG_OLDEST = (
+    "least("
+    + ", ".join(  # (``lanes._OLDEST``)
+        f"""(SELECT min(a.id COLLATE "C") FROM jobs AS a WHERE a.status = '{status}'"""
+        ' AND a.id COLLATE "C" >= %(lane_lo)s AND a.id COLLATE "C" < %(lane_hi)s)'
+        for status in ("pending", "leased")
+    )
+    + ")"
+)
+_PG_ORDERED = (  # (``lanes._ORDERED``: ids compared as bytes, as a lane's range is)
+    'id COLLATE "C" >= %(lane_lo)s AND id COLLATE "C" < %(lane_hi)s AND EXISTS (SELECT 1'
+    " FROM asnackq_deliveries AS d WHERE d.job = jobs.id AND d.endpoint = %(lane)s"
+    " AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS k"
+    " JOIN jobs AS o ON o.id = k.job WHERE k.endpoint = %(lane)s AND k.key = d.key"
+    f' AND k.job COLLATE "C" >= {_PG_OLDEST} AND k.job <> d.job'
+    " AND (o.status = 'leased' OR (o.status = 'pending'"
+    ' AND k.job COLLATE "C" < d.job COLLATE "C")))))'
+)
 _PG_PLAIN = "NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.job = jobs.id)"
 _PG_CLAIMABLE = re.compile(r"WHERE status (?:= '(?:pending|leased)'|IN \('pending', 'leased'\))")
 
@@ -461,6 +482,8 @@ def _pg_lane(pg: str, condition: str, by_id: bool) -> str:
 for _core in lanes.CLAIMS:
     STATEMENTS[lanes.LANE_TEXTS[_core]] = _pg_lane(text(_core), _PG_MINE, by_id=True)
     STATEMENTS[lanes.PLAIN_TEXTS[_core]] = _pg_lane(text(_core), _PG_PLAIN, by_id=False)
+    if _core != w.SQL_ACTIVE:  # (an ordered lane's is an endpoint lane's)
+        STATEMENTS[lanes.ORDERED_TEXTS[_core]] = _pg_lane(text(_core), _PG_ORDERED, by_id=True)
 
 SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"
