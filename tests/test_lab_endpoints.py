@@ -37,8 +37,9 @@ async def lab(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, object]]:
 async def test_a_lab_run_with_every_endpoint_fault_finds_no_violation(tmp_path: Path) -> None:
     faults = [f"--endpoint-fault={name}:{fault}" for name, fault in EVERY_FAULT.items()]
     code, out, result = await lab(
-        tmp_path, "--endpoints", "6", "--jobs", "60", "--healthy-bound-s", "60", *faults
-    )
+        tmp_path, "--endpoints", "6", "--jobs", "60", "--healthy-bound-s", "60", *faults,
+        "--endpoint-ordered", "ep0", "--endpoint-ordered", "ep1",
+    )  # fmt: skip
     assert code == 0, out
     assert result["violations"] == []
     endpoints = result["endpoints"]
@@ -46,6 +47,7 @@ async def test_a_lab_run_with_every_endpoint_fault_finds_no_violation(tmp_path: 
     for name, found in endpoints.items():
         assert found["nothing-lost"] is True and found["applied-once"] is True, name
     assert endpoints["ep0"]["healthy-bound"] is True and endpoints["ep0"]["fault"] is None
+    assert endpoints["ep0"]["in-order"] is True and endpoints["ep1"]["in-order"] is True
     assert endpoints["ep3"]["gone-reenabled"] is True  # disabled by its 410, enabled again
     assert endpoints["ep4"]["deliveries"] == {"done": 60}  # every one despite its SIGKILL
     done = {(e["endpoint"], e["what"]) for e in result["lab_events"]}  # type: ignore[attr-defined]
