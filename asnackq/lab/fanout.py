@@ -319,10 +319,12 @@ async def run(config: FanoutConfig, root: Path) -> dict[str, Any]:
             timed_out = not await until_settled(config, queue_path, t0, tasks)
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [f"lab: {e!r}" for e in ended if isinstance(e, Exception)]  # (not cancellations)
     applied = {name: applied_rows(r.db) for name, r in found.items()}
     result = judge(config, enqueued, deliveries(queue_path), applied, watch, timed_out)
     result["violations"] += [f"workers-exit: a worker exited {code}" for code in exits if code]
+    result["violations"] += failed  # a receiver that did not start again, an intake refused
     return result | {"seconds": round(time.monotonic() - t0, 3), "lab_events": watch.events}
 
 
