@@ -286,8 +286,8 @@ class AsyncQueue:
         built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
-        if self.lane is not None and fault is None and not intake:  # lanes share transactions
-            joined: T = await self._joint.run(make)
+        if self.lane is not None and self.lane.endpoint is not None and not intake and not fault:
+            joined: T = await self._joint.run(make)  # endpoints' lanes share transactions
             return joined
 
         def again() -> w.Plan[T]:
