@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,14 +21,19 @@ from asnackq.core import endpoint_workers as ew
 from asnackq.core import endpoints, events, lanes
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint
+from asnackq.dispatch.fleet import Fleet
+from asnackq.dispatch.metrics import WorkerMetrics
 from asnackq.ops import per_endpoint
 from asnackq.ops.watcher import Watcher
 from asnackq.store import readers
 from asnackq.store.targets import is_url
 from asnackq.wire import metrics
+from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli, execute
 from .test_endpoints import where as a_queue
+from .test_event_deliveries import hooks
+from .test_fleet import FAST, done_of, running, until
 
 where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
 URL = "http://127.0.0.1:9/hook"
@@ -233,3 +239,74 @@ async def test_the_dashboard_state_metrics_and_inspector_show_each_endpoint(wher
     if not is_url(where):
         plain = await watcher.look_up("plain")
         assert plain is not None and plain["delivery"] is None and plain["event"] is None
+
+
+async def test_a_fleets_endpoints_on_the_workers_metrics_and_in_stats(tmp_path: Path) -> None:
+    """A fleet's Dispatchers on the worker's ``/metrics`` (``watch_endpoint`` as each starts,
+    ``unwatch_endpoint`` as it stops), each sample labelled ``endpoint="NAME"``; its notes
+    (as the fleet writes them, from its Dispatchers) in ``ops.stats``."""
+    secret = wh.new_secret()
+    where = str(tmp_path / "q.db")
+    exporter = WorkerMetrics("127.0.0.1", 0, allow_remote=False)
+    async with (
+        hooks(secret) as (_, healthy_url),
+        hooks(secret, 503) as (_, failing_url),
+        AsyncQueue.open(where) as queue,
+        exporter,
+    ):
+        await queue.add_endpoint(Endpoint("healthy", healthy_url, secrets=(secret,)))
+        await queue.add_endpoint(
+            Endpoint("failing", failing_url, secrets=(secret,), concurrency=2, timeout_s=0.2)
+        )
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(20)])
+        fleet = Fleet(
+            queue,
+            owner="fleet",
+            retry=FAST,
+            refresh_s=0.05,
+            on_start=exporter.watch_endpoint,
+            on_stop=exporter.unwatch_endpoint,
+        )
+        async with running(fleet):
+            await until(lambda: done_of(where, "healthy") == 20, "the healthy deliveries")
+            await until(lambda: fleet.dispatchers()["failing"].paused, "the breaker open")
+            families = await scrape(exporter)
+            rows = [
+                (n, d.paused, d.snapshot()["concurrency"], 0)
+                for n, d in fleet.dispatchers().items()
+            ]
+            await queue.note_endpoints(fleet.owner, rows)
+            seen = stats_of(where, w.epoch_ms())
+            await queue.disable_endpoint("failing", "answers 503")
+            await until(lambda: "failing" not in exporter.endpoints, "the failing one unwatched")
+            after = await scrape(exporter)
+    samples = labelled(families)
+    assert samples[("asnackq_worker_done_total", "healthy")] == 20
+    assert samples[("asnackq_worker_done_total", "failing")] == 0
+    assert samples[("asnackq_worker_breaker_open", "failing")] == 1
+    assert samples[("asnackq_worker_breaker_open", "healthy")] == 0
+    assert samples[("asnackq_worker_concurrency", "failing")] == 2
+    assert samples[("asnackq_worker_concurrency", "healthy")] >= 1
+    assert samples[("asnackq_worker_breaker_outages_total", "failing")] >= 1
+    assert {key[1] for key in labelled(after)} == {"healthy"}
+    assert (seen["failing"]["breaker"], seen["failing"]["limit"]) == ("open", 2)
+    assert seen["healthy"]["breaker"] == "closed" and seen["healthy"]["done"] == 20
+    assert seen["failing"]["backlog"] + seen["failing"]["in_flight"] == 20
+
+
+async def scrape(exporter: WorkerMetrics) -> list[Any]:
+    """``GET /metrics`` of a running exporter, parsed."""
+    assert exporter.url is not None
+    async with aiohttp.ClientSession() as session, session.get(exporter.url) as answer:
+        assert answer.status == 200
+        return list(text_string_to_metric_families(await answer.text()))
+
+
+def labelled(families: list[Any]) -> dict[tuple[str, str], float]:
+    """Each sample labelled with an endpoint, by (sample name, endpoint)."""
+    return {
+        (sample.name, sample.labels["endpoint"]): sample.value
+        for family in families
+        for sample in family.samples
+        if "endpoint" in sample.labels and "reason" not in sample.labels
+    }

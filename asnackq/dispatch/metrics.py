@@ -189,6 +189,7 @@ class WorkerMetrics:
         self.latency = Histogram()
         self.dispatcher: Watched | None = None
         self.endpoints: dict[str, Watched] = {}  # a fleet's Dispatchers, by endpoint
+        self.url: str | None = None  # where it answers, once serving
         self._stack = contextlib.AsyncExitStack()
 
     def timed(self, send: AsyncSend) -> AsyncSend:
@@ -229,6 +230,7 @@ class WorkerMetrics:
             log = logging.getLogger("asnackq.work.metrics")
             own = serving(app, self.host, self.port, log, loopback_names=is_loopback(self.host))
             url = await self._stack.enter_async_context(own)
+            self.url = f"{url}/metrics"
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 
