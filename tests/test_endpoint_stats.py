@@ -103,6 +103,17 @@ async def test_stats_show_each_endpoints_deliveries_and_workers(where: str) -> N
         assert execute(where, "SELECT count(*) FROM asnackq_endpoint_workers") == [(0,)]
 
 
+async def test_endpoints_are_counted_a_chunk_at_a_time_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where, now = str(tmp_path / "q.db"), w.epoch_ms()
+    async with AsyncQueue.open(where) as queue:
+        await a_queue_with_traffic(queue, now)
+    whole = stats_of(where, now)
+    monkeypatch.setattr(per_endpoint, "CHUNK", 2)  # a, b in one statement, c in another
+    assert stats_of(where, now) == whole
+
+
 async def test_a_queue_without_endpoints_or_notes_shows_none(where: str) -> None:
     now = w.epoch_ms()
     async with AsyncQueue.open(where) as queue:

@@ -6,13 +6,13 @@ Rules of this module:
 * Only reads, as plans (``w.Plan`` of ``w.Sql`` steps) that ``ops.stats``, the dashboard's
   watcher and ``/metrics`` run on a reader opened read-only; a queue without endpoints (or
   without events, or without workers' notes) reads as having none, never as an error.
-* The deliveries' counts are one statement for every endpoint: for each endpoint and
-  status, a count over its lane's range of the index ``jobs(status, id)``
-  (``core.lanes``): an index-only range, no row of the table read and no sort, whatever
-  the backlog.  The range is the lane's; a plain job whose id was made to fall in it
-  (``<name>_<6 hex>-...``) would count there too (the claims check the delivery row, and
-  so does the oldest-pending look-up; the counts do not, which would read a row of
-  ``asnackq_deliveries`` per delivery: 14 times the cost on 100,000 deliveries).
+* The deliveries' counts are one statement for every endpoint (for each ``CHUNK`` of
+  them): for each endpoint and status, a count over its lane's range of the index
+  ``jobs(status, id)`` (``core.lanes``): an index-only range, no row of the table read and
+  no sort, whatever the backlog.  The range is the lane's: a plain job whose id was made
+  to fall in it (``<name>_<6 hex>-...``) would count there too (the claims check the
+  delivery row, and so does the oldest-pending look-up; the counts do not, which would
+  read a row of ``asnackq_deliveries`` per delivery: 14 times the cost on 100,000).
 * An endpoint's oldest pending age is how long its first pending delivery in its lane's
   order (the enqueue order) has waited since its event's intake: one index step, however
   long the backlog.
@@ -32,6 +32,7 @@ from asnackq.store.reads import fetch
 __all__ = ["COUNTED", "NO_WORKER", "plan_endpoints"]
 
 NO_WORKER = "no worker"
+CHUNK = 1000  # endpoints counted per statement (3 parameters each: SQLite takes 32,766)
 COUNTED = ("pending", "leased", "done", "dead")
 TABLES = ("asnackq_endpoints", "asnackq_deliveries", "asnackq_endpoint_workers")
 SQL_TABLES = {
@@ -87,9 +88,11 @@ def plan_endpoints(now_ms: int, on_sqlite: bool = True) -> w.Plan[list[dict[str,
     states = yield from fetch(SQL_STATES)
     names = [row[0] for row in states]
     counts: dict[str, tuple[Any, ...]] = {}
-    if names and "asnackq_deliveries" in present:
-        rows = yield from fetch(sql_counts(len(names), on_sqlite), ranges(names))
-        counts = {row[0]: row[1:] for row in rows}
+    if "asnackq_deliveries" in present:
+        for start in range(0, len(names), CHUNK):
+            some = names[start : start + CHUNK]
+            rows = yield from fetch(sql_counts(len(some), on_sqlite), ranges(some))
+            counts.update((row[0], row[1:]) for row in rows)
     seen: dict[str, list[dict[str, Any]]] = {}
     if "asnackq_endpoint_workers" in present:
         for endpoint, owner, breaker, limit, in_flight, at in (
