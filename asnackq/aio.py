@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from asnackq.core import endpoint_workers as ew
 from asnackq.core import endpoints as ep
 from asnackq.core import events as ev
 from asnackq.core import lanes, tracing
@@ -143,6 +144,7 @@ class AsyncQueue:
         self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
+        self._workers_table = False  # made by this connection's first ``note_endpoints``
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
         self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
         # called with the endpoints given deliveries by an intake of this queue, once
@@ -658,6 +660,21 @@ class AsyncQueue:
         """Remove an endpoint (its audited changes stay); the endpoint removed."""
         removed: Endpoint = await self._run(partial(ep.plan_remove, name, self._now(now_ms)))
         return removed
+
+    async def note_endpoints(
+        self,
+        owner: str,
+        rows: Sequence[ew.Seen | tuple[str, bool, int, int]],
+        now_ms: int | None = None,
+    ) -> int:
+        """Say, as ``owner``, what it sees of the endpoints it serves: ``(endpoint,
+        breaker_open, limit, in_flight)`` rows, its whole report (its rows of other endpoints
+        go), in one short transaction (``asnackq.core.endpoint_workers``); the rows noted.
+        ``asnackq stats`` and the dashboard show rows noted within the last 15 s."""
+        make = partial(ew.plan_note, owner, rows, self._now(now_ms), tables=not self._workers_table)
+        noted: int = await self._run(make)
+        self._workers_table = True
+        return noted
 
     async def run_once(
         self,
