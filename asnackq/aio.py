@@ -39,6 +39,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import math
 import os
 import random
 import re
@@ -1262,6 +1263,7 @@ class Fleet:
         self.running: dict[str, Running] = {}
         self.summaries: dict[str, Summary] = {}  # each endpoint's runs, added up
         self.failures = 0  # Dispatchers that failed (started again)
+        self._noted_at = -math.inf  # the loop's clock at the last note
         self.refused: dict[str, int] = {}  # endpoints not served: the row's updated_ms then
         self._wake = asyncio.Event()
         self._follow = True  # each Dispatcher's run: until cancelled, or until its lane empties
@@ -1297,10 +1299,24 @@ class Fleet:
                 await self._reap(until_empty)
                 if not until_empty:
                     await self._refresh()
+                await self._note()
         finally:
             self.queue.published.remove(self.wake)
             await asyncio.shield(self._stop_all())
+            self._noted_at = -math.inf
+            await asyncio.shield(self._note())  # (none served: this worker's rows go)
         return self.summaries
+
+    async def _note(self) -> None:
+        """Say what this worker sees of each endpoint it serves, at most every
+        ``fl.NOTE_S`` (``AsyncQueue.note_endpoints``: shown by stats and the dashboard)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._noted_at < fl.NOTE_S:
+            return
+        self._noted_at = now
+        rows = [(name, *fl.seen(running.dispatcher)) for name, running in self.running.items()]
+        with contextlib.suppress(StoreUnavailable):  # (the next one says it)
+            await self.queue.note_endpoints(self.owner, rows)
 
     async def _refresh(self) -> None:
         """Read the endpoints; start, restart and stop Dispatchers to match."""

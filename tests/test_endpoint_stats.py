@@ -16,12 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asnackq import ops
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Fleet
 from asnackq.core import endpoint_workers as ew
 from asnackq.core import endpoints, events, lanes
 from asnackq.core import worker as w
 from asnackq.core.endpoints import Endpoint
-from asnackq.dispatch.fleet import Fleet
 from asnackq.dispatch.metrics import WorkerMetrics
 from asnackq.ops import per_endpoint
 from asnackq.ops.watcher import Watcher
