@@ -173,17 +173,21 @@ async def noisy_phase(path: Path, events: int, bad: bool) -> dict[str, Any]:
         ids = [f"e{i}" for i in range(events)]
         want = events * len(healthy)
         fleet = Fleet(queue, owner="bench")
+        count = transactions(queue)
         async with running(fleet):
             start = time.monotonic()
             await enqueue(queue, ids, enqueued)
             await hooks.until(lambda: sum(len(hooks.arrived[n]) for n in healthy) >= want)
             last = max(max(hooks.arrived[n].values()) for n in healthy)
             paused = {n: d.paused for n, d in fleet.dispatchers().items()}
+            summaries = {n: d.summary for n, d in fleet.dispatchers().items()}
         lat = [x for n in healthy for x in latencies(hooks.arrived[n], enqueued)]
         out: dict[str, Any] = {
             "goodput": want / (last - start),
             "p99_s": p99(lat),
             "refused": hooks.refused,
+            "transactions": count[0],
+            "cycles": sum(summary.commits for summary in summaries.values()),
         }
         if bad:
             out["bad"] = {
@@ -224,7 +228,9 @@ async def noisy(root: Path, size: dict[str, int]) -> list[dict[str, Any]]:
             loud["goodput"] / clean["goodput"],
             ">=",
             0.9,
-            f"{loud['goodput']:.0f} vs {clean['goodput']:.0f} deliveries/s",
+            f"{loud['goodput']:.0f} vs {clean['goodput']:.0f} deliveries/s; transactions"
+            f" {loud['transactions']} vs {clean['transactions']}, lane cycles"
+            f" {loud['cycles']} vs {clean['cycles']}",
         ),
         target(
             "noisy p99",
