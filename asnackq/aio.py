@@ -39,6 +39,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import math
 import os
 import random
 import re
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from asnackq.core import endpoint_workers as ew
 from asnackq.core import endpoints as ep
 from asnackq.core import events as ev
 from asnackq.core import lanes, tracing
@@ -143,6 +145,7 @@ class AsyncQueue:
         self.tracer = tracing.tracer()  # None: intakes are not traced (``asnackq.core.tracing``)
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
+        self._workers_table = False  # made by this connection's first ``note_endpoints``
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
         self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
         # called with the endpoints given deliveries by an intake of this queue, once
@@ -286,8 +289,8 @@ class AsyncQueue:
         built = [make()]  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
-        if self.lane is not None and fault is None and not intake:  # lanes share transactions
-            joined: T = await self._joint.run(make)
+        if self.lane is not None and self.lane.endpoint is not None and not intake and not fault:
+            joined: T = await self._joint.run(make)  # endpoints' lanes share transactions
             return joined
 
         def again() -> w.Plan[T]:
@@ -658,6 +661,21 @@ class AsyncQueue:
         """Remove an endpoint (its audited changes stay); the endpoint removed."""
         removed: Endpoint = await self._run(partial(ep.plan_remove, name, self._now(now_ms)))
         return removed
+
+    async def note_endpoints(
+        self,
+        owner: str,
+        rows: Sequence[ew.Seen | tuple[str, bool, int, int]],
+        now_ms: int | None = None,
+    ) -> int:
+        """Say, as ``owner``, what it sees of the endpoints it serves: ``(endpoint,
+        breaker_open, limit, in_flight)`` rows, its whole report (its rows of other endpoints
+        go), in one short transaction (``asnackq.core.endpoint_workers``); the rows noted.
+        ``asnackq stats`` and the dashboard show rows noted within the last 15 s."""
+        make = partial(ew.plan_note, owner, rows, self._now(now_ms), tables=not self._workers_table)
+        noted: int = await self._run(make)
+        self._workers_table = True
+        return noted
 
     async def run_once(
         self,
@@ -1245,6 +1263,7 @@ class Fleet:
         self.running: dict[str, Running] = {}
         self.summaries: dict[str, Summary] = {}  # each endpoint's runs, added up
         self.failures = 0  # Dispatchers that failed (started again)
+        self._noted_at = -math.inf  # the loop's clock at the last note
         self.refused: dict[str, int] = {}  # endpoints not served: the row's updated_ms then
         self._wake = asyncio.Event()
         self._follow = True  # each Dispatcher's run: until cancelled, or until its lane empties
@@ -1280,10 +1299,24 @@ class Fleet:
                 await self._reap(until_empty)
                 if not until_empty:
                     await self._refresh()
+                await self._note()
         finally:
             self.queue.published.remove(self.wake)
             await asyncio.shield(self._stop_all())
+            self._noted_at = -math.inf
+            await asyncio.shield(self._note())  # (none served: this worker's rows go)
         return self.summaries
+
+    async def _note(self) -> None:
+        """Say what this worker sees of each endpoint it serves, at most every
+        ``fl.NOTE_S`` (``AsyncQueue.note_endpoints``: shown by stats and the dashboard)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._noted_at < fl.NOTE_S:
+            return
+        self._noted_at = now
+        rows = [(name, *fl.seen(running.dispatcher)) for name, running in self.running.items()]
+        with contextlib.suppress(StoreUnavailable):  # (the next one says it)
+            await self.queue.note_endpoints(self.owner, rows)
 
     async def _refresh(self) -> None:
         """Read the endpoints; start, restart and stop Dispatchers to match."""

@@ -150,6 +150,10 @@ async def test_a_silent_and_a_503_endpoint_cost_the_healthy_one_nothing(tmp_path
         fleet = Fleet(queue, owner="fleet", retry=FAST, lease_ms=2000, prefetch=0)
         async with running(fleet):
             await until(lambda: done_of(where, "healthy") == 200, "every healthy delivery done")
+            await until(
+                lambda: all(fleet.dispatchers()[name].paused for name in ("failing", "silent")),
+                "the two bad endpoints' breakers open",
+            )
             paused = {name: d.paused for name, d in fleet.dispatchers().items()}
     assert sorted(s.webhook_id for s in healthy.seen) == sorted(f"e{i}" for i in range(200))
     assert paused == {"healthy": False, "failing": True, "silent": True}
@@ -282,6 +286,37 @@ async def test_an_endpoint_this_worker_refuses_is_said_once_and_served_once_chan
     said = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0] and secret not in said[0]
     assert len(partner.seen) == 3
+
+
+async def test_a_fleet_notes_each_endpoints_breaker_and_limit_while_it_serves(
+    where: str,
+) -> None:
+    secret = wh.new_secret()
+    async with (
+        hooks(secret) as (_, url),
+        silent() as silent_url,
+        AsyncQueue.open(where) as queue,
+    ):
+        await queue.add_endpoint(Endpoint("ok", url, secrets=(secret,), concurrency=3))
+        await queue.add_endpoint(
+            Endpoint("silent", silent_url, secrets=(secret,), concurrency=2, timeout_s=0.2)
+        )
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(20)])
+        fleet = Fleet(queue, owner="noter", retry=FAST, refresh_s=0.05)
+        notes = "SELECT endpoint, owner, breaker, limit_now FROM asnackq_endpoint_workers"
+
+        def noted() -> set[tuple[Any, ...]]:
+            try:
+                return set(execute(where, notes))
+            except Exception:  # (the table: made by the first note)
+                return set()
+
+        async with running(fleet):
+            await until(
+                lambda: noted() == {("ok", "noter", "closed", 3), ("silent", "noter", "open", 2)},
+                "each endpoint noted, the silent one's breaker open",
+            )
+    assert noted() == set()  # a fleet that stops takes its notes back
 
 
 def test_idle_lanes_poll_less_often_the_more_there_are() -> None:

@@ -13,6 +13,7 @@ import pytest
 from asnackq.aio import AsyncQueue
 from asnackq.core import lanes
 from asnackq.core import worker as w
+from asnackq.store.outage import StoreUnavailable
 
 from .conftest import execute
 
@@ -98,3 +99,28 @@ async def test_a_plan_alone_runs_in_its_own_transaction_and_a_plain_queue_never_
         await asyncio.gather(*calls)
     assert counted.runs == 4
     assert execute(where, "SELECT count(*) FROM joint_rows") == [(3,)]
+
+
+async def test_a_transaction_the_store_refused_before_it_ran_leaves_the_next_ones_their_own(
+    where: str,
+) -> None:
+    """The store away before the joint transaction's plan ran: every call of it gets the
+    outage, and calls made after it get a transaction of their own (none joins the failed
+    one and waits for ever)."""
+    async with AsyncQueue.open(where) as queue:
+        view = queue.in_lane(lanes.Lane("e"))
+        store = queue._db
+        run = store.run
+        away = [True]
+
+        async def once_away(make: w.Make, fault: w.Fault = None) -> Any:
+            if away.pop() if away else False:
+                raise StoreUnavailable("the server is away", retry_in_s=0.01)
+            return await run(make, fault)
+
+        store.run = once_away  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            await view._run(lambda: insert("lost"))
+        found = await asyncio.wait_for(view._run(lambda: insert("next")), 30)
+    assert found == "next"
+    assert execute(where, "SELECT name FROM joint_rows") == [("next",)]

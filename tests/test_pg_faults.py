@@ -385,3 +385,40 @@ def committing(server: LocalServer, app: str) -> int:
             return int(rows[0][0])
         time.sleep(0.02)
     raise AssertionError(f"no session {app} seen in its COMMIT")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_fleet_rides_out_a_server_restart(server, url, mode):
+    """Two endpoints' deliveries through one fleet while ``pg_ctl restart`` runs under it:
+    every delivery ends done, none dead, each event received by each endpoint."""
+    from asnackq.aio import AsyncQueue, Fleet
+    from asnackq.core.endpoints import Endpoint
+    from asnackq.wire import webhooks as wh
+
+    from .test_event_deliveries import hooks, statuses
+    from .test_fleet import until
+
+    secret = wh.new_secret()
+    async with (
+        hooks(secret) as (a, a_url),
+        hooks(secret) as (b, b_url),
+        AsyncQueue.open(url) as queue,
+    ):
+        for name, at in (("a", a_url), ("b", b_url)):
+            await queue.add_endpoint(Endpoint(name, at, secrets=(secret,), concurrency=4))
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(200)])
+        fleet = Fleet(queue, owner="fleet", retry=w.Retry(5, 20), lease_ms=3000)
+        task = asyncio.ensure_future(fleet.run())
+        try:
+            await until(lambda: len(a.seen) + len(b.seen) >= 20, "deliveries under way")
+            await asyncio.to_thread(server.restart, mode)
+            await until(
+                lambda: {s for s, _ in statuses(url).values()} == {"done"}, "every one done"
+            )
+        finally:
+            task.cancel()
+            await asyncio.wait([task])
+    assert sorted(statuses(url).values()) == sorted([("done", "a")] * 200 + [("done", "b")] * 200)
+    for seen in (a.seen, b.seen):
+        assert {s.webhook_id for s in seen} == {f"e{i}" for i in range(200)}

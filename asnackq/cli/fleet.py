@@ -62,15 +62,19 @@ def run_fleet(
     """The fleet's run on the queue ``opened`` gives, its Dispatchers made with ``options``
     (``run_work`` checked the command line and made both)."""
     from asnackq.aio import Fleet
+    from asnackq.dispatch.metrics import WorkerMetrics
 
     started = time.perf_counter()
+    exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
 
     async def main() -> tuple[dict[str, Summary], bool]:
-        async with opened as queue:
+        async with opened as queue, exporter:
             try:
                 fleet = Fleet(
                     queue,
                     owner=owner,
+                    on_start=exporter.watch_endpoint,
+                    on_stop=exporter.unwatch_endpoint,
                     max_concurrency=64 if args.max_concurrency is None else args.max_concurrency,
                     sender_options={
                         "allow_remote": args.allow_remote,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -22,7 +23,8 @@ from asnackq.cli.common import (
 from asnackq.cli.otel import add_otel
 from asnackq.cli.render import emit, iso, key_values, plural, rows_table, shown_text
 from asnackq.core import worker as w
-from asnackq.store import readers, sessions
+from asnackq.ops.inspect import check_job_id, stories
+from asnackq.store import readers, reads, sessions
 from asnackq.store.targets import is_url, shown
 
 __all__ = ["add_audit", "add_init", "add_inspect"]
@@ -86,6 +88,53 @@ def add_inspect(commands: Commands) -> None:
     history.add_argument("--json", action="store_true", help="print the history as JSON")
     history.set_defaults(run=run_history)
 
+    inspect = commands.add_parser(
+        "inspect",
+        help="a job's or an event's story: an event's deliveries by endpoint, with attempts",
+        description="Show the job ID (its row, redrives, the requests kept of it, and for a "
+        "delivery its event and endpoint) and the event ID (its deliveries by endpoint, each "
+        "with its status, attempts and the requests kept of it). Exit 1 if the queue holds "
+        "neither.",
+    )
+    inspect.add_argument("queue", type=target, help=QUEUE_HELP)
+    inspect.add_argument("id", help="a job id or an event id")
+    inspect.add_argument("--json", action="store_true", help="print the story as JSON")
+    inspect.set_defaults(run=run_inspect)
+
+
+# (``oldest``: the oldest pending delivery's wait since its intake; ``leased``: in flight)
+ENDPOINT_COLUMNS = (
+    "endpoint",
+    "state",
+    "backlog",
+    "oldest",
+    "leased",
+    "done",
+    "dead",
+    "breaker",
+    "limit",
+)
+
+
+def endpoint_rows(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``ops.stats``' endpoints as ``stats`` shows them (a disabled one with its reason)."""
+    return [
+        {
+            "endpoint": one["name"],
+            "state": one["state"]
+            if one["disabled_reason"] is None
+            else f"{one['state']}: {shown_text(one['disabled_reason'])}",
+            "backlog": one["backlog"],
+            "oldest": None if oldest is None else f"{oldest / 1000:.1f}s",
+            "leased": one["in_flight"],
+            "done": one["done"],
+            "dead": one["dead"],
+            "breaker": one["breaker"],
+            "limit": one["limit"],
+        }
+        for one, oldest in ((one, one["oldest_pending_ms"]) for one in endpoints)
+    ]
+
 
 def run_stats(args: argparse.Namespace) -> int:
     with readers.read_only(args.queue, "jobs") as con:
@@ -101,6 +150,9 @@ def run_stats(args: argparse.Namespace) -> int:
         ]
         pairs += [(f"attempts = {n}", count) for n, count in result["attempts"].items()]
         out.print(key_values(f"asnackq stats {shown(args.queue)}", pairs))
+        if result["endpoints"]:
+            rows = endpoint_rows(result["endpoints"])
+            out.print(rows_table(plural(len(rows), "endpoint"), rows, ENDPOINT_COLUMNS))
 
     emit(args, result, human)
     return 0
@@ -171,6 +223,53 @@ def run_history(args: argparse.Namespace) -> int:
 
     emit(args, result, human)
     return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    try:
+        check_job_id(args.id)
+    except ValueError as error:
+        raise Usage(str(error)) from None
+    now = w.epoch_ms()
+    with readers.read_only(args.queue, "jobs") as con:
+        job, event = reads.run(con, stories(args.id, now, on_sqlite=not is_url(args.queue)))
+    if job is None and event is None:
+        raise Failure(f"no job or event {args.id!r} in the queue")
+    result = {"id": args.id, "at_ms": now, **(job or {"job": None}), "event": event}
+    emit(args, result, partial(show_story, args.id, job, event))
+    return 0
+
+
+def show_story(
+    name: str, job: dict[str, Any] | None, event: dict[str, Any] | None, out: Console
+) -> None:
+    """``inspect``'s human rendering: the job, then the event's deliveries."""
+    if job is not None:
+        row, delivery = job["job"], job["delivery"] or {}
+        pairs = [(key, row[key]) for key in ("status", "reason", "attempts", "max_attempts")]
+        pairs += [("token", row["token"]), ("owner", row["owner"])]
+        pairs += [(key, delivery[key]) for key in ("event", "endpoint") if key in delivery]
+        pairs += [("requests kept", len(job["attempts"])), ("redrives", len(job["redrives"]))]
+        out.print(key_values(f"job {name}", pairs))
+    if event is not None:
+        head = event["event"]
+        title = f"event {name}" + (f" ({head['type']})" if head["type"] else "")
+        rows = [
+            {
+                **one,
+                "status": "purged" if one["status"] is None else one["status"],
+                "attempts": f"{one['attempts']} of {one['max_attempts']}"
+                if one["attempts"] is not None
+                else None,
+                "kept": len(one["requests"]),
+                "last answer": one["requests"][-1]["status"] if one["requests"] else None,
+            }
+            for one in event["deliveries"]
+        ]
+        columns = ("endpoint", "job", "status", "reason", "attempts", "kept", "last answer")
+        out.print(
+            rows_table(f"{title}: {plural(len(rows), 'delivery', 'deliveries')}", rows, columns)
+        )
 
 
 def add_audit(commands: Commands) -> None:

@@ -11,17 +11,34 @@ Rules of this module (no I/O):
   second (and each looks at least every ``IDLE_MS_MAX``).
 * An endpoint's lane takes retry delays up to the schedule's longest (``LANE_LIMITS``).
 * ``add`` sums an endpoint's successive runs into one summary.
+* ``seen`` is what a worker notes of an endpoint it serves (every ``NOTE_S``): its breaker
+  open or not, its limit of sends in flight, and the tickets it holds now.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from asnackq.core import endpoints as ep
 from asnackq.core import worker as w
 from asnackq.dispatch.summary import Summary
 
-__all__ = ["AUTO_MAX", "IDLE_MS_MAX", "LANE_LIMITS", "REFRESH_S", "add", "idle_ms_for", "plan"]
+__all__ = [
+    "AUTO_MAX",
+    "IDLE_MS_MAX",
+    "LANE_LIMITS",
+    "NOTE_S",
+    "REFRESH_S",
+    "add",
+    "idle_ms_for",
+    "plan",
+    "seen",
+]
 
 REFRESH_S = 1.0
+NOTE_S = 1.0  # how often a fleet notes what it sees of its endpoints
+# what a run counts of the tickets it no longer holds
+LET_GO = ("done", "retried", "dead", "stale", "lost", "unconfirmed", "errors", "bad_acks")
 AUTO_MAX = 64  # concurrency "auto": the most sends in flight to one endpoint
 IDLE_MS_MIN = 20
 IDLE_MS_MAX = 500
@@ -52,3 +69,20 @@ def add(summaries: dict[str, Summary], name: str, summary: Summary) -> None:
     for key, value in summary.as_dict().items():
         if isinstance(value, int) and isinstance(getattr(before, key, None), int):
             setattr(before, key, getattr(before, key) + value)
+
+
+class Watched(Protocol):
+    """What ``seen`` reads of a Dispatcher."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, int]: ...
+
+
+def seen(dispatcher: Watched) -> tuple[bool, int, int]:
+    """``(breaker_open, limit, in_flight)`` of an endpoint's Dispatcher now: its limit is the
+    adaptive one under "auto"; the tickets it holds are those claimed and not let go."""
+    counts = dispatcher.snapshot()
+    held = counts.get("claimed", 0) - sum(counts.get(key, 0) for key in LET_GO)
+    return dispatcher.paused, counts.get("concurrency", 0), max(0, held)

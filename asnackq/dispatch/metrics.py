@@ -1,4 +1,6 @@
-"""``work --metrics-port``: a Dispatcher's counters, breaker and send latency as Prometheus text."""
+"""``work --metrics-port``: a Dispatcher's counters, breaker and send latency as Prometheus text;
+in a fleet (``work QUEUE`` without ``--sink``), each endpoint's Dispatcher's, labelled
+``endpoint="NAME"``."""
 
 from __future__ import annotations
 
@@ -7,18 +9,18 @@ import logging
 import sys
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from asnackq.core import worker as w
 from asnackq.core.receivers import is_loopback
 from asnackq.wire.metrics import (
     REASONS,
     Family,
     Histogram,
+    Labels,
     check_host,
-    counter,
     exposition,
     gauge,
-    labelled,
     render,
     serving,
 )
@@ -83,38 +85,70 @@ WORKER_COUNTERS = {
 }
 
 
-def dispatcher_families(
-    counts: dict[str, int], owner: str, paused: bool, latency: Histogram
-) -> list[Family]:
-    """A Dispatcher's counters (``Dispatcher.snapshot``), its breaker and its send latency."""
+class Run(NamedTuple):
+    """One Dispatcher's figures as its samples carry them: ``labels`` (``{}`` for a run of
+    its own, ``{"endpoint": NAME}`` for one of a fleet's), its counts, its breaker."""
+
+    labels: Labels
+    counts: dict[str, int]
+    paused: bool
+
+
+def of(labels: Labels, dispatcher: Watched) -> Run:
+    return Run(labels, dispatcher.snapshot(), dispatcher.paused)
+
+
+def per_run(name: str, kind: str, text: str, runs: list[Run], value: Any) -> Family:
+    """One sample per run: ``value(run)`` under the run's labels."""
+    return Family(name, kind, text, [("", run.labels, value(run)) for run in runs])
+
+
+def dispatcher_families(runs: list[Run], owner: str, latency: Histogram) -> list[Family]:
+    """Dispatchers' counters (``Dispatcher.snapshot``) and breakers, a sample each, and the
+    send latency of them all."""
     families = [gauge("asnackq_worker_info", "The worker's lease owner name.", 1, {"owner": owner})]
     families += [
-        counter(f"asnackq_worker_{name}_total", text, counts[key])
+        per_run(f"asnackq_worker_{name}_total", "counter", text, runs, lambda r, k=key: r.counts[k])
         for key, (name, text) in WORKER_COUNTERS.items()
     ]
     families += [
-        labelled(
+        Family(
             "asnackq_worker_dead_total",
             "counter",
             "Jobs ended dead, by reason.",
-            "reason",
-            {reason: counts[f"dead_{reason}"] for reason in REASONS},
+            [
+                ("", {**run.labels, "reason": reason}, run.counts[f"dead_{reason}"])
+                for run in runs
+                for reason in REASONS
+            ],
         ),
-        counter(
+        per_run(
             "asnackq_worker_db_down_seconds_total",
+            "counter",
             "Time without a session with the queue's database.",
-            counts["db_down_ms"] / 1000,
+            runs,
+            lambda r: r.counts["db_down_ms"] / 1000,
         ),
-        counter(
+        per_run(
             "asnackq_worker_breaker_paused_seconds_total",
+            "counter",
             "Time the circuit breaker kept the run paused.",
-            counts["paused_ms"] / 1000,
+            runs,
+            lambda r: r.counts["paused_ms"] / 1000,
         ),
-        gauge("asnackq_worker_breaker_open", "1 while the circuit breaker is open.", int(paused)),
-        gauge(
+        per_run(
+            "asnackq_worker_breaker_open",
+            "gauge",
+            "1 while the circuit breaker is open.",
+            runs,
+            lambda r: int(r.paused),
+        ),
+        per_run(
             "asnackq_worker_concurrency",
+            "gauge",
             "Sends let in flight at once (concurrency auto: the adaptive limit now).",
-            counts["concurrency"],
+            runs,
+            lambda r: r.counts["concurrency"],
         ),
         latency.family(
             "asnackq_worker_send_duration_seconds",
@@ -154,23 +188,35 @@ class WorkerMetrics:
         self.host, self.port = host, port
         self.latency = Histogram()
         self.dispatcher: Watched | None = None
+        self.endpoints: dict[str, Watched] = {}  # a fleet's Dispatchers, by endpoint
+        self.url: str | None = None  # where it answers, once serving
         self._stack = contextlib.AsyncExitStack()
 
     def timed(self, send: AsyncSend) -> AsyncSend:
         return send if self.port is None else TimedSend(send, self.latency)
 
     def watch(self, dispatcher: Watched) -> None:
+        """Export ``dispatcher``'s figures (a run of its own: samples without labels)."""
         self.dispatcher = dispatcher
 
+    def watch_endpoint(self, name: str, dispatcher: Watched) -> None:
+        """Export the figures of ``dispatcher``, a fleet's Dispatcher for the endpoint
+        ``name``, as samples labelled ``endpoint="NAME"`` (it replaces one watched before)."""
+        self.endpoints[w.check_identifier(name, "endpoint name")] = dispatcher
+
+    def unwatch_endpoint(self, name: str, dispatcher: Watched | None = None) -> None:
+        """Export ``name``'s figures no more (``dispatcher``: only if it is still the one
+        watched, so a stop that comes after a restart leaves the new one)."""
+        if dispatcher is None or self.endpoints.get(name) is dispatcher:
+            self.endpoints.pop(name, None)
+
     def render(self) -> str:
-        dispatcher = self.dispatcher
-        if dispatcher is None:
+        runs = [] if self.dispatcher is None else [of({}, self.dispatcher)]
+        runs += [of({"endpoint": name}, one) for name, one in sorted(self.endpoints.items())]
+        if not runs:
             return render([])
-        return render(
-            dispatcher_families(
-                dispatcher.snapshot(), dispatcher.owner, dispatcher.paused, self.latency
-            )
-        )
+        owners = {one.owner for one in [*self.endpoints.values(), self.dispatcher] if one}
+        return render(dispatcher_families(runs, ", ".join(sorted(owners)), self.latency))
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         return exposition(self.render())
@@ -184,6 +230,7 @@ class WorkerMetrics:
             log = logging.getLogger("asnackq.work.metrics")
             own = serving(app, self.host, self.port, log, loopback_names=is_loopback(self.host))
             url = await self._stack.enter_async_context(own)
+            self.url = f"{url}/metrics"
             print(f"asnackq work: metrics on {url}/metrics", file=sys.stderr, flush=True)
         return self
 

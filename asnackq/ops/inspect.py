@@ -11,6 +11,10 @@ Rules of this module:
   assumed, so a missing table is no error on either driver.
 * The audit's verdict on one job is ``queries.describe`` over that job's row and its inbox
   row: the rule of ``asnackq audit``, without the audit's join over every job.
+* An event (``core.events``) is inspected by its id: its type, key and intake time, and
+  its deliveries by endpoint, each with its job's status and attempts and the requests
+  kept of it; a delivery's story names its event and endpoint.  A queue without events
+  has none, never an error.
 * A done job's ``available_at`` is when it finished (the contract's ``finish`` sets it to
   its ``now_ms``): done per minute counts done jobs by ``available_at``.
 """
@@ -32,9 +36,11 @@ __all__ = [
     "LEASES_LISTED",
     "check_job_id",
     "done_per_minute",
+    "event_story",
     "inbox_record",
     "job_story",
     "leases",
+    "stories",
     "trace_id",
     "verdict",
 ]
@@ -64,6 +70,19 @@ SQL_LEASES = """SELECT owner, held, id, token, lease_until FROM (
          row_number() OVER (PARTITION BY owner ORDER BY lease_until, id) AS n
   FROM jobs WHERE status = 'leased') AS leases
 WHERE n <= ? ORDER BY held DESC, owner, n LIMIT ?"""
+
+EVENTS = "asnackq_events"
+SQL_EVENT = "SELECT id, type, key, created_ms, length(body) FROM asnackq_events WHERE id = ?"
+EVENT_FIELDS = ("id", "type", "key", "created_ms", "bytes")
+SQL_EVENT_DELIVERIES = """SELECT d.endpoint, d.job, j.status, j.reason, j.attempts,
+  j.max_attempts, j.token, j.available_at, j.deadline
+FROM asnackq_deliveries AS d LEFT JOIN jobs AS j ON j.id = d.job
+WHERE d.event = ? ORDER BY d.endpoint"""
+DELIVERY_FIELDS = (
+    *("endpoint", "job", "status", "reason", "attempts"),
+    *("max_attempts", "token", "available_at", "deadline"),
+)
+SQL_DELIVERY = "SELECT event, endpoint FROM asnackq_deliveries WHERE job = ?"
 
 MINUTE_MS = 60_000
 HOUR_MINUTES = 60
@@ -96,7 +115,41 @@ def job_story(job_id: str, now_ms: int, on_sqlite: bool) -> w.Plan[dict[str, Any
     ]
     traced, _ = yield from trace_id(job_id, on_sqlite)
     tried, _ = yield from attempts.of_job(check_job_id(job_id), on_sqlite)
-    return {"job": job, "redrives": redrives, "trace_id": traced, "attempts": tried}, False
+    delivery, _ = yield from delivery_of(job_id, on_sqlite)
+    story = {"job": job, "redrives": redrives, "trace_id": traced, "attempts": tried}
+    return {**story, "delivery": delivery}, False
+
+
+def stories(
+    job_id: str, now_ms: int, on_sqlite: bool
+) -> w.Plan[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """The job's story and the event's of the id (either None: no such job or event)."""
+    job, _ = yield from job_story(job_id, now_ms, on_sqlite)
+    event, _ = yield from event_story(job_id, on_sqlite)
+    return (job, event), False
+
+
+def delivery_of(job_id: str, on_sqlite: bool) -> w.Plan[dict[str, Any] | None]:
+    """The event and endpoint of a delivery's job (None: the job is no delivery)."""
+    present, _ = yield from has_table("asnackq_deliveries", on_sqlite)
+    rows = (yield from fetch(SQL_DELIVERY, (job_id,))) if present else []
+    return (dict(zip(("event", "endpoint"), rows[0], strict=True)) if rows else None), False
+
+
+def event_story(event_id: str, on_sqlite: bool) -> w.Plan[dict[str, Any] | None]:
+    """An event and its deliveries by endpoint (each with its job's status and attempts,
+    and the requests kept of it); ``None`` when the queue holds no such event."""
+    present, _ = yield from has_table(EVENTS, on_sqlite)
+    rows = (yield from fetch(SQL_EVENT, (check_job_id(event_id),))) if present else []
+    if not rows:
+        return None, False
+    deliveries = []
+    for row in (yield from fetch(SQL_EVENT_DELIVERIES, (event_id,))):
+        delivery = dict(zip(DELIVERY_FIELDS, row, strict=True))
+        delivery["requests"], _ = yield from attempts.of_job(delivery["job"], on_sqlite)
+        deliveries.append(delivery)
+    event = dict(zip(EVENT_FIELDS, rows[0], strict=True))
+    return {"event": event, "deliveries": deliveries}, False
 
 
 def trace_id(job_id: str, on_sqlite: bool) -> w.Plan[str | None]:

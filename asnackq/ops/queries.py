@@ -9,6 +9,7 @@ URIs, so inspecting never creates a file, takes a write lock or changes a byte; 
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -20,6 +21,7 @@ from asnackq.core import tracing
 from asnackq.core import worker as w
 from asnackq.core.budget import Budget, Intake, Item, intakes
 from asnackq.core.inbox import SINK_TABLE
+from asnackq.ops import per_endpoint
 from asnackq.store import job_traces, readers, reads, retention, sessions
 from asnackq.store.attempts import of_job
 from asnackq.store.readers import read_only
@@ -92,12 +94,13 @@ def enqueue_all(
 
 
 def stats(con: Reader, now_ms: int) -> dict[str, Any]:
-    """Jobs by status and dead reason, queue lag, attempts, and expired leases at ``now_ms``."""
-    return reads.run(con, plan_stats(now_ms))
+    """Jobs by status and dead reason, queue lag, attempts, expired leases, and each
+    endpoint's state, deliveries and workers (``ops.per_endpoint``) at ``now_ms``."""
+    return reads.run(con, plan_stats(now_ms, on_sqlite=isinstance(con, sqlite3.Connection)))
 
 
-def plan_stats(now_ms: int) -> w.Plan[dict[str, Any]]:
-    """``stats`` as a read plan."""
+def plan_stats(now_ms: int, on_sqlite: bool = True) -> w.Plan[dict[str, Any]]:
+    """``stats`` as a read plan (``on_sqlite``: the reader's dialect)."""
     by_status = dict.fromkeys(w.STATUSES, 0)
     by_status.update((yield from fetch("SELECT status, count(*) FROM jobs GROUP BY status")))
     reasons: dict[str, int] = dict(
@@ -138,6 +141,7 @@ def plan_stats(now_ms: int) -> w.Plan[dict[str, Any]]:
         "attempts": attempts,
         "expired_leases": len(expired),
         "expired": expired[:20],
+        "endpoints": (yield from per_endpoint.plan_endpoints(now_ms, on_sqlite))[0],
     }, False
 
 

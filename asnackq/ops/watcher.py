@@ -115,12 +115,12 @@ def reading(where: Target, table: str, what: str, make: w.Make) -> Reading:
     return aread
 
 
-def read_queue(now_ms: int) -> w.Plan[dict[str, Any]]:
+def read_queue(now_ms: int, on_sqlite: bool) -> w.Plan[dict[str, Any]]:
     redrives = [
         dict(zip(("id", "token", "at_ms", "note"), row, strict=True))
         for row in (yield from fetch(SQL_LATEST_REDRIVES, (REDRIVES_SHOWN,)))
     ]
-    stats, _ = yield from queries.plan_stats(now_ms)
+    stats, _ = yield from queries.plan_stats(now_ms, on_sqlite)
     leases, _ = yield from inspect.leases(now_ms)
     return {"stats": stats, "redrives": redrives, "leases": leases}, False
 
@@ -163,7 +163,9 @@ class Watcher:
         read, and then the last state stays."""
         now = w.epoch_ms()
         queue, took = await attempt(
-            "queue", self.queue, reading(self.queue, "jobs", "queue", partial(read_queue, now))
+            "queue",
+            self.queue,
+            reading(self.queue, "jobs", "queue", partial(read_queue, now, not is_url(self.queue))),
         )
         state = {
             "queue": shown(self.queue),
@@ -191,23 +193,25 @@ class Watcher:
         self.state, self.took = state, took
 
     async def look_up(self, job_id: str) -> dict[str, Any] | None:
-        """One job's story: its row, redrives and trace id from the queue and, with a sink
-        DB, its inbox record and the audit's verdict; ``None`` when neither DB knows it.
+        """One job's story: its row, redrives and trace id from the queue (a delivery's event
+        and endpoint) and, with a sink DB, its inbox record and the audit's verdict; an
+        event's deliveries by endpoint when the id is an event's; ``None`` when neither DB
+        knows it.
         ``ValueError`` for an id that is not one or a DB that cannot be read."""
         inspect.check_job_id(job_id)
         now = w.epoch_ms()
         on_sqlite = not is_url(self.queue)
         read = reading(
-            self.queue, "jobs", "queue", partial(inspect.job_story, job_id, now, on_sqlite)
+            self.queue, "jobs", "queue", partial(inspect.stories, job_id, now, on_sqlite)
         )
-        story, _ = await attempt("queue", self.queue, read)
+        (story, event), _ = await attempt("queue", self.queue, read)
         inbox = None
         if self.sink_db is not None:
             read = reading(
                 self.sink_db, SINK_TABLE, "sink DB", partial(inspect.inbox_record, job_id)
             )
             inbox, _ = await attempt("sink DB", self.sink_db, read)
-        if story is None and inbox is None:
+        if story is None and inbox is None and event is None:
             return None
         job = story and story["job"]
         return {
@@ -217,6 +221,9 @@ class Watcher:
             "redrives": story["redrives"] if story else [],
             "attempts": story["attempts"] if story else [],
             "trace_id": story and story["trace_id"],
+            "delivery": story and story["delivery"],
+            "event": event and event["event"],
+            "deliveries": event["deliveries"] if event else [],
             "sink_db": self.sink_db is not None,
             "inbox": inbox,
             "audit": None if self.sink_db is None else inspect.verdict(job, inbox, now),

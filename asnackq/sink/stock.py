@@ -41,7 +41,7 @@ from asnackq.core.inbox import (
 from asnackq.core.worker import epoch_ms
 from asnackq.sink.inbox import Delivery, GroupCommit
 from asnackq.store import files
-from asnackq.store.effects import immediate, on_file
+from asnackq.store.effects import on_file
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import HEALTH_FIELDS, Health
 from asnackq.store.pg_sql import SQL_EARLIER_SINK
@@ -74,8 +74,6 @@ async def open_sink_db(target: Path | str) -> Store:
     if is_url(target) and (await store.read(SQL_EARLIER_SINK))[0][0]:
         await store.close()
         raise ValueError(EARLIER_INBOX.format(db=shown(str(target))))
-    if isinstance(store, SqliteStore):
-        immediate(store)  # (a batch's first write begins its transaction: ``on_file``)
     return store
 
 

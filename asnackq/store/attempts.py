@@ -6,9 +6,10 @@ Rules of this module:
   of the contract's schema: one row per request a Dispatcher made (a re-send under the same
   lease is a request of its own), in the order made. A run that keeps them creates the table
   when it starts.
-* The rows of a cycle's requests are written in the cycle's own transaction, after the
-  core's plan, in one statement (a JSON array), so keeping them adds no transaction and no
-  commit; a cycle that commits nothing keeps its rows for the next.
+* The rows of a cycle's requests are written in the cycle's own transaction, before the
+  core's plan and sent with its first read, in one statement (a JSON array), so keeping
+  them adds no transaction, no commit and (on SQLite) no hop; a cycle that commits nothing
+  keeps its rows for the next.
 * What is kept of an answer: its status (none when no answer came), the request's latency,
   a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
   ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
@@ -129,8 +130,35 @@ def of_job(job_id: str, on_sqlite: bool) -> w.Plan[list[dict[str, Any]]]:
 
 
 def recorded(plan: w.Plan[T], rows: Sequence[Record]) -> w.Plan[T]:
-    """``plan``, then ``rows`` written in its transaction (which then commits)."""
-    result, changed = yield from plan
-    if rows:
-        yield w.Sql(SQL_RECORD, (json.dumps(rows, separators=(",", ":")),))
-    return result, changed or bool(rows)
+    """``plan`` with ``rows`` written in its transaction (which then commits): their insert
+    goes first, in one ``Batch`` with the plan's first step when that step only reads (a
+    cycle's first step: the insert is sent with BEGIN and that read, no hop of its own)."""
+    if not rows:
+        return (yield from plan)
+    insert = w.Sql(SQL_RECORD, (json.dumps(rows, separators=(",", ":")),))
+    try:
+        step = plan.send(None)
+    except StopIteration as stop:
+        yield insert
+        return stop.value[0], True
+    reads = step.steps if isinstance(step, w.Batch) else (step,)
+    reply: w.Reply
+    if not all(isinstance(one, w.Read) for one in reads):
+        yield insert
+        reply = yield step
+    else:
+        replies = yield w.Batch((insert, *reads))
+        assert replies is not None
+        reply = replies[1:] if isinstance(step, w.Batch) else replies[1]
+    result, _ = yield from resumed(plan, reply)
+    return result, True
+
+
+def resumed(plan: w.Plan[T], reply: w.Reply) -> w.Plan[T]:
+    """The rest of a plan whose step last taken is answered by ``reply``."""
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        reply = yield step

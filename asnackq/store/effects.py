@@ -25,7 +25,7 @@ Rules of this module:
   never splits it (the task finishes, then the cancellation is raised).
 * The plan runs on the connection's own driver (``sqlite_aio.steps``, ``pg.asteps``).
 * ``on_file``: the sink's batches on its own file, whose effect is statements in the plan:
-  no awaited effect, and BEGIN rides with the plan's first statement (one hop fewer).
+  no awaited effect, and the plan's first statement begins the transaction itself.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ __all__ = [
     "EffectAt",
     "EffectFailed",
     "check_connection",
-    "immediate",
     "on_file",
     "prepare",
     "receive",
@@ -184,13 +183,14 @@ async def receive(con: object, make: Callable[[], Decisions], effect_at: EffectA
 
 async def on_file(store: SqliteStore, make: Callable[[], Decisions]) -> list[str]:
     """An inbox plan whose effects are statements (the sink's), on a store's own file: its
-    first statement, the batch's rows (an ``INSERT``), begins the transaction in the same
-    hop (the connection's ``isolation_level`` is ``IMMEDIATE``: ``immediate``), then the
-    plan's steps, COMMIT - one hop fewer than ``Store.run``.  A file held by another
-    process past the busy timeout is ``QueueBusy`` (nothing committed)."""
+    first statement, the batch's rows (an ``INSERT``), begins the transaction itself (a
+    store's connection has ``isolation_level`` ``IMMEDIATE``), then the plan's steps,
+    COMMIT: no BEGIN of its own to send, as ``Store.run`` sends one (and polls it).  A
+    file held by another process past the busy timeout is ``QueueBusy`` (nothing
+    committed)."""
     db = store.db
     if db.in_transaction or db.isolation_level != "IMMEDIATE":
-        raise ValueError("on_file runs on a store's idle connection made immediate()")
+        raise ValueError("on_file runs on a store's own idle connection (SqliteStore.open)")
     try:
         statuses, _ = await steps(db, make(), None)
         await db.commit()
@@ -204,11 +204,6 @@ async def on_file(store: SqliteStore, make: Callable[[], Decisions]) -> list[str
         raise
     store.health.back()
     return statuses
-
-
-def immediate(store: SqliteStore) -> None:
-    """Let a write begin the store's transaction (``BEGIN IMMEDIATE``) in its own hop."""
-    store.db.isolation_level = "IMMEDIATE"
 
 
 async def prepare(con: object, schema: tuple[str, ...]) -> None:

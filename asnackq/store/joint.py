@@ -99,22 +99,31 @@ class Joint:
         try:
             results = await self._run(batch.plan)
         except StoreUnavailable as error:
-            for call in batch.calls:
+            for call in self._closed(batch):
                 call.settle(error)
         except Exception as error:
-            taken = batch.taken or batch.calls
+            taken = self._closed(batch)
             if len(taken) == 1:  # alone: its own error already
                 taken[0].settle(error)
                 return
             for call in taken:  # each alone: its own fate
                 await self._settle(call)
         except BaseException:
-            for call in batch.calls:
+            for call in self._closed(batch):
                 call.future.cancel()
             raise
         else:
-            for call, result in zip(batch.taken or (), results, strict=True):
+            for call, result in zip(self._closed(batch), results, strict=True):
                 call.settle(result)
+
+    def _closed(self, batch: _Batch) -> list[_Call]:
+        """The batch's calls, no call joining it any more (it may have failed before its
+        plan ever ran: then every call that joined it is its)."""
+        if self._open is batch:
+            self._open = None
+        if batch.taken is None:
+            batch.taken = list(batch.calls)
+        return batch.taken
 
     async def _settle(self, call: _Call) -> None:
         try:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from asnackq.core import endpoints, events, inbox, lanes, rate
+from asnackq.core import endpoint_workers, endpoints, events, inbox, lanes, rate
 from asnackq.core import worker as w
 from asnackq.store import attempts, job_traces, reads, retention
 
@@ -439,6 +439,29 @@ STATEMENTS.update(
             sql: placeholders(sql)
             for sql in (events.SQL_INSERT_EVENT, events.SQL_INSERT_DELIVERY, events.SQL_BODY)
         },
+    }
+)
+
+# What workers say of the endpoints they serve (``core.endpoint_workers``): the table under
+# the schemas' lock, as the endpoints'; a note's rows are one JSON array, as on SQLite.
+PG_ENDPOINT_WORKERS_DDL = """CREATE TABLE IF NOT EXISTS asnackq_endpoint_workers (
+    endpoint TEXT NOT NULL, owner TEXT NOT NULL,
+    breaker TEXT NOT NULL CHECK (breaker IN ('closed', 'open')), limit_now INTEGER NOT NULL,
+    in_flight INTEGER NOT NULL, seen_ms BIGINT NOT NULL, PRIMARY KEY (endpoint, owner))"""
+STATEMENTS.update(
+    {
+        endpoint_workers.SCHEMA[0]: "DO $$ BEGIN\n  PERFORM pg_advisory_xact_lock(1634626401, 1);"
+        f"\n  {PG_ENDPOINT_WORKERS_DDL};\nEND $$",
+        endpoint_workers.SQL_NOTE: """INSERT INTO asnackq_endpoint_workers
+  (endpoint, owner, breaker, limit_now, in_flight, seen_ms)
+SELECT e->>0, %(owner)s, e->>1, (e->>2)::integer, (e->>3)::integer, %(now)s
+FROM json_array_elements(%(rows)s::json) AS e
+ON CONFLICT (endpoint, owner) DO UPDATE SET breaker = excluded.breaker,
+  limit_now = excluded.limit_now, in_flight = excluded.in_flight, seen_ms = excluded.seen_ms""",
+        endpoint_workers.SQL_FORGET: """DELETE FROM asnackq_endpoint_workers
+WHERE (owner = %(owner)s
+    AND endpoint <> ALL(ARRAY(SELECT json_array_elements_text(%(names)s::json))))
+  OR seen_ms < %(forget)s""",
     }
 )
 

@@ -10,11 +10,15 @@ Rules of this module:
   statements do not grow with its batch (sets are one JSON parameter, fenced writes one
   ``executemany``), so neither do a transaction's hops (``HOPS``).
 * Statements that need no reply of each other are sent at once, one hop for all (``sent``):
-  a plan's ``Batch`` (a statement, then only reads), and a first step that only reads,
-  with BEGIN.  So a write never runs outside the transaction (only reads follow BEGIN or
-  a statement that may fail and end it), COMMIT is never sent before every reply of the
-  transaction came back without a failure, and a failure is raised only once every
-  statement sent with it has run (ROLLBACK follows them on the thread).
+  a plan's ``Batch`` (a statement, then only reads), and a plan's first step, with BEGIN.
+  A store's connection begins a transaction before any write (``isolation_level``
+  ``IMMEDIATE``: sqlite3 sends ``BEGIN IMMEDIATE`` before a write outside one), so a write
+  never runs outside a transaction: one sent with a BEGIN that was refused, or after a
+  statement that failed and ended the transaction, runs in a transaction of its own that
+  is rolled back.  COMMIT is never sent before every reply of the transaction came back
+  without a failure, and a failure is raised only once every statement sent with it has
+  run (ROLLBACK follows them on the thread).  On any other connection (an application's)
+  only a first step that reads goes with BEGIN.
 * ``SQLITE_BUSY`` from other processes is retried at BEGIN (nothing is written yet) with a
   bounded, jittered backoff (``asyncio.sleep``: the loop keeps running), then surfaces as
   ``QueueBusy``; so does a statement or COMMIT refused for another process's lock (a
@@ -52,13 +56,14 @@ __all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
 T = TypeVar("T")
 
 # Hops per transaction, at most, whatever its batch.  A Dispatcher's cycle (finishes,
-# extensions and claims): BEGIN with the read of the finished and extended jobs; their
+# extensions and claims): BEGIN with the read of the finished and extended jobs (and the
+# insert of its requests' answers, when it keeps them: ``asnackq.store.attempts``); their
 # write with the claims' reads (whether the quarantine has work, the claimable jobs, those
 # never attempted); the lease; COMMIT.  One more when the quarantine has work (it runs with
-# the claims' reads again), one when the cycle keeps its requests' answers (their insert).
-# A cycle paced by a shared rate (``core.rate``): two more, the rate row's read and write.
-# An intake: BEGIN with the read of the jobs, the insert, COMMIT.
-HOPS = {"cycle": 4, "quarantine": 1, "records": 1, "paced cycle": 6, "enqueue": 3, "inbox": 5}
+# the claims' reads again).  A cycle paced by a shared rate (``core.rate``): two more, the
+# rate row's read and write.  An intake: BEGIN with the read of the jobs, the insert, COMMIT.
+# An inbox batch (``core.inbox``): BEGIN with its rows' insert, the moves, the stock, COMMIT.
+HOPS = {"cycle": 4, "quarantine": 1, "records": 0, "paced cycle": 6, "enqueue": 3, "inbox": 4}
 # A busy BEGIN is tried again after a tenth of the time it has waited so far (jittered),
 # within these bounds: a freed lock is taken within about a tenth of the wait, and a wait of
 # a second costs some 60 tries.
@@ -85,7 +90,7 @@ async def begin(
     db: aiosqlite.Connection,
     attempts: int,
     busy_ms: int | None = None,
-    reads: tuple[w.Read, ...] = (),
+    first: tuple[w.Sql | w.SqlMany, ...] = (),
 ) -> list[Any] | None:
     """BEGIN IMMEDIATE, retrying SQLITE_BUSY with a bounded, jittered backoff (``QueueBusy``).
 
@@ -93,12 +98,12 @@ async def begin(
     (``POLL_S``) for ``attempts`` times that long instead.  None (a connection that is not
     the store's own): BEGIN waits in SQLite's busy handler, ``attempts`` times.
 
-    ``reads`` (with ``busy_ms``): statements that only read, sent with the first BEGIN;
-    returns, once BEGIN held, each one's reply or exception (for the caller to raise in
-    its transaction), or None when that BEGIN was refused (what they read outside the
-    transaction is dropped: read them in it)."""
+    ``first`` (with ``busy_ms``): the statements of the plan's first step (``with_begin``),
+    sent with the first BEGIN; returns, once BEGIN held, each one's reply or exception (for
+    the caller to raise in its transaction), or None when that BEGIN was refused (what they
+    read outside the transaction is dropped, what they wrote rolled back: send them in it)."""
     if busy_ms is not None:
-        return await poll_begin(db, attempts, busy_ms, reads)
+        return await poll_begin(db, attempts, busy_ms, first)
     for attempt in range(attempts):
         try:
             await db.execute_fetchall("BEGIN IMMEDIATE")
@@ -113,18 +118,21 @@ async def begin(
 
 
 async def poll_begin(
-    db: aiosqlite.Connection, attempts: int, busy_ms: int, reads: tuple[w.Read, ...] = ()
+    db: aiosqlite.Connection,
+    attempts: int,
+    busy_ms: int,
+    first: tuple[w.Sql | w.SqlMany, ...] = (),
 ) -> list[Any] | None:
     """BEGIN IMMEDIATE without the busy handler, tried again every ``POLL_S`` while busy.
 
-    The first try is one hop that also puts the busy timeout back (and sends ``reads``:
+    The first try is one hop that also puts the busy timeout back (and sends ``first``:
     see ``begin``); after a refusal the timeout stays 0 for the plain BEGINs that follow
     (the caller's lock keeps every other statement off this connection meanwhile) and is
     put back however the wait ends."""
     timeout = f"PRAGMA busy_timeout = {busy_ms}"
     script = db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
     try:
-        outcome, *replies = await sent([script, *(statement(db, read) for read in reads)])
+        outcome, *replies = await sent([script, *(statement(db, one) for one in first)])
     except BaseException:  # cancelled: whatever BEGIN did has landed (``sent``)
         await rollback(db)
         raise
@@ -175,9 +183,7 @@ async def steps(
 async def run_step(db: aiosqlite.Connection, step: w.Step, fault: w.Fault) -> w.Reply:
     """One step of a plan: a statement, a batch of them (one hop), or a hook point."""
     if isinstance(step, w.Batch):
-        if not all(isinstance(read, w.Read) for read in step.steps[1:]):
-            raise TypeError(f"a batch has reads only after its first statement: {step!r}")
-        return replied(await sent([statement(db, one) for one in step.steps]))
+        return replied(await sent([statement(db, one) for one in checked(step)]))
     if isinstance(step, w.Hook):
         call_fault(fault, step.name)
         return None
@@ -193,16 +199,57 @@ async def statement(db: aiosqlite.Connection, step: w.Sql | w.SqlMany) -> list[A
 
 async def sent(calls: list[Awaitable[Any]]) -> list[Any]:
     """Each call's reply or exception, the calls (on one connection) sent at once: each is
-    a task, so all are queued for the connection's thread, in order, before any reply is
-    awaited, and the thread runs them back to back.  A caller cancelled meanwhile waits
-    for every call to land before the cancellation goes on (a statement sent cannot be
-    taken back: what follows it, ROLLBACK, must know what it did)."""
-    gathered = asyncio.gather(*map(asyncio.ensure_future, calls), return_exceptions=True)
-    try:
-        return await asyncio.shield(gathered)
-    except asyncio.CancelledError:
-        await asyncio.wait([gathered])
-        raise
+    started here (``Started``), so all are queued for the connection's thread, in order,
+    before any reply is awaited, and the thread runs them back to back.  Its replies come
+    back in that order too, so only the last is waited for: no task per call.  A caller
+    cancelled meanwhile waits for every call to land before the cancellation goes on (a
+    statement sent cannot be taken back: what follows it, ROLLBACK, must know what it did)."""
+    started = [Started(call) for call in calls]
+    last = next((call.reply for call in reversed(started) if call.reply is not None), None)
+    if last is not None:
+        try:
+            await asyncio.shield(last)
+        except asyncio.CancelledError:
+            await asyncio.wait([last])
+            raise
+        except BaseException:  # (its failure is its reply, taken below)
+            pass
+    return [await call.outcome() for call in started]
+
+
+class Started:
+    """A call on the connection, stepped until it waits for its reply: by then aiosqlite has
+    queued its statement for the connection's thread (each of its calls does so first)."""
+
+    def __init__(self, call: Awaitable[Any]) -> None:
+        self.steps = call.__await__()
+        self.reply: asyncio.Future[Any] | None = None  # what it waits for
+        self.value: Any = None  # its reply or exception, when it needed no wait
+        try:
+            waiting = self.steps.send(None)
+        except StopIteration as stop:
+            self.value = stop.value
+        except Exception as error:  # (refused before it was queued: a closed connection)
+            self.value = error
+        else:
+            if not asyncio.isfuture(waiting):  # (nothing queued yet: the order is unknown)
+                self.steps.close()
+                raise TypeError(f"sent takes calls that wait for their reply first: {call!r}")
+            self.reply = waiting
+
+    async def outcome(self) -> Any:
+        """The call's reply, or its exception, once its reply has come back."""
+        if self.reply is None:
+            return self.value
+        if not self.reply.done():  # (replies come back in order: only when sent alone)
+            await asyncio.wait([self.reply])
+        try:
+            self.steps.send(None)
+        except StopIteration as stop:
+            return stop.value
+        except Exception as error:
+            return error
+        raise RuntimeError("a call sent at once waited twice")
 
 
 def replied(replies: list[Any]) -> list[Any]:
@@ -213,12 +260,25 @@ def replied(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def leading_reads(step: w.Step | None) -> tuple[w.Read, ...]:
-    """The statements of a step that only reads (sent with BEGIN); () for any other."""
-    if isinstance(step, w.Read):
-        return (step,)
-    if isinstance(step, w.Batch) and all(isinstance(one, w.Read) for one in step.steps):
-        return step.steps  # type: ignore[return-value]
+def checked(batch: w.Batch) -> tuple[w.Sql | w.SqlMany, ...]:
+    """A batch's statements: a statement, then reads only (``TypeError`` for any other)."""
+    if not all(isinstance(read, w.Read) for read in batch.steps[1:]):
+        raise TypeError(f"a batch has reads only after its first statement: {batch!r}")
+    return batch.steps
+
+
+def with_begin(db: aiosqlite.Connection, step: w.Step | None) -> tuple[w.Sql | w.SqlMany, ...]:
+    """The statements of a plan's first step that go with BEGIN: any step's on a connection
+    that begins a transaction before a write (``isolation_level`` set), else only those of
+    a step that reads; () for a hook."""
+    if isinstance(step, w.Batch):
+        statements = checked(step)
+    elif isinstance(step, (w.Sql, w.SqlMany)):
+        statements = (step,)
+    else:
+        return ()
+    if db.isolation_level is not None or all(isinstance(one, w.Read) for one in statements):
+        return statements
     return ()
 
 
@@ -237,18 +297,18 @@ async def adrive(
     busy_ms: int | None = None,
 ) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction: COMMIT, or ROLLBACK and re-raise
-    (``busy_ms``: see ``begin``; a first step that only reads is sent with BEGIN)."""
+    (``busy_ms``: see ``begin``; the plan's first step is sent with BEGIN: ``with_begin``)."""
     done: tuple[T, bool]
     try:
         step: w.Step | None = plan.send(None)  # (before BEGIN: a plan does no I/O)
     except StopIteration as stop:
         step, done = None, stop.value
-    reads = leading_reads(step)
+    first = with_begin(db, step) if busy_ms is not None else ()
     # outside the try: a failed BEGIN owns no transaction
-    replies = await begin(db, attempts, busy_ms, reads)
+    replies = await begin(db, attempts, busy_ms, first)
     try:
         if step is not None:
-            if reads and replies is not None:  # (sent with BEGIN)
+            if first and replies is not None:  # (sent with BEGIN)
                 got = replied(replies)
                 reply: w.Reply = got if isinstance(step, w.Batch) else got[0]
             else:
@@ -296,7 +356,8 @@ class SqliteStore:
 
         The schema goes first: its BEGIN waits out a file another process holds with the
         same bounded backoff as every transaction; once the schema is read, the PRAGMAs
-        need no lock.
+        need no lock.  From then on a write outside a transaction begins one (``IMMEDIATE``:
+        see the module's rules).
         """
         db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
         busy_ms = max(1, round(busy_s * 1000))
@@ -307,6 +368,7 @@ class SqliteStore:
         except BaseException:
             await db.close()
             raise
+        db.isolation_level = "IMMEDIATE"
         return cls(db, attempts, closing, busy_ms)
 
     @property

@@ -35,6 +35,7 @@ __all__ = [
     "Histogram",
     "check_host",
     "counter",
+    "endpoint_families",
     "exposition",
     "gauge",
     "labelled",
@@ -135,7 +136,62 @@ def queue_families(stats: dict[str, Any]) -> list[Family]:
             "Leased jobs whose lease has expired: awaiting reclaim.",
             stats["expired_leases"],
         ),
+        *endpoint_families(stats.get("endpoints", [])),
     ]
+
+
+# Each endpoint's figures (``ops.per_endpoint``): field -> (name, help), a sample each.
+ENDPOINT_GAUGES = {
+    "enabled": ("asnackq_endpoint_enabled", "1 while the endpoint is enabled, 0 while disabled."),
+    "oldest": (
+        "asnackq_endpoint_oldest_pending_age_seconds",
+        "How long the endpoint's oldest pending delivery has waited since its intake (0: none).",
+    ),
+    "workers": (
+        "asnackq_endpoint_workers",
+        "Workers that said within the last 15 s that they serve the endpoint.",
+    ),
+    "open": (
+        "asnackq_endpoint_breaker_open_workers",
+        "Of those workers, how many have the endpoint's circuit breaker open.",
+    ),
+    "limit": (
+        "asnackq_endpoint_limit",
+        "Sends those workers let in flight to the endpoint at once, added up (their limits now).",
+    ),
+}
+
+
+def endpoint_families(endpoints: list[dict[str, Any]]) -> list[Family]:
+    """Each endpoint's gauges, labelled ``endpoint="NAME"``: its deliveries by status
+    (pending is its backlog, leased its sends in flight), its state, its oldest pending
+    delivery's age, and what its workers say of its breaker and limit."""
+    if not endpoints:
+        return []
+    values: dict[str, Callable[[dict[str, Any]], float]] = {
+        "enabled": lambda e: int(e["state"] == "enabled"),
+        "oldest": lambda e: (e["oldest_pending_ms"] or 0) / 1000,
+        "workers": lambda e: len(e["workers"]),
+        "open": lambda e: sum(one["breaker"] == "open" for one in e["workers"]),
+        "limit": lambda e: e["limit"] or 0,
+    }
+    counts = {"pending": "backlog", "leased": "in_flight", "done": "done", "dead": "dead"}
+    families = [
+        Family(
+            "asnackq_endpoint_deliveries",
+            "gauge",
+            "The endpoint's deliveries by status.",
+            [
+                ("", {"endpoint": e["name"], "status": status}, e[key])
+                for e in endpoints
+                for status, key in counts.items()
+            ],
+        )
+    ]
+    for key, (name, text) in ENDPOINT_GAUGES.items():
+        samples = [("", {"endpoint": e["name"]}, values[key](e)) for e in endpoints]
+        families.append(Family(name, "gauge", text, samples))
+    return families
 
 
 # --- a running Dispatcher (``work --metrics-port``) ------------------------------------
