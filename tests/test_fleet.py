@@ -129,8 +129,9 @@ async def test_one_fleet_delivers_each_endpoints_deliveries_to_it_alone(where: s
     assert set(statuses(where).values()) == {("done", "orders"), ("done", "users")}
 
 
+@pytest.mark.timeout(300)  # (each wait is bounded by WAIT_S: a busy machine, not a hang)
 async def test_a_silent_and_a_503_endpoint_cost_the_healthy_one_nothing(tmp_path: Path) -> None:
-    """The healthy endpoint's 200 deliveries all end done while one endpoint never answers
+    """The healthy endpoint's 60 deliveries all end done while one endpoint never answers
     and another answers 503: those two spend no attempt (each claimed delivery is held
     under its lease, at most its in-flight limit and the tickets kept ahead), none dies."""
     secret = wh.new_secret()
@@ -146,16 +147,16 @@ async def test_a_silent_and_a_503_endpoint_cost_the_healthy_one_nothing(tmp_path
             await queue.add_endpoint(
                 Endpoint(name, url, secrets=(secret,), concurrency=2, timeout_s=0.2)
             )
-        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(200)])
+        await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(60)])
         fleet = Fleet(queue, owner="fleet", retry=FAST, lease_ms=2000, prefetch=0)
         async with running(fleet):
-            await until(lambda: done_of(where, "healthy") == 200, "every healthy delivery done")
+            await until(lambda: done_of(where, "healthy") == 60, "every healthy delivery done")
             await until(
                 lambda: all(fleet.dispatchers()[name].paused for name in ("failing", "silent")),
                 "the two bad endpoints' breakers open",
             )
             paused = {name: d.paused for name, d in fleet.dispatchers().items()}
-    assert sorted(s.webhook_id for s in healthy.seen) == sorted(f"e{i}" for i in range(200))
+    assert sorted(s.webhook_id for s in healthy.seen) == sorted(f"e{i}" for i in range(60))
     assert paused == {"healthy": False, "failing": True, "silent": True}
     for name in ("failing", "silent"):
         held = attempts_of(where, name)
