@@ -163,12 +163,12 @@ def bad_signatures() -> list[tuple[str, dict[str, str], str]]:
         ),
         (
             "expired",
-            signed("x-1", data) | wh.signed_headers([KEY], "x-1", data, now - 301),
+            signed("x-1", data) | wh.signed_headers([KEY], "x-1", data, now - 600),
             "too old",
         ),
         (
             "future",
-            signed("x-1", data) | wh.signed_headers([KEY], "x-1", data, now + 301),
+            signed("x-1", data) | wh.signed_headers([KEY], "x-1", data, now + 600),
             "too far in the future",
         ),
         ("1,000 entries", good | {"webhook-signature": " ".join(["v1,x"] * 1000)}, "more than 16"),
