@@ -15,6 +15,7 @@ import pytest
 
 from asnackq.core import worker as w
 from asnackq.lab.pg_server import LocalServer
+from asnackq.store.outage import StoreUnavailable
 from asnackq.store.targets import is_url
 
 from . import pgdb
@@ -205,3 +206,17 @@ def _processes_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
         raise AssertionError(f"{request.node.nodeid} starts a process: mark it process")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def away_once(store: Any) -> None:
+    """``store``'s next transaction is refused before its plan runs (the server away); the
+    ones after it run."""
+    run = store.run
+    away = [True]
+
+    async def once_away(make: w.Make, fault: w.Fault = None) -> Any:
+        if away.pop() if away else False:
+            raise StoreUnavailable("the server is away", retry_in_s=0.01)
+        return await run(make, fault)
+
+    store.run = once_away

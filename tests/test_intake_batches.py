@@ -15,7 +15,7 @@ import pytest
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 
-from .conftest import T0
+from .conftest import T0, away_once
 
 COLUMNS = "id, qty, status, attempts, max_attempts, token, available_at, deadline"
 REFUSE = {
@@ -235,3 +235,19 @@ async def test_on_postgresql_intakes_run_on_their_own_session_beside_a_dispatche
     assert sorted(sent) == sorted(ids)  # each job sent once
     assert {row[2] for row in table(url)} == {"done"}
     assert await ended(url)  # both sessions closed
+
+
+async def test_an_intake_the_store_refused_before_it_ran_leaves_the_next_one_its_own(tmp_path):
+    """The store away before a shared intake's plan ran: its callers get the outage, and an
+    enqueue made after it gets a transaction of its own (none joins the failed one and waits
+    for ever)."""
+    from asnackq.store.outage import StoreUnavailable
+
+    target = str(tmp_path / "q.db")
+    async with AsyncQueue.open(target) as q:
+        away_once(q._db)
+        with pytest.raises(StoreUnavailable):
+            await q.enqueue({"id": "lost", "qty": 1}, T0)
+        found = await asyncio.wait_for(q.enqueue({"id": "next", "qty": 1}, T0), 30)
+    assert found is True
+    assert [row[0] for row in table(target)] == ["next"]

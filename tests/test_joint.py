@@ -15,7 +15,7 @@ from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
-from .conftest import execute
+from .conftest import away_once, execute
 
 
 @pytest.fixture
@@ -109,16 +109,7 @@ async def test_a_transaction_the_store_refused_before_it_ran_leaves_the_next_one
     one and waits for ever)."""
     async with AsyncQueue.open(where) as queue:
         view = queue.in_lane(lanes.Lane("e"))
-        store = queue._db
-        run = store.run
-        away = [True]
-
-        async def once_away(make: w.Make, fault: w.Fault = None) -> Any:
-            if away.pop() if away else False:
-                raise StoreUnavailable("the server is away", retry_in_s=0.01)
-            return await run(make, fault)
-
-        store.run = once_away  # type: ignore[method-assign]
+        away_once(queue._db)
         with pytest.raises(StoreUnavailable):
             await view._run(lambda: insert("lost"))
         found = await asyncio.wait_for(view._run(lambda: insert("next")), 30)

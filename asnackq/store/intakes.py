@@ -40,8 +40,8 @@ from itertools import groupby
 from typing import Any
 
 from asnackq.core import worker as w
+from asnackq.store.joint import Gathering, Waiter
 from asnackq.store.opening import Store
-from asnackq.store.outage import StoreUnavailable
 
 __all__ = ["Intakes"]
 
@@ -50,60 +50,20 @@ Opener = Callable[[], Awaitable[Store]]
 Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validated
 
 
-class _Call:
+class _Call(Waiter):
     """One ``enqueue`` waiting for its transaction: its intake, its clock reading, its fate."""
 
     def __init__(self, triple: Triple, now_ms: int) -> None:
+        super().__init__()
         self.triple, self.now_ms = triple, now_ms
-        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    def settle(self, result: object) -> None:
-        if self.future.done():
-            return
-        if isinstance(result, BaseException):
-            self.future.set_exception(result)
-        else:
-            self.future.set_result(result)
 
 
-class _Batch:
-    """Calls waiting for one transaction; closed once it has the lock."""
-
-    def __init__(self, limits: w.Limits) -> None:
-        self.limits = limits
-        self.calls: list[_Call] = []
-        self.taken: list[_Call] | None = None  # the calls run, fixed when it first runs
-
-    def plan(self) -> w.Plan[list[bool | w.Conflict]]:
-        """The calls in arrival order, each run of calls with one clock reading as one
-        ``plan_enqueue_many`` (which judges each item exactly as a sequential ``enqueue``).
-        A generator: the batch closes when a driver first runs it, under the lock."""
-        if self.taken is None:
-            self.taken = list(self.calls)
-        if len(self.taken) == 1:  # alone: the core's enqueue (a Conflict rolls it back)
-            (call,) = self.taken
-            event, ttl_ms, max_attempts = call.triple
-            alone = w.plan_enqueue(event, call.now_ms, ttl_ms, max_attempts, limits=self.limits)
-            inserted, wrote = yield from alone
-            return [inserted], wrote
-        results: list[bool | w.Conflict] = []
-        changed = False
-        for now_ms, run in groupby(self.taken, key=lambda call: call.now_ms):
-            triples = [call.triple for call in run]
-            plan = w.plan_enqueue_many(triples, now_ms, limits=self.limits)
-            found, wrote = yield from plan
-            results += found
-            changed = changed or wrote
-        return results, changed
-
-
-class Intakes:
+class Intakes(Gathering[_Call]):
     """Gathers one queue's concurrent intakes into shared transactions (see the module)."""
 
     def __init__(self, run: Run, limits: w.Limits) -> None:
+        super().__init__()
         self._run, self._limits = run, limits
-        self._open: _Batch | None = None
-        self._landing: set[asyncio.Task[None]] = set()
         self._opener: Opener | None = None  # a session of their own (``own``), or None
         self._store: Store | None = None
         self._lock = asyncio.Lock()
@@ -133,8 +93,7 @@ class Intakes:
 
     async def close(self) -> None:
         """Wait for the transactions under way, then close the intakes' own session."""
-        if self._landing:
-            await asyncio.wait(list(self._landing))
+        await self.drained()
         async with self._lock:
             if self._store is not None:
                 await self._store.close()
@@ -143,48 +102,30 @@ class Intakes:
     async def enqueue(self, triple: Triple, now_ms: int) -> bool:
         """Enqueue one intake (validated by the caller) in the next shared transaction:
         True inserted, False already there; a ``Conflict`` is raised to this caller."""
-        call = _Call(triple, now_ms)
-        batch = self._open
-        if batch is None or batch.taken is not None:
-            batch = self._open = _Batch(self._limits)
-            task = asyncio.ensure_future(self._land(batch))
-            self._landing.add(task)
-            task.add_done_callback(self._landing.discard)
-        batch.calls.append(call)
-        try:
-            return bool(await asyncio.shield(call.future))
-        except asyncio.CancelledError:
-            await asyncio.wait([call.future])  # let its transaction end, then re-raise
-            raise
+        return bool(await self._join(_Call(triple, now_ms)))
 
-    async def _land(self, batch: _Batch) -> None:
-        try:
-            results = await self.run(batch.plan)
-        except StoreUnavailable as error:
-            for call in batch.calls:
-                call.settle(error)
-        except Exception as error:
-            if batch.taken is None or len(batch.taken) == 1:
-                for call in batch.calls:
-                    call.settle(error)
-            else:
-                await self._alone(batch.calls)
-        except BaseException:
-            for call in batch.calls:
-                call.future.cancel()
-            raise
-        else:
-            for call, result in zip(batch.calls, results, strict=True):
-                call.settle(result)
+    def _together(self, calls: list[_Call]) -> w.Plan[list[Any]]:
+        """The calls in arrival order, each run of calls with one clock reading as one
+        ``plan_enqueue_many`` (which judges each item exactly as a sequential ``enqueue``);
+        a call alone runs the core's ``plan_enqueue`` (a Conflict rolls it back)."""
+        if len(calls) == 1:
+            inserted, wrote = yield from self._alone(calls[0])()
+            return [inserted], wrote
+        results: list[bool | w.Conflict] = []
+        changed = False
+        for now_ms, run in groupby(calls, key=lambda call: call.now_ms):
+            triples = [call.triple for call in run]
+            plan = w.plan_enqueue_many(triples, now_ms, limits=self._limits)
+            found, wrote = yield from plan
+            results += found
+            changed = changed or wrote
+        return results, changed
 
-    async def _alone(self, calls: list[_Call]) -> None:
-        """Each call of a failed transaction in a transaction of its own."""
-        for call in calls:
-            event, ttl_ms, max_attempts = call.triple
-            make = partial(
-                w.plan_enqueue, event, call.now_ms, ttl_ms, max_attempts, limits=self._limits
-            )
-            try:
-                call.settle(await self.run(make))
-            except Exception as error:
-                call.settle(error)
+    def _alone(self, call: _Call) -> w.Make:
+        event, ttl_ms, max_attempts = call.triple
+        return partial(
+            w.plan_enqueue, event, call.now_ms, ttl_ms, max_attempts, limits=self._limits
+        )
+
+    async def _transact(self, make: w.Make) -> Any:
+        return await self.run(make)

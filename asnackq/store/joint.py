@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
-__all__ = ["Joint"]
+__all__ = ["Gathering", "Joint", "Waiter"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
 
 
-class _Call:
-    def __init__(self, make: w.Make) -> None:
-        self.make = make
+class Waiter:
+    """One call waiting for a shared transaction: its fate, set once."""
+
+    def __init__(self) -> None:
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def settle(self, result: object) -> None:
@@ -51,37 +52,39 @@ class _Call:
             self.future.set_result(result)
 
 
-class _Batch:
-    """Plans waiting for one transaction; closed once it has the lock."""
+CallT = TypeVar("CallT", bound=Waiter)
+
+
+class _Batch(Generic[CallT]):
+    """Calls waiting for one transaction; closed once its plan first runs (under the lock),
+    or once its transaction ended without running it."""
 
     def __init__(self) -> None:
-        self.calls: list[_Call] = []
-        self.taken: list[_Call] | None = None
-
-    def plan(self) -> w.Plan[list[Any]]:
-        """Every plan taken, in arrival order, each as it runs alone; their results."""
-        if self.taken is None:
-            self.taken = list(self.calls)
-        results: list[Any] = []
-        wrote = False
-        for call in self.taken:
-            result, changed = yield from call.make()
-            results.append(result)
-            wrote = wrote or changed
-        return results, wrote
+        self.calls: list[CallT] = []
+        self.taken: list[CallT] | None = None
 
 
-class Joint:
-    """Gathers the concurrent transactions of one queue's lanes (see the module)."""
+class Gathering(Generic[CallT]):
+    """Calls gathered into the next shared transaction, each given its own fate (rules 2
+    and 3 of the module; ``Joint`` here and ``asnackq.store.intakes.Intakes`` are its two
+    kinds).  A kind says how its calls run together (``_together``), how one runs alone
+    (``_alone``) and where a transaction runs (``_transact``)."""
 
-    def __init__(self, run: Run) -> None:
-        self._run = run
-        self._open: _Batch | None = None
+    def __init__(self) -> None:
+        self._open: _Batch[CallT] | None = None
         self._landing: set[asyncio.Future[None]] = set()
 
-    async def run(self, make: w.Make) -> Any:
-        """Run ``make``'s plan (validated by the caller) in the next joint transaction."""
-        call = _Call(make)
+    def _together(self, calls: list[CallT]) -> w.Plan[list[Any]]:
+        raise NotImplementedError
+
+    def _alone(self, call: CallT) -> w.Make:
+        raise NotImplementedError
+
+    async def _transact(self, make: w.Make) -> Any:
+        raise NotImplementedError
+
+    async def _join(self, call: CallT) -> Any:
+        """``call``'s result, from the next shared transaction."""
         batch = self._open
         if batch is None or batch.taken is not None:
             batch = self._open = _Batch()
@@ -95,9 +98,14 @@ class Joint:
             await asyncio.wait([call.future])  # let its transaction end, then re-raise
             raise
 
-    async def _land(self, batch: _Batch) -> None:
+    async def _land(self, batch: _Batch[CallT]) -> None:
+        def plan() -> w.Plan[list[Any]]:
+            if batch.taken is None:
+                batch.taken = list(batch.calls)
+            return (yield from self._together(batch.taken))
+
         try:
-            results = await self._run(batch.plan)
+            results = await self._transact(plan)
         except StoreUnavailable as error:
             for call in self._closed(batch):
                 call.settle(error)
@@ -116,7 +124,7 @@ class Joint:
             for call, result in zip(self._closed(batch), results, strict=True):
                 call.settle(result)
 
-    def _closed(self, batch: _Batch) -> list[_Call]:
+    def _closed(self, batch: _Batch[CallT]) -> list[CallT]:
         """The batch's calls, no call joining it any more (it may have failed before its
         plan ever ran: then every call that joined it is its)."""
         if self._open is batch:
@@ -125,11 +133,50 @@ class Joint:
             batch.taken = list(batch.calls)
         return batch.taken
 
-    async def _settle(self, call: _Call) -> None:
+    async def _settle(self, call: CallT) -> None:
         try:
-            call.settle(await self._run(call.make))
+            call.settle(await self._transact(self._alone(call)))
         except Exception as error:
             call.settle(error)
         except BaseException:
             call.future.cancel()
             raise
+
+    async def drained(self) -> None:
+        """Wait for the transactions under way."""
+        if self._landing:
+            await asyncio.wait(list(self._landing))
+
+
+class _Call(Waiter):
+    def __init__(self, make: w.Make) -> None:
+        super().__init__()
+        self.make = make
+
+
+class Joint(Gathering[_Call]):
+    """Gathers the concurrent transactions of one queue's lanes (see the module)."""
+
+    def __init__(self, run: Run) -> None:
+        super().__init__()
+        self._run = run
+
+    async def run(self, make: w.Make) -> Any:
+        """Run ``make``'s plan (validated by the caller) in the next joint transaction."""
+        return await self._join(_Call(make))
+
+    def _together(self, calls: list[_Call]) -> w.Plan[list[Any]]:
+        """Every plan taken, in arrival order, each as it runs alone; their results."""
+        results: list[Any] = []
+        wrote = False
+        for call in calls:
+            result, changed = yield from call.make()
+            results.append(result)
+            wrote = wrote or changed
+        return results, wrote
+
+    def _alone(self, call: _Call) -> w.Make:
+        return call.make
+
+    async def _transact(self, make: w.Make) -> Any:
+        return await self._run(make)
