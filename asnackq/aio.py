@@ -1163,12 +1163,22 @@ class Dispatcher:
         )
         self._limit_in_summary()
         committer.drain()
-        _, late = await asyncio.wait(workers, timeout=self.grace_s)
-        for task in late:  # abandoned jobs stay leased and are reclaimed later
-            task.cancel()
-        await asyncio.wait(workers)
-        await committer.close(loop)
+
+        async def settle() -> None:
+            _, late = await asyncio.wait(workers, timeout=self.grace_s)
+            for task in late:  # abandoned jobs stay leased and are reclaimed later
+                task.cancel()
+            await asyncio.wait(workers)
+            await committer.close(loop)
+
+        def hurry() -> None:  # cancelled again: the grace ends now
+            for task in workers:
+                task.cancel()
+
+        again = await unshaken(settle(), hurry)
         first_failure([loop, *workers])
+        if again:
+            raise asyncio.CancelledError
 
     def _stopped(self, reason: str, failure: BaseException | None) -> None:
         summary = self.summary
@@ -1302,9 +1312,11 @@ class Fleet:
                 await self._note()
         finally:
             self.queue.published.remove(self.wake)
-            await asyncio.shield(self._stop_all())
+            again = await unshaken(self._stop_all(), self._hurry)
             self._noted_at = -math.inf
-            await asyncio.shield(self._note())  # (none served: this worker's rows go)
+            again = await unshaken(self._note()) or again  # (none served: its rows go)
+            if again:
+                raise asyncio.CancelledError
         return self.summaries
 
     async def _note(self) -> None:
@@ -1414,6 +1426,11 @@ class Fleet:
         if self.on_stop is not None:
             self.on_stop(name, running.dispatcher)
 
+    def _hurry(self) -> None:
+        """Cancelled again while stopping: every Dispatcher's grace ends now."""
+        for running in self.running.values():
+            running.task.cancel()
+
     async def _stop_all(self) -> None:
         for running in self.running.values():
             running.task.cancel()  # (every one winds down at once)
@@ -1423,6 +1440,24 @@ class Fleet:
 
 async def _never_sent(event: dict[str, Any], token: int | None = None) -> object:
     raise AssertionError("a fleet's options are checked with this send: it is never called")
+
+
+async def unshaken(step: Awaitable[object], hurry: Callable[[], None] | None = None) -> bool:
+    """Await ``step`` to its end however often the caller is cancelled meanwhile (each
+    cancellation calls ``hurry``: a stop asked for again ends its grace, never its
+    clean-up); whether the caller was cancelled meanwhile (then it re-raises)."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            return cancelled
+        except asyncio.CancelledError:
+            if task.done():  # (the step itself was cancelled: the loop is closing)
+                raise
+            cancelled = True
+            if hurry is not None:
+                hurry()
 
 
 async def outlasting(call: Callable[[], Awaitable[T]]) -> T:

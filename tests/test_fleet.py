@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -435,3 +436,40 @@ async def test_a_fleet_killed_mid_run_and_started_again_applies_every_event_once
     for rows in applied:
         assert sorted(rows) == sorted((f"e{i}",) for i in range(40))  # each once
     assert set(statuses(where).values()) == {("done", "a"), ("done", "b")}
+
+
+@pytest.mark.process
+async def test_a_second_signal_ends_a_fleets_grace_and_it_still_closes_everything(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM stops claiming and gives sends in flight their grace; a second SIGTERM ends the
+    grace at once, and the worker still closes its senders and ends every task of its own
+    (nothing left for the interpreter to report)."""
+    where = str(tmp_path / "q.db")
+    arrived, gate = asyncio.Event(), asyncio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        arrived.set()
+        await gate.wait()  # never answers within the test
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    async with serving(app) as server:
+        async with AsyncQueue.open(where) as queue:
+            await queue.add_endpoint(Endpoint("slow", f"{server.base}/hook", timeout_s=600))
+            await queue.enqueue_many([{"id": f"e{i}", "data": i} for i in range(5)])
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-X", "dev", "-m", "asnackq", "work", where,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.wait_for(arrived.wait(), WAIT_S)
+        child.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        child.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(child.communicate(), WAIT_S)
+        gate.set()
+    text = err.decode()
+    assert "stopping" in text and "stopped" in text
+    for sign in ("Unclosed", "Task was destroyed", "Traceback", "never awaited"):
+        assert sign not in text, text
