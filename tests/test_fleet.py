@@ -471,5 +471,6 @@ async def test_a_second_signal_ends_a_fleets_grace_and_it_still_closes_everythin
         gate.set()
     text = err.decode()
     assert "stopping" in text and "stopped" in text
+    assert "timeout_s=600.0" in text  # the endpoint's own, said when its run starts
     for sign in ("Unclosed", "Task was destroyed", "Traceback", "never awaited"):
         assert sign not in text, text

@@ -88,6 +88,11 @@ class EndpointSend:
         self.read_at = -float("inf")
         self.lock = asyncio.Lock()  # one read of the row at a time
 
+    @property
+    def timeout_s(self) -> float | None:
+        """The endpoint's timeout as last read (said by a run's "started" line)."""
+        return None if self.endpoint is None else self.endpoint.timeout_s
+
     async def __aenter__(self) -> EndpointSend:
         await self._refresh(force=True)
         if self.endpoint is None:
