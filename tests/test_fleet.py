@@ -30,9 +30,10 @@ from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli, execute
-from .sinks import serving
+from .sinks import peer, serving
 from .test_endpoints import where as a_queue
 from .test_event_deliveries import APPLIED, Hooks, apply, hooks, statuses
+from .test_webhook_senders import SECRET, receiver
 
 where = a_queue  # the fixture ``where``: a new queue, a file or a PostgreSQL database
 FAST = w.Retry(5, 20)
@@ -474,3 +475,35 @@ async def test_a_second_signal_ends_a_fleets_grace_and_it_still_closes_everythin
     assert "timeout_s=600.0" in text  # the endpoint's own, said when its run starts
     for sign in ("Unclosed", "Task was destroyed", "Traceback", "never awaited"):
         assert sign not in text, text
+
+
+@pytest.mark.timeout(180)
+async def test_one_fleet_serves_an_http_server_receiver_beside_a_partner_taking_14_s(
+    where: str,
+) -> None:
+    """Receivers the project did not write, side by side: Python's ``http.server`` verifying
+    with the official library and answering 204, and an aiohttp partner taking 14 s an answer
+    (within the 15 s default timeout). Every delivery is done at its first attempt, and the
+    plain receiver has all of its deliveries before the partner's first answer."""
+    plain_seen: list[int] = []  # at each of the partner's answers, what the plain one had
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(14)
+        plain_seen.append(len(plain.seen))
+        return web.Response(status=204)
+
+    with receiver(SECRET) as plain:
+        async with serving(peer(slow)) as partner, AsyncQueue.open(where) as queue:
+            await queue.add_endpoint(Endpoint("plain", plain.url, secrets=(SECRET,)))
+            await queue.add_endpoint(
+                Endpoint("partner", partner.url, secrets=(SECRET,), concurrency=10)
+            )
+            await queue.enqueue_many([{"id": f"e{i}", "data": {"n": i}} for i in range(10)])
+            fleet = Fleet(queue, owner="f")
+            summaries = await asyncio.wait_for(fleet.run(until_empty=True), 150)
+    assert {name: s.done for name, s in summaries.items()} == {"plain": 10, "partner": 10}
+    assert (len(plain.seen), plain.refused) == (10, 0)  # each verified by the official library
+    assert sorted(h["webhook-id"] for h in plain.seen) == sorted(f"e{i}" for i in range(10))
+    assert len(plain_seen) == 10 and plain_seen[0] == 10  # the slow one held it up in nothing
+    assert attempts_of(where, "plain") == [("done", 1)] * 10
+    assert attempts_of(where, "partner") == [("done", 1)] * 10  # its leases kept for 14 s
