@@ -1,7 +1,9 @@
-"""Endpoints under one Fleet: noisy neighbours, fairness behind a backlog, a hundred endpoints.
+"""Endpoints under one Fleet: noisy neighbours, fairness behind a backlog, a hundred endpoints,
+order per key through SIGKILLs.
 
-    python benchmarks/endpoints.py [--scenario noisy,fairness,scale] [--quick] [--json]
-                                   [--events N] [--backlog N] [--fanout-events N] [--dir DIR]
+    python benchmarks/endpoints.py [--scenario noisy,fairness,scale,order] [--quick] [--json]
+                                   [--events N] [--backlog N] [--fanout-events N]
+                                   [--keys N] [--per-key N] [--dir DIR]
 
 Every scenario runs on a SQLite file of its own, with the Fleet (``asnackq.aio.Fleet``) and
 real aiohttp receivers on 127.0.0.1 port 0 in this process; each receiver verifies every
@@ -18,8 +20,18 @@ arrival of its request.  Each ratio is of two measurements taken in the same run
   every 10 ms.  Target: B's p99 enqueue-to-ACK latency <= 2 x its p99 with A idle.
 * scale: 100 endpoints, ``--fanout-events`` events fanned out to 2 each (``to=``).  Target:
   deliveries per second >= 0.8 x one endpoint's, measured on the same number of deliveries.
-* order: (needs ordered lanes) 500 keys x 20 events, receivers failing 20 %, two workers
-  killed with SIGKILL: ``order()`` below is its hook; it is not measured yet.
+* order (run only when named): ``--keys`` keys x ``--per-key`` events (500 x 20), the keys
+  interleaved at random, enqueued while two ``python -m asnackq work QUEUE`` children (each
+  a Fleet) serve two ordered endpoints, one at concurrency "auto", one at 16, each sent every
+  event.  Their receivers answer a fifth of the requests 500 or 503 at random before reading
+  them; the rest go to a ``WebhookReceiver`` per endpoint (the signature verified, each
+  event applied once in an inbox on a file of its own, the applied rows in the order
+  applied).  One child is SIGKILLed once a third of the deliveries are applied, the other
+  at two thirds, each started again at once.  Target: every key's events applied in
+  enqueue order, each once, at both endpoints (read from the receivers' rows; duplicates
+  the inboxes absorbed are counted, not applied).  Its ratio is the share of the keys'
+  sequences that hold (at both endpoints), not of two measurements; the Fleets are the
+  children's, the receivers this process's.
 
 ``--quick`` runs each scenario tiny (a check that the script runs, not a measurement).
 ``--json`` prints one JSON line of every figure after the table.
@@ -33,19 +45,22 @@ import contextlib
 import json
 import math
 import os
+import random
 import sqlite3
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
+import aiosqlite
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from asnackq.aio import AsyncQueue, Fleet
-from asnackq.core.endpoints import Endpoint
+from asnackq.core.endpoints import Delays, Endpoint
+from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 
 SECRET = wh.new_secret()
@@ -352,10 +367,222 @@ async def scale(root: Path, size: dict[str, int]) -> list[dict[str, Any]]:
 # --- order ---------------------------------------------------------------------------------
 
 
+# two ordered endpoints (name: concurrency), each sent every event
+ORDERED: dict[str, int | Literal["auto"]] = {"o1": "auto", "o2": 16}
+FAIL = 0.2  # the share of requests a receiver answers 500 or 503, before anything is read
+ORDER_LEASE_MS = 2000  # (a killed worker's keys wait this long for their leases to end)
+ORDER_RETRY = Delays((0, 50, 100, 200, 400) + (1000,) * 10)  # 16 attempts
+APPLIED = """CREATE TABLE IF NOT EXISTS applied (seq INTEGER PRIMARY KEY,
+  event TEXT NOT NULL, key TEXT NOT NULL, n INTEGER NOT NULL, at REAL NOT NULL)"""
+
+
+async def record(con: aiosqlite.Connection, event: str, payload: Any) -> None:
+    """The receivers' effect: a row per event applied, in the order applied, and when."""
+    data = payload["data"]
+    await con.execute(
+        "INSERT INTO applied (event, key, n, at) VALUES (?, ?, ?, ?)",
+        (event, data["key"], data["n"], time.monotonic()),
+    )
+
+
+class Inboxes:
+    """``/hook/{name}``: ``FAIL`` of the requests answered 500 or 503 at random before their
+    body is read; the others handled by ``name``'s ``WebhookReceiver`` (the signature
+    verified, each event applied once, ``record``, in an inbox of its own file)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.inboxes: dict[str, WebhookReceiver[aiosqlite.Connection]] = {}
+        self.requests = self.failed = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        if self.rng.random() < FAIL:
+            self.failed += 1
+            return web.Response(status=self.rng.choice((500, 503)))
+        return await self.inboxes[request.match_info["name"]].handle(request)
+
+    def count(self, what: str) -> int:
+        return sum(inbox.counts[what] for inbox in self.inboxes.values())
+
+    def applied(self, n: int) -> Callable[[], bool]:
+        """A check: have ``n`` events been applied?"""
+        return lambda: self.count("applied") >= n
+
+
+@contextlib.asynccontextmanager
+async def inboxes(root: Path, names: list[str]) -> AsyncIterator[tuple[Inboxes, str]]:
+    """The receivers (one app on 127.0.0.1 port 0) and their base URL."""
+    hooks = Inboxes(seed=43)
+    async with contextlib.AsyncExitStack() as stack:
+        for name in names:
+            con = await aiosqlite.connect(root / f"{name}-app.db", isolation_level=None)
+            stack.push_async_callback(con.close)
+            await con.execute_fetchall("PRAGMA journal_mode = WAL")
+            await con.execute_fetchall(APPLIED)
+            hooks.inboxes[name] = await WebhookReceiver.within(con, [SECRET], record, batch_max=64)
+        app = web.Application()
+        app.router.add_post("/hook/{name}", hooks.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield hooks, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+class Workers:
+    """``python -m asnackq work QUEUE`` children (each a Fleet serving every endpoint),
+    killed with SIGKILL and started again on demand, stopped with SIGTERM at the end."""
+
+    def __init__(self, path: Path, log: Path) -> None:
+        self.path, self.log = path, log
+        self.children: list[asyncio.subprocess.Process] = []
+        self.kills: list[int] = []  # how many events were applied at each kill
+
+    async def start(self) -> asyncio.subprocess.Process:
+        with self.log.open("ab") as err:
+            return await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "asnackq", "work", str(self.path),
+                "--lease-ms", str(ORDER_LEASE_MS),
+                stdout=asyncio.subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
+
+    async def kill_and_restart(self, index: int, applied: int) -> None:
+        self.children[index].kill()
+        await asyncio.wait_for(self.children[index].wait(), WAIT_S)
+        self.kills.append(applied)
+        self.children[index] = await self.start()
+
+    async def stop(self) -> list[int | None]:
+        for child in self.children:
+            if child.returncode is None:
+                child.terminate()
+        return [await asyncio.wait_for(child.wait(), WAIT_S) for child in self.children]
+
+
+async def polled(check: Callable[[], bool], what: str, workers: Workers) -> None:
+    """Return once ``check()`` holds (looked at every 20 ms); fail if a worker ended."""
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        ended = [c.returncode for c in workers.children if c.returncode is not None]
+        if ended or time.monotonic() > deadline:
+            raise RuntimeError(f"not {what}: workers ended {ended}, see workers.log")
+        await asyncio.sleep(0.02)
+
+
+def interleaved(keys: int, per_key: int) -> list[dict[str, Any]]:
+    """Every key's events in order, the keys interleaved at random."""
+    turns = [f"k{k}" for k in range(keys) for _ in range(per_key)]
+    random.Random(7).shuffle(turns)
+    made: dict[str, int] = {}
+    events = []
+    for key in turns:
+        n = made[key] = made.get(key, -1) + 1
+        events.append({"id": f"{key}-{n}", "key": key, "data": {"key": key, "n": n}})
+    return events
+
+
+async def order_run(root: Path, keys: int, per_key: int) -> dict[str, Any]:
+    path, names = root / "order.db", list(ORDERED)
+    events = interleaved(keys, per_key)
+    want = len(events) * len(names)
+    async with inboxes(root, names) as (hooks, base), AsyncQueue.open(path) as queue:
+        for name, limit in ORDERED.items():
+            endpoint = Endpoint(
+                name, f"{base}/hook/{name}", secrets=(SECRET,), concurrency=limit,
+                retry=ORDER_RETRY, success="ack", ordered=True,
+            )  # fmt: skip
+            await queue.add_endpoint(endpoint)
+        workers = Workers(path, root / "workers.log")
+        start = time.monotonic()
+        try:
+            workers.children = [await workers.start(), await workers.start()]
+            for batch in range(0, len(events), 500):
+                await queue.enqueue_many(events[batch : batch + 500])
+            for index in range(len(workers.children)):  # each killed once, mid-run
+                await polled(hooks.applied(want * (index + 1) // 3), "applied", workers)
+                await workers.kill_and_restart(index, hooks.count("applied"))
+            await polled(hooks.applied(want), "all applied", workers)
+            await polled(lambda: unfinished(path) == 0, "all done", workers)  # (leases let go)
+        finally:
+            codes = await workers.stop()
+        return {
+            "deliveries": want,
+            "kills": workers.kills,
+            "codes": codes,
+            "requests": hooks.requests,
+            "failed": hooks.failed,
+            "duplicates": hooks.count("duplicates"),
+            "applied": hooks.count("applied"),
+            "start": start,
+            **{name: receipts(root / f"{name}-app.db") for name in names},
+            **queue_figures(path),
+        }
+
+
+def unfinished(path: Path) -> int:
+    """The queue's pending and leased jobs."""
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        [(count,)] = con.execute(
+            "SELECT count(*) FROM jobs WHERE status IN ('pending', 'leased')"
+        ).fetchall()
+    return int(count)
+
+
+class Receipts(NamedTuple):
+    """What one receiver applied: each key's event numbers in the order applied; when the
+    last one was (monotonic s)."""
+
+    keys: dict[str, list[int]]
+    last: float
+
+
+def receipts(path: Path) -> Receipts:
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        rows = con.execute("SELECT key, n, at FROM applied ORDER BY seq").fetchall()
+    seen: dict[str, list[int]] = {}
+    for key, n, _ in rows:
+        seen.setdefault(key, []).append(n)
+    return Receipts(seen, max((at for *_, at in rows), default=math.nan))
+
+
+def queue_figures(path: Path) -> dict[str, Any]:
+    """The deliveries' attempts and how each ended."""
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        [(attempts,)] = con.execute("SELECT sum(attempts) FROM jobs").fetchall()
+        statuses = dict(con.execute("SELECT status, count(*) FROM jobs GROUP BY status"))
+    return {"attempts": attempts, "statuses": statuses}
+
+
 async def order(root: Path, size: dict[str, int]) -> list[dict[str, Any]]:
-    """500 keys x 20 events to ordered endpoints failing 20 %, two ``asnackq work`` children
-    killed with SIGKILL mid-run; target: each key's events applied once each, in order."""
-    raise SystemExit("order: not measured yet (it needs ordered endpoint lanes)")
+    keys, per_key = size["keys"], size["per_key"]
+    run = await order_run(root, keys, per_key)
+    want = list(range(per_key))
+    sequences = [run[name].keys.get(f"k{k}", []) for name in ORDERED for k in range(keys)]
+    good = sum(ns == want for ns in sequences)
+    shuffled = sum(sorted(ns) == want != ns for ns in sequences)
+    each = ", ".join(
+        f"{name} (concurrency {limit}) {keys * per_key / (run[name].last - run['start']):.0f}/s"
+        for name, limit in ORDERED.items()
+    )
+    elapsed = max(run[name].last for name in ORDERED) - run["start"]  # to the last applied
+    return [
+        target(
+            "order keys applied in order, once",
+            good / len(sequences),
+            ">=",
+            1.0,
+            f"{keys} keys x {per_key} events to {len(ORDERED)} ordered endpoints:"
+            f" {run['deliveries']} deliveries in {elapsed:.1f} s"
+            f" ({run['deliveries'] / elapsed:.0f}/s; {each});"
+            f" {len(run['kills'])} workers SIGKILLed (at {run['kills']} applied) and restarted;"
+            f" {run['attempts']} attempts, {run['requests']} requests, {run['failed']}"
+            f" answered 500/503; {run['applied']} applied, {run['duplicates']} duplicates"
+            f" absorbed by the inboxes; keys out of order {shuffled}, with an event missing or"
+            f" twice {len(sequences) - good - shuffled}; jobs {run['statuses']}; the workers'"
+            f" exit codes {run['codes']}",
+        ),
+    ]
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -375,7 +602,9 @@ def target(name: str, ratio: float, sense: str, bound: float, detail: str) -> di
 
 SCENARIOS = {"noisy": noisy, "fairness": fairness, "scale": scale, "order": order}
 FULL = {"events": 1000, "backlog": 50_000, "b_events": 200, "fanout_events": 20_000}
+FULL.update(keys=500, per_key=20)  # order's
 QUICK = {"events": 20, "backlog": 300, "b_events": 10, "fanout_events": 200}
+QUICK.update(keys=20, per_key=5)
 
 
 def main() -> None:
@@ -383,12 +612,14 @@ def main() -> None:
     parser.add_argument(
         "--scenario",
         default="noisy,fairness,scale",
-        help="comma-separated: noisy, fairness, scale (order: not built)",
+        help="comma-separated: noisy, fairness, scale, order (default: all but order)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: the script runs")
     parser.add_argument("--events", type=int, help="noisy: events fanned out to every endpoint")
     parser.add_argument("--backlog", type=int, help="fairness: endpoint A's backlog")
     parser.add_argument("--fanout-events", type=int, help="scale: events, 2 endpoints each")
+    parser.add_argument("--keys", type=int, help="order: keys")
+    parser.add_argument("--per-key", type=int, help="order: events of each key")
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     parser.add_argument("--dir", default=".", help="where the SQLite files go (a temp dir in it)")
     args = parser.parse_args()
@@ -397,7 +628,7 @@ def main() -> None:
     if unknown or not names:
         parser.exit(2, f"endpoints.py: unknown scenario {unknown or args.scenario!r}\n")
     size = dict(QUICK if args.quick else FULL)
-    for key in ("events", "backlog", "fanout_events"):
+    for key in ("events", "backlog", "fanout_events", "keys", "per_key"):
         if getattr(args, key) is not None:
             if getattr(args, key) < 1:
                 parser.exit(2, f"endpoints.py: --{key.replace('_', '-')} must be >= 1\n")
