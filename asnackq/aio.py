@@ -1418,9 +1418,16 @@ class Fleet:
     async def _stop(self, name: str) -> None:
         """Stop an endpoint's Dispatcher as a cancellation does: no more claims, sends in
         flight get its grace, their results are committed."""
-        running = self.running.pop(name)
-        running.task.cancel()
-        await asyncio.wait([running.task])
+        self.running[name].task.cancel()
+        await self._ended(name)
+
+    async def _ended(self, name: str) -> None:
+        """Wait for an endpoint's cancelled (or ended) Dispatcher, add its summary up and
+        close its sends.  It is cancelled once: a second cancellation would cut its wind
+        down short (sends in flight and their results abandoned)."""
+        running = self.running[name]
+        await asyncio.wait([running.task])  # (still running: ``_hurry`` reaches it)
+        del self.running[name]
         fl.add(self.summaries, name, running.dispatcher.summary)
         await running.stack.aclose()
         if self.on_stop is not None:
@@ -1435,7 +1442,7 @@ class Fleet:
         for running in self.running.values():
             running.task.cancel()  # (every one winds down at once)
         for name in list(self.running):
-            await self._stop(name)
+            await self._ended(name)
 
 
 async def _never_sent(event: dict[str, Any], token: int | None = None) -> object:

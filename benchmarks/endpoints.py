@@ -2,20 +2,27 @@
 order per key through SIGKILLs.
 
     python benchmarks/endpoints.py [--scenario noisy,fairness,scale,order] [--quick] [--json]
-                                   [--events N] [--backlog N] [--fanout-events N]
+                                   [--events N] [--rounds N] [--backlog N] [--fanout-events N]
                                    [--keys N] [--per-key N] [--dir DIR]
 
-Every scenario runs on a SQLite file of its own, with the Fleet (``asnackq.aio.Fleet``) and
-real aiohttp receivers on 127.0.0.1 port 0 in this process; each receiver verifies every
-request's Standard Webhooks signature and keeps when it arrived (the ACK follows at once).
-Latency is enqueue-to-ACK: from just before the ``enqueue_many`` that made an event to the
-arrival of its request.  Each ratio is of two measurements taken in the same run:
+Every scenario runs on a SQLite file of its own, with the Fleet (``asnackq.aio.Fleet``) in
+this process and real aiohttp receivers on 127.0.0.1 port 0 (in this process; for noisy, in
+a child process of their own); each receiver verifies every request's Standard Webhooks
+signature and keeps when it arrived (the ACK follows at once).  Latency is enqueue-to-ACK:
+from just before the ``enqueue_many`` that made an event to the arrival of its request.
+Each ratio is of two measurements taken in the same run:
 
 * noisy: 10 endpoints, one never answers (``timeout_s`` 1), one answers 503, 8 healthy;
-  ``--events`` events fanned out to all.  Targets: the 8 healthy endpoints' goodput >= 0.9 x
-  theirs in the same run without the two bad ones, their p99 latency <= 2 x, and the bad
-  endpoints' deliveries spend no attempt beyond the breaker's probes (none with more than one
-  attempt: the probes are re-sends of the deliveries in flight when the breaker opened).
+  ``--events`` events fanned out to all once the Fleet serves every endpoint.  Targets: the
+  8 healthy endpoints' goodput >= 0.9 x theirs in the same run without the two bad ones,
+  their p99 latency <= 2 x, and the bad endpoints' deliveries spend no attempt beyond the
+  breaker's probes (none with more than one attempt: the probes are re-sends of the
+  deliveries in flight when the breaker opened).  The fleet's process is CPU-bound, so its
+  goodput is the share of a core it gets over its CPU per delivery: the receivers run
+  apart (their CPU is not the fleet's), and ``--rounds`` rounds run both configurations
+  in alternating order (clean then noisy, noisy then clean, ...) so that a machine's load
+  that drifts meets both alike.  The fleet's CPU per healthy delivery and its share of a
+  core are shown beside the ratio: the first does not depend on the machine's load.
 * fairness: endpoint A holds a backlog of ``--backlog`` events, then B receives 200, one
   every 10 ms.  Target: B's p99 enqueue-to-ACK latency <= 2 x its p99 with A idle.
 * scale: 100 endpoints, ``--fanout-events`` events fanned out to 2 each (``to=``).  Target:
@@ -46,6 +53,7 @@ import json
 import math
 import os
 import random
+import resource
 import sqlite3
 import sys
 import tempfile
@@ -54,12 +62,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import aiohttp
 import aiosqlite
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from asnackq.aio import AsyncQueue, Fleet
 from asnackq.core.endpoints import Delays, Endpoint
+from asnackq.dispatch.events import Event
 from asnackq.http_sink import WebhookReceiver
 from asnackq.wire import webhooks as wh
 
@@ -72,8 +82,8 @@ class Receivers:
     says (204, 503, or "silent": never, until the app stops), after verifying the signature;
     ``arrived[name][webhook-id]`` is the first arrival (monotonic s)."""
 
-    def __init__(self) -> None:
-        self.verifier = Webhook(SECRET)
+    def __init__(self, secret: str = SECRET) -> None:
+        self.verifier = Webhook(secret)
         self.behaviour: dict[str, int | str] = {}
         self.arrived: dict[str, dict[str, float]] = {}
         self.requests: dict[str, int] = {}
@@ -117,12 +127,27 @@ class Receivers:
         finally:
             self.watch = None
 
+    async def until_asked(self, request: web.Request) -> web.Response:
+        """``POST /until {"names", "count"}``: answers once the names' arrivals reach count."""
+        asked = await request.json()
+        names, count = asked["names"], asked["count"]
+        await self.until(lambda: sum(len(self.arrived[n]) for n in names) >= count)
+        return web.json_response({})
+
+    async def report(self, request: web.Request) -> web.Response:
+        """``GET /report``: every arrival, request count and refusal so far."""
+        return web.json_response(
+            {"arrived": self.arrived, "requests": self.requests, "refused": self.refused}
+        )
+
 
 @contextlib.asynccontextmanager
-async def receivers() -> AsyncIterator[Receivers]:
-    hooks = Receivers()
+async def receivers(secret: str = SECRET) -> AsyncIterator[Receivers]:
+    hooks = Receivers(secret)
     app = web.Application()
     app.router.add_post("/hook/{name}", hooks.handle)
+    app.router.add_post("/until", hooks.until_asked)
+    app.router.add_get("/report", hooks.report)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -134,6 +159,69 @@ async def receivers() -> AsyncIterator[Receivers]:
     finally:
         hooks.gate.set()
         await runner.cleanup()
+
+
+class Apart:
+    """``Receivers`` in a child process (``receivers_apart``): the fleet's process spends
+    no CPU on them.  Their arrival times are the child's ``time.monotonic()``, the
+    machine's CLOCK_MONOTONIC: the same clock as this process's."""
+
+    def __init__(self, base: str, session: aiohttp.ClientSession) -> None:
+        self.base, self.session = base, session
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/hook/{name}"
+
+    async def until(self, names: list[str], count: int) -> None:
+        """Return once ``names`` together had ``count`` deliveries arrive."""
+        async with self.session.post("/until", json={"names": names, "count": count}) as got:
+            got.raise_for_status()
+
+    async def report(self) -> dict[str, Any]:
+        """``arrived`` (name -> webhook-id -> monotonic s), ``requests``, ``refused``."""
+        async with self.session.get("/report") as got:
+            got.raise_for_status()
+            report: dict[str, Any] = await got.json()
+            return report
+
+
+@contextlib.asynccontextmanager
+async def receivers_apart(behaviours: dict[str, int | str]) -> AsyncIterator[Apart]:
+    """Receivers answering as ``behaviours`` says, in a child process (this script with
+    ``--receivers``) that ends when its stdin closes."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--receivers",
+        json.dumps({"secret": SECRET, "behaviours": behaviours}),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        base = (await asyncio.wait_for(child.stdout.readline(), 60)).decode().strip()
+        if not base.startswith("http://"):
+            raise RuntimeError("the receivers' process did not start")
+        timeout = aiohttp.ClientTimeout(total=WAIT_S)
+        async with aiohttp.ClientSession(base, timeout=timeout) as session:
+            yield Apart(base, session)
+    finally:
+        child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+            await child.wait()
+
+
+async def serve_apart(secret: str, behaviours: dict[str, int | str]) -> None:
+    """The child of ``receivers_apart``: say its base URL, serve until stdin closes."""
+    async with receivers(secret) as hooks:
+        for name, behaviour in behaviours.items():
+            hooks.add(name, behaviour)
+        print(hooks.base, flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
 
 
 @contextlib.asynccontextmanager
@@ -174,46 +262,70 @@ async def enqueue(
 
 # --- noisy neighbours ---------------------------------------------------------------------
 
+HEALTHY = [f"h{i}" for i in range(8)]
+BAD: dict[str, int | str] = {"silent": "silent", "failing": 503}
+
 
 async def noisy_phase(path: Path, events: int, bad: bool) -> dict[str, Any]:
-    healthy = [f"h{i}" for i in range(8)]
+    """One configuration's run: the 8 healthy endpoints (and the two bad ones, ``bad``),
+    receivers in a child process, ``events`` fanned out to every endpoint once the
+    Fleet serves them all; measured until the last healthy delivery arrived."""
+    behaviours: dict[str, int | str] = {**dict.fromkeys(HEALTHY, 204), **(BAD if bad else {})}
     enqueued: dict[str, float] = {}
-    async with receivers() as hooks, AsyncQueue.open(path) as queue:
-        for name in healthy:
-            await queue.add_endpoint(Endpoint(name, hooks.add(name), secrets=(SECRET,)))
-        if bad:
-            for name, behaviour in (("silent", "silent"), ("failing", 503)):
-                url = hooks.add(name, behaviour)
-                await queue.add_endpoint(Endpoint(name, url, secrets=(SECRET,), timeout_s=1.0))
-        ids = [f"e{i}" for i in range(events)]
-        want = events * len(healthy)
-        fleet = Fleet(queue, owner="bench")
+    async with receivers_apart(behaviours) as hooks, AsyncQueue.open(path) as queue:
+        for name in behaviours:
+            short = {"timeout_s": 1.0} if name in BAD else {}
+            await queue.add_endpoint(Endpoint(name, hooks.url(name), secrets=(SECRET,), **short))
+        want = events * len(HEALTHY)
+        started = Started(len(behaviours))
+        fleet = Fleet(queue, owner="bench", on_event=started.seen)
         count = transactions(queue)
         async with running(fleet):
-            start = time.monotonic()
-            await enqueue(queue, ids, enqueued)
-            await hooks.until(lambda: sum(len(hooks.arrived[n]) for n in healthy) >= want)
-            last = max(max(hooks.arrived[n].values()) for n in healthy)
+            await asyncio.wait_for(started.all.wait(), WAIT_S)  # (a fleet serving, not starting)
+            count[0], cpu, start = 0, cpu_s(), time.monotonic()
+            await enqueue(queue, [f"e{i}" for i in range(events)], enqueued)
+            await hooks.until(HEALTHY, want)
+            cpu = cpu_s() - cpu
             paused = {n: d.paused for n, d in fleet.dispatchers().items()}
-            summaries = {n: d.summary for n, d in fleet.dispatchers().items()}
-        lat = [x for n in healthy for x in latencies(hooks.arrived[n], enqueued)]
-        out: dict[str, Any] = {
-            "goodput": want / (last - start),
-            "p99_s": p99(lat),
-            "refused": hooks.refused,
-            "transactions": count[0],
-            "cycles": sum(summary.commits for summary in summaries.values()),
+            counts = {n: d.snapshot() for n, d in fleet.dispatchers().items()}
+        seen = await hooks.report()
+    arrived: dict[str, dict[str, float]] = seen["arrived"]
+    seconds = max(max(arrived[n].values()) for n in HEALTHY) - start
+    out: dict[str, Any] = {
+        "deliveries": want,
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "latencies": [x for n in HEALTHY for x in latencies(arrived[n], enqueued)],
+        "refused": seen["refused"],
+        "transactions": count[0],
+        "cycles": sum(c.get("commits", 0) for c in counts.values()),
+    }
+    if bad:
+        out["bad"] = {
+            name: {"requests": seen["requests"][name], "paused": paused.get(name)}
+            | {"cycles": counts.get(name, {}).get("commits", 0), **attempts(path, name)}
+            for name in BAD
         }
-        if bad:
-            out["bad"] = {
-                name: {
-                    "requests": hooks.requests[name],
-                    "paused": paused.get(name),
-                    **attempts(path, name),
-                }
-                for name in ("silent", "failing")
-            }
     return out
+
+
+class Started:
+    """Set ``all`` once ``count`` Dispatchers said ``started`` (each endpoint's run is on)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.all = count, asyncio.Event()
+
+    def seen(self, event: Event) -> None:
+        if event.name == "started":
+            self.count -= 1
+            if self.count == 0:
+                self.all.set()
+
+
+def cpu_s() -> float:
+    """This process's CPU seconds (every thread's: the event loop's and SQLite's)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def attempts(path: Path, endpoint: str) -> dict[str, int]:
@@ -234,16 +346,31 @@ def attempts(path: Path, endpoint: str) -> dict[str, int]:
 
 
 async def noisy(root: Path, size: dict[str, int]) -> list[dict[str, Any]]:
-    clean = await noisy_phase(root / "clean.db", size["events"], bad=False)
-    loud = await noisy_phase(root / "noisy.db", size["events"], bad=True)
-    most = max(b["max_attempts"] for b in loud["bad"].values())
+    """``size["rounds"]`` rounds of both configurations, their order alternating (clean
+    first, then noisy first, ...): load that drifts meets each configuration alike.  Each
+    configuration's goodput is its healthy deliveries over its measured seconds, all
+    rounds together; each round's own ratio is shown."""
+    runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for i in range(size["rounds"]):
+        for bad in (False, True) if i % 2 == 0 else (True, False):
+            name = f"{'noisy' if bad else 'clean'}{i}.db"
+            runs[bad].append(await noisy_phase(root / name, size["events"], bad))
+    clean, loud = (pooled(runs[bad]) for bad in (False, True))
+    rounds = " ".join(
+        f"{n['deliveries'] / n['seconds'] / (c['deliveries'] / c['seconds']):.2f}"
+        for c, n in zip(runs[False], runs[True], strict=True)
+    )
+    bad = [b for run in runs[True] for b in run["bad"].values()]
     return [
         target(
             "noisy goodput",
             loud["goodput"] / clean["goodput"],
             ">=",
             0.9,
-            f"{loud['goodput']:.0f} vs {clean['goodput']:.0f} deliveries/s; transactions"
+            f"{loud['goodput']:.0f} vs {clean['goodput']:.0f} deliveries/s over"
+            f" {size['rounds']} rounds (each: {rounds}); the fleet's CPU per healthy"
+            f" delivery {loud['cpu_ms']:.2f} vs {clean['cpu_ms']:.2f} ms, its share of a"
+            f" core {loud['share']:.2f} vs {clean['share']:.2f}; transactions"
             f" {loud['transactions']} vs {clean['transactions']}, lane cycles"
             f" {loud['cycles']} vs {clean['cycles']}",
         ),
@@ -256,12 +383,27 @@ async def noisy(root: Path, size: dict[str, int]) -> list[dict[str, Any]]:
         ),
         target(
             "noisy bad attempts/delivery (most)",
-            most,
+            max(b["max_attempts"] for b in bad),
             "<=",
             1,
-            json.dumps(loud["bad"], sort_keys=True),
+            json.dumps([run["bad"] for run in runs[True]], sort_keys=True),
         ),
     ]
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's figures over its rounds."""
+    deliveries = sum(r["deliveries"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    cpu = sum(r["cpu_s"] for r in runs)
+    return {
+        "goodput": deliveries / seconds,
+        "p99_s": p99([x for r in runs for x in r["latencies"]]),
+        "cpu_ms": 1000 * cpu / deliveries,
+        "share": cpu / seconds,
+        "transactions": sum(r["transactions"] for r in runs),
+        "cycles": sum(r["cycles"] for r in runs),
+    }
 
 
 # --- fairness ------------------------------------------------------------------------------
@@ -601,9 +743,9 @@ def target(name: str, ratio: float, sense: str, bound: float, detail: str) -> di
 
 
 SCENARIOS = {"noisy": noisy, "fairness": fairness, "scale": scale, "order": order}
-FULL = {"events": 1000, "backlog": 50_000, "b_events": 200, "fanout_events": 20_000}
+FULL = {"events": 1000, "rounds": 2, "backlog": 50_000, "b_events": 200, "fanout_events": 20_000}
 FULL.update(keys=500, per_key=20)  # order's
-QUICK = {"events": 20, "backlog": 300, "b_events": 10, "fanout_events": 200}
+QUICK = {"events": 20, "rounds": 1, "backlog": 300, "b_events": 10, "fanout_events": 200}
 QUICK.update(keys=20, per_key=5)
 
 
@@ -616,19 +758,24 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: the script runs")
     parser.add_argument("--events", type=int, help="noisy: events fanned out to every endpoint")
+    parser.add_argument("--rounds", type=int, help="noisy: rounds of both configurations")
     parser.add_argument("--backlog", type=int, help="fairness: endpoint A's backlog")
     parser.add_argument("--fanout-events", type=int, help="scale: events, 2 endpoints each")
     parser.add_argument("--keys", type=int, help="order: keys")
     parser.add_argument("--per-key", type=int, help="order: events of each key")
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     parser.add_argument("--dir", default=".", help="where the SQLite files go (a temp dir in it)")
+    parser.add_argument("--receivers", help=argparse.SUPPRESS)  # (receivers_apart's child)
     args = parser.parse_args()
+    if args.receivers is not None:
+        asyncio.run(serve_apart(**json.loads(args.receivers)))
+        return
     names = [n.strip() for n in args.scenario.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not names:
         parser.exit(2, f"endpoints.py: unknown scenario {unknown or args.scenario!r}\n")
     size = dict(QUICK if args.quick else FULL)
-    for key in ("events", "backlog", "fanout_events", "keys", "per_key"):
+    for key in ("events", "rounds", "backlog", "fanout_events", "keys", "per_key"):
         if getattr(args, key) is not None:
             if getattr(args, key) < 1:
                 parser.exit(2, f"endpoints.py: --{key.replace('_', '-')} must be >= 1\n")

@@ -322,6 +322,63 @@ async def test_a_fleet_notes_each_endpoints_breaker_and_limit_while_it_serves(
     assert noted() == set()  # a fleet that stops takes its notes back
 
 
+class Held:
+    """A receiver whose requests arrive (``arrived``) and wait for ``release``, then 204."""
+
+    def __init__(self) -> None:
+        self.arrived, self.release = asyncio.Event(), asyncio.Event()
+        self.answered = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.arrived.set()
+        await self.release.wait()
+        self.answered += 1
+        return web.Response(status=204)
+
+
+async def test_a_fleet_that_stops_lets_every_endpoints_sends_in_flight_finish(
+    tmp_path: Path,
+) -> None:
+    """Each endpoint's Dispatcher stops as a cancellation stops it: its sends in flight
+    get their grace and their results are committed, the last endpoint's as the first's."""
+    where, secret, names = str(tmp_path / "q.db"), wh.new_secret(), ("a", "b", "c")
+    held = {name: Held() for name in names}
+    app = web.Application()
+    for name in names:
+        app.router.add_post(f"/{name}", held[name].handle)
+    async with serving(app) as server, AsyncQueue.open(where) as queue:
+        for name in names:
+            url = f"{server.base}/{name}"
+            await queue.add_endpoint(Endpoint(name, url, secrets=(secret,), concurrency=1))
+        await queue.enqueue_many([{"id": "e1", "data": 1}])
+
+        def stopped(name: str, dispatcher: object) -> None:
+            for receiver in held.values():  # (the others' answers come once one stopped)
+                receiver.release.set()
+
+        fleet = Fleet(queue, owner="fleet", on_stop=stopped)
+        task = asyncio.ensure_future(fleet.run())
+        for receiver in held.values():
+            await asyncio.wait_for(receiver.arrived.wait(), WAIT_S)
+        first = next(iter(fleet.dispatchers()))
+        task.cancel()
+        held[first].release.set()
+        await asyncio.wait_for(asyncio.wait([task]), WAIT_S)
+        left = still_running()  # (nothing of the run goes on past its end)
+    assert left == []
+    assert {name: summary.done for name, summary in fleet.summaries.items()} == dict.fromkeys(
+        names, 1
+    )
+    assert [row for name in names for row in attempts_of(where, name)] == [("done", 1)] * 3
+
+
+def still_running() -> list[str]:
+    """The product's coroutines whose tasks have not ended."""
+    codes = [getattr(task.get_coro(), "cr_code", None) for task in asyncio.all_tasks()]
+    return sorted(c.co_qualname for c in codes if c is not None and "/asnackq/" in c.co_filename)
+
+
 def test_idle_lanes_poll_less_often_the_more_there_are() -> None:
     assert [idle_ms_for(n) for n in (0, 1, 8, 20, 100, 1000)] == [20, 20, 20, 50, 250, 500]
 
