@@ -8,6 +8,9 @@ Rules of this module:
   (stock += qty) are written in one transaction; the ACK leaves only after COMMIT.  The
   same id and qty again is a ``duplicate`` (no effect); another qty is a ``conflict``
   (nothing changes).
+* With ``secrets``, an event's Standard Webhooks signature is verified before its body is
+  parsed (401 without one that holds), and its ``webhook-id`` must be its event's id (400):
+  the id the signature vouches for is the id the inbox keeps, as a ``WebhookReceiver``'s.
 * Group commit (``asnackq.sink.inbox``, every receiver's): the ACK leaves only after the
   COMMIT of the batch that decided it; a failed batch answers 503 to each of its requests
   and changes nothing.
@@ -223,9 +226,10 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
         raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
     body = await read_body(request)
     signatures = request.app[CONFIG].signatures
+    signed_id = None
     if signatures is not None:  # Standard Webhooks: before the body is parsed
         try:
-            signatures.check(request.headers, body)
+            signed_id = signatures.check(request.headers, body)
         except Unverified as error:
             raise web.HTTPUnauthorized(text=error.reason) from None
     try:
@@ -233,6 +237,8 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
         token = check_token_header(request.headers.get(TOKEN_HEADER))
     except ValueError as error:
         raise web.HTTPBadRequest(text=str(error)) from None
+    if signed_id not in (None, event_id):  # the signed id is the one the inbox keeps
+        raise web.HTTPBadRequest(text=f"the webhook-id is not the event's id {event_id!r}")
     return event_id, qty, token
 
 
