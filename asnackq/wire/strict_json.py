@@ -23,9 +23,10 @@ import math
 import re
 from typing import Any
 
+from asnackq.core.events import MAX_DIGITS  # (what an event's data may hold, too)
+
 __all__ = ["MAX_DIGITS", "loads"]
 
-MAX_DIGITS = 30
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # (a pair is one character once read)
 
 
