@@ -33,6 +33,9 @@ Rules of this module:
 * An ``Expect`` other than ``100-continue`` is refused before the application runs.
 * Embedding: ``make_app(SinkConfig(db=...))`` is an ``aiohttp.web.Application`` to run or
   to add as a sub-application; ``serve`` listens the way ``asnackq sink`` does.
+* A receiving application needs this module alone: ``WebhookReceiver``, its effect's
+  ``Rejected``, ``read_secrets`` (a secrets file) and ``turn`` (the connection's lock, for
+  the application's own transactions on a connection it shares with the receiver).
 """
 
 from __future__ import annotations
@@ -62,12 +65,13 @@ from asnackq.core.worker import (
 )
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
-from asnackq.sink.checks import Signatures, Unverified, check_token_header
+from asnackq.sink.checks import Signatures, Unverified, check_token_header, read_secrets
 from asnackq.sink.inbox import LOG, SinkUnavailable
-from asnackq.sink.receiver import WebhookReceiver, as_json, read_within
+from asnackq.sink.receiver import Rejected, WebhookReceiver, as_json, read_within
 from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
+from asnackq.store.turns import turn
 from asnackq.wire import strict_json
 from asnackq.wire.metrics import screen_expect
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
@@ -76,11 +80,14 @@ __all__ = [
     "BUSY",
     "SERVER_OPTIONS",
     "STATS",
+    "Rejected",
     "SinkConfig",
     "WebhookReceiver",
     "as_json",
     "make_app",
+    "read_secrets",
     "serve",
+    "turn",
 ]
 
 COUNTERS = (

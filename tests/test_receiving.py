@@ -9,6 +9,8 @@ import contextlib
 import datetime
 import json
 import logging
+import re
+import runpy
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -427,3 +429,34 @@ def test_a_bad_secret_file_is_a_usage_error_that_creates_nothing(tmp_path, capsy
         assert "hunter2" not in err and SECRET[6:] not in err
     assert "line 3" in err
     assert not db.exists()
+
+
+# --- docs/sink.md's receiving application, as written ----------------------------------------
+
+
+async def test_the_pages_receiving_application_runs_as_written(tmp_path, monkeypatch):
+    """The page's program, run in a fresh directory with a secrets file: a signed payment is
+    applied once, a repeat is a duplicate, a payload it refuses a 422, an unsigned one a 401."""
+    page = (Path(__file__).parents[1] / "docs" / "sink.md").read_text()
+    (source,) = re.findall(r"^```python\n(.*?)^```$", page, flags=re.M | re.S)
+    (tmp_path / "program.py").write_text(source)
+    (tmp_path / "secrets.txt").write_text(f"{SECRET}\n")
+    monkeypatch.chdir(tmp_path)
+    program = runpy.run_path(str(tmp_path / "program.py"), run_name="the_page")
+    paid, odd = json.dumps({"amount": 5}).encode(), json.dumps({"amount": "5"}).encode()
+    async with serving(program["app"]) as running:
+        url = f"{running.base}/webhooks"
+        found = [
+            await post(url, paid, signed("pay-1", paid)),
+            await post(url, paid, signed("pay-1", paid)),
+            await post(url, odd, signed("pay-2", odd)),
+            await post(url, paid, {"Content-Type": "application/json"}),
+        ]
+    assert [(status, answer["status"]) for status, answer in found] == [
+        (200, "applied"),
+        (200, "duplicate"),
+        (422, "rejected"),
+        (401, "unauthorized"),
+    ]
+    async with aiosqlite.connect(tmp_path / "pay.db") as db:
+        assert await db.execute_fetchall("SELECT * FROM payments") == [("pay-1", 5)]
