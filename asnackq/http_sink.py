@@ -8,6 +8,9 @@ Rules of this module:
   (stock += qty) are written in one transaction; the ACK leaves only after COMMIT.  The
   same id and qty again is a ``duplicate`` (no effect); another qty is a ``conflict``
   (nothing changes).
+* With ``secrets``, an event's Standard Webhooks signature is verified before its body is
+  parsed (401 without one that holds), and its ``webhook-id`` must be its event's id (400):
+  the id the signature vouches for is the id the inbox keeps, as a ``WebhookReceiver``'s.
 * Group commit (``asnackq.sink.inbox``, every receiver's): the ACK leaves only after the
   COMMIT of the batch that decided it; a failed batch answers 503 to each of its requests
   and changes nothing.
@@ -30,6 +33,9 @@ Rules of this module:
 * An ``Expect`` other than ``100-continue`` is refused before the application runs.
 * Embedding: ``make_app(SinkConfig(db=...))`` is an ``aiohttp.web.Application`` to run or
   to add as a sub-application; ``serve`` listens the way ``asnackq sink`` does.
+* A receiving application needs this module alone: ``WebhookReceiver``, its effect's
+  ``Rejected``, ``read_secrets`` (a secrets file) and ``turn`` (the connection's lock, for
+  the application's own transactions on a connection it shares with the receiver).
 """
 
 from __future__ import annotations
@@ -59,12 +65,13 @@ from asnackq.core.worker import (
 )
 from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
-from asnackq.sink.checks import Signatures, Unverified, check_token_header
+from asnackq.sink.checks import Signatures, Unverified, check_token_header, read_secrets
 from asnackq.sink.inbox import LOG, SinkUnavailable
-from asnackq.sink.receiver import WebhookReceiver, as_json, read_within
+from asnackq.sink.receiver import Rejected, WebhookReceiver, as_json, read_within
 from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
+from asnackq.store.turns import turn
 from asnackq.wire import strict_json
 from asnackq.wire.metrics import screen_expect
 from asnackq.wire.send import MAX_ACK_BYTES, TOKEN_HEADER, check_number
@@ -73,11 +80,14 @@ __all__ = [
     "BUSY",
     "SERVER_OPTIONS",
     "STATS",
+    "Rejected",
     "SinkConfig",
     "WebhookReceiver",
     "as_json",
     "make_app",
+    "read_secrets",
     "serve",
+    "turn",
 ]
 
 COUNTERS = (
@@ -223,9 +233,10 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
         raise web.HTTPUnsupportedMediaType(text="the body must be application/json")
     body = await read_body(request)
     signatures = request.app[CONFIG].signatures
+    signed_id = None
     if signatures is not None:  # Standard Webhooks: before the body is parsed
         try:
-            signatures.check(request.headers, body)
+            signed_id = signatures.check(request.headers, body)
         except Unverified as error:
             raise web.HTTPUnauthorized(text=error.reason) from None
     try:
@@ -233,6 +244,8 @@ async def parse_event(request: web.Request) -> tuple[str, int, int | None]:
         token = check_token_header(request.headers.get(TOKEN_HEADER))
     except ValueError as error:
         raise web.HTTPBadRequest(text=str(error)) from None
+    if signed_id not in (None, event_id):  # the signed id is the one the inbox keeps
+        raise web.HTTPBadRequest(text=f"the webhook-id is not the event's id {event_id!r}")
     return event_id, qty, token
 
 

@@ -27,9 +27,7 @@ import aiosqlite
 from aiohttp import web
 
 from asnackq.core.worker import epoch_ms
-from asnackq.http_sink import WebhookReceiver
-from asnackq.sink.checks import read_secrets
-from asnackq.sink.receiver import Rejected
+from asnackq.http_sink import Rejected, WebhookReceiver, read_secrets
 from asnackq.wire.logs import OneLine
 
 TABLES = (

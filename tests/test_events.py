@@ -182,6 +182,10 @@ CYCLE.append(CYCLE)
         ({"id": "e", "data": [{"a": {1: 2}}]}, "an object key is not a string"),
         ({"id": "e", "data": object()}, "data is not JSON"),
         ({"id": "e", "data": CYCLE}, "data is not JSON"),
+        # what every asnackq receiver refuses (asnackq.wire.strict_json) is never sent
+        ({"id": "e", "data": {"s": "\ud800"}}, "event 'e': data is not JSON: .*surrogate"),
+        ({"id": "e", "data": [10**30]}, "event 'e': data is not JSON: an integer of more than 30"),
+        ({"id": "e", "data": -(10**40)}, "event 'e': data is not JSON: an integer of more than 30"),
         ({"id": "e", "type": "order..x", "data": 1}, "an event type"),
         ({"id": "e", "type": "order.*", "data": 1}, "an event type"),
         ({"id": "e", "key": "", "data": 1}, "an event key"),

@@ -54,6 +54,32 @@ PROGRAM = """
     summary: asnackq.Summary = asyncio.run(main("q.db", "http://127.0.0.1:1/events"))
 """
 
+# A receiving application needs one module: the receiver, its effect's refusal, the secrets
+# file's reader and the connection's turn (docs/sink.md, examples/webhook_receiver.py).
+RECEIVING = """
+    import aiosqlite
+    from aiohttp import web
+
+    from asnackq.http_sink import Rejected, WebhookReceiver, read_secrets, turn
+
+
+    async def credit(db: aiosqlite.Connection, webhook_id: str, payload: object) -> None:
+        if type(payload) is not dict:
+            raise Rejected("the body must be an object")
+        await db.execute("INSERT INTO payments VALUES (?)", (webhook_id,))
+
+
+    async def receiver(db: aiosqlite.Connection) -> WebhookReceiver[aiosqlite.Connection]:
+        async with turn(db):
+            await db.execute("CREATE TABLE IF NOT EXISTS payments (id TEXT)")
+        return await WebhookReceiver.within(db, read_secrets("secrets.txt"), credit)
+
+
+    async def receive(request: web.Request) -> web.StreamResponse:
+        async with aiosqlite.connect("pay.db", isolation_level=None) as db:
+            return await (await receiver(db)).handle(request)
+"""
+
 WRONG = """
     import asnackq
 
@@ -85,6 +111,12 @@ def test_mypy_strict_accepts_a_program_using_the_front_door(tmp_path):
     done = mypy(tmp_path, PROGRAM)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Success: no issues found in 1 source file" in done.stdout
+
+
+@pytest.mark.process
+def test_mypy_strict_accepts_a_receiving_program_using_asnackq_http_sink_alone(tmp_path):
+    done = mypy(tmp_path, RECEIVING)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.process

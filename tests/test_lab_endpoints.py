@@ -4,15 +4,19 @@ no violation when the product holds, and do fail when a receiver applies twice."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from asnackq.lab.fanout import in_order, parse_fault
+from asnackq.lab.fanout import Receiver, in_order, parse_fault
+from asnackq.wire import webhooks as wh
 
 from .conftest import asnackq_cli
 
+JSON = {"Content-Type": "application/json"}
 WAIT_S = 400  # a bound on the whole lab run: generous, for a busy machine
 EVERY_FAULT = {
     "ep1": "503:0.5",
@@ -100,3 +104,26 @@ def test_a_fault_is_name_kind_and_arguments() -> None:
     for bad in ("ep0:503:1", "ep0:slow", "ep0", "e p:slow:1", "ep0:410:x"):
         with pytest.raises(ValueError, match="endpoint"):
             parse_fault(bad)
+
+
+@pytest.mark.process
+async def test_a_lab_receiver_takes_its_secret_from_a_file_never_its_command_line(
+    tmp_path: Path,
+) -> None:
+    """Another user's ``ps`` shows a process's arguments: the secret is not among them."""
+    receiver = Receiver("ep0", tmp_path / "ep0.db", wh.new_secret(), "none", 1)
+    await receiver.start()
+    try:
+        assert receiver.process is not None
+        argv = await asyncio.to_thread(Path(f"/proc/{receiver.process.pid}/cmdline").read_bytes)
+        body = json.dumps({"data": {"key": "k", "n": 1}}).encode()
+        headers = wh.signed_headers([wh.parse_secret(receiver.secret)], "ev-1", body)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(receiver.url, data=body, headers=headers | JSON) as answer,
+        ):
+            said = await answer.json()
+        assert (answer.status, said) == (200, {"id": "ev-1", "status": "applied"})
+    finally:
+        await receiver.stop()
+    assert receiver.secret[6:].encode() not in argv and receiver.secret[6:] not in repr(receiver)

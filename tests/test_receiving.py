@@ -9,6 +9,8 @@ import contextlib
 import datetime
 import json
 import logging
+import re
+import runpy
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -216,6 +218,8 @@ async def test_a_body_too_big_not_json_or_of_another_type_is_refused_and_applies
             (400, b"{not json", signed("b-3", b"{not json")),
             (400, b'{"n": 1, "n": 2}', signed("b-4", b'{"n": 1, "n": 2}')),  # a key twice
             (400, body(1), signed("b-5", body(1), **{"X-Asnackq-Token": "0x1"})),
+            (400, b'{"n": 1e999}', signed("b-7", b'{"n": 1e999}')),  # infinity: not JSON
+            (400, b'{"n": "\\ud800"}', signed("b-8", b'{"n": "\\ud800"}')),  # not text
         ]
         for status, data, headers in cases:
             found, answer = await post(app.url, data, headers)
@@ -231,7 +235,7 @@ async def test_a_body_too_big_not_json_or_of_another_type_is_refused_and_applies
         ):
             assert answer.status == 413
         assert await app.ledger() == [] and await app.inbox() == []
-        assert app.receiver.counts["refused"] == 6
+        assert app.receiver.counts["refused"] == 8
 
 
 async def test_an_effect_that_raises_applies_nothing_and_the_next_attempt_applies_once(
@@ -397,6 +401,21 @@ async def test_a_sink_with_secrets_applies_signed_events_and_refuses_the_rest(tm
     assert sink_state(db) == (4, [("s-1", 4, 2)])
 
 
+async def test_a_sink_refuses_a_signed_event_whose_webhook_id_is_not_its_id(tmp_path):
+    """The webhook-id is what the signature vouches for and what a receiver dedupes on: an
+    event whose body names another id is refused, whatever its signature, and applies
+    nothing."""
+    db = tmp_path / "sink.db"
+    event = json.dumps({"id": "s-1", "qty": 4}).encode()
+    async with sink(db, secrets=(SECRET,)) as running:
+        found = [await post(running.url, event, signed(msg_id, event)) for msg_id in ("s-2", "x")]
+        applied = await post(running.url, event, signed("s-1", event))
+    assert [status for status, _ in found] == [400, 400]
+    assert all("webhook-id" in answer["error"] for _, answer in found)
+    assert applied == (200, {"id": "s-1", "status": "applied"})
+    assert sink_state(db) == (4, [("s-1", 4, 1)])
+
+
 def test_a_bad_secret_file_is_a_usage_error_that_creates_nothing(tmp_path, capsys):
     db = tmp_path / "sink.db"
     files = {"missing": tmp_path / "none.txt", "bad": tmp_path / "bad.txt"}
@@ -410,3 +429,34 @@ def test_a_bad_secret_file_is_a_usage_error_that_creates_nothing(tmp_path, capsy
         assert "hunter2" not in err and SECRET[6:] not in err
     assert "line 3" in err
     assert not db.exists()
+
+
+# --- docs/sink.md's receiving application, as written ----------------------------------------
+
+
+async def test_the_pages_receiving_application_runs_as_written(tmp_path, monkeypatch):
+    """The page's program, run in a fresh directory with a secrets file: a signed payment is
+    applied once, a repeat is a duplicate, a payload it refuses a 422, an unsigned one a 401."""
+    page = (Path(__file__).parents[1] / "docs" / "sink.md").read_text()
+    (source,) = re.findall(r"^```python\n(.*?)^```$", page, flags=re.M | re.S)
+    (tmp_path / "program.py").write_text(source)
+    (tmp_path / "secrets.txt").write_text(f"{SECRET}\n")
+    monkeypatch.chdir(tmp_path)
+    program = runpy.run_path(str(tmp_path / "program.py"), run_name="the_page")
+    paid, odd = json.dumps({"amount": 5}).encode(), json.dumps({"amount": "5"}).encode()
+    async with serving(program["app"]) as running:
+        url = f"{running.base}/webhooks"
+        found = [
+            await post(url, paid, signed("pay-1", paid)),
+            await post(url, paid, signed("pay-1", paid)),
+            await post(url, odd, signed("pay-2", odd)),
+            await post(url, paid, {"Content-Type": "application/json"}),
+        ]
+    assert [(status, answer["status"]) for status, answer in found] == [
+        (200, "applied"),
+        (200, "duplicate"),
+        (422, "rejected"),
+        (401, "unauthorized"),
+    ]
+    async with aiosqlite.connect(tmp_path / "pay.db") as db:
+        assert await db.execute_fetchall("SELECT * FROM payments") == [("pay-1", 5)]

@@ -39,6 +39,7 @@ from asnackq.core import worker as w
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_BYTES",
+    "MAX_DIGITS",
     "SCHEMA",
     "SQL_BODY",
     "SQL_INSERT_DELIVERY",
@@ -58,6 +59,9 @@ __all__ = [
 DEFAULT_MAX_BYTES = 256 * 1024  # a stored body's size, by default
 MAX_BYTES = 1024 * 1024  # the most a queue may allow
 MAX_KEY = 128
+# The longest integer in an event's data: asnackq's receivers read JSON from outside strictly
+# (``asnackq.wire.strict_json``) and refuse a longer one, so no body carries it.
+MAX_DIGITS = 30
 MAX_TYPE = 128
 TYPE_RULE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 KEYS = frozenset({"id", "data", "type", "key"})
@@ -187,9 +191,10 @@ def _key(value: object) -> str | None:
     return value
 
 
-def _string_keys(value: object) -> bool:
-    """Whether every object in ``value`` has string keys only (``json.dumps`` would write
-    ``{1: 2}`` as ``{"1": 2}``: two values, one body)."""
+def _flaw(value: object) -> str | None:
+    """What keeps ``value`` from being a body every receiver reads as sent (None: nothing):
+    a key that is not a string (``json.dumps`` would write ``{1: 2}`` as ``{"1": 2}``: two
+    values, one body), an integer a strict reader refuses, a string UTF-8 cannot carry."""
     stack, seen = [value], set()
     while stack:
         item = stack.pop()
@@ -199,16 +204,30 @@ def _string_keys(value: object) -> bool:
             seen.add(id(item))
         if isinstance(item, dict):
             if not all(type(key) is str for key in item):
-                return False
+                return "an object key is not a string"
+            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
-    return True
+        elif type(item) is int and not -(10**MAX_DIGITS) < item < 10**MAX_DIGITS:
+            return f"an integer of more than {MAX_DIGITS} digits"
+        elif isinstance(item, str) and not item.isascii() and _unpaired(item):
+            return "a string holds an unpaired surrogate (\\ud800-\\udfff)"
+    return None
+
+
+def _unpaired(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _json(value: object, event_id: str) -> bytes:
-    if not _string_keys(value):
-        raise ValueError(f"event {event_id!r}: data is not JSON: an object key is not a string")
+    flaw = _flaw(value)
+    if flaw is not None:
+        raise ValueError(f"event {event_id!r}: data is not JSON: {flaw}")
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

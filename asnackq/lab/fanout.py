@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -108,22 +109,32 @@ class FanoutConfig:
             raise ValueError("--healthy-bound-s must be in (0, 3600], --timeout-s in (0, 86400]")
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable by its owner alone (mode 0600)."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+        file.write(text)
+
+
 @dataclass
 class Receiver:
     """One endpoint's receiver process, its file and its port (kept across a restart)."""
 
     name: str
     db: Path
-    secret: str
+    secret: str = field(repr=False)
     fault: str
     seed: int
     port: int = 0
     process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
+        """Start the process; its secret goes in a file only its owner reads (a process's
+        arguments are anyone's to see)."""
+        secret_file = self.db.with_suffix(".secret")
+        write_private(secret_file, self.secret + "\n")
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "asnackq.lab.receiver", "--db", str(self.db),
-            "--port", str(self.port), "--secret", self.secret, "--fault", self.fault,
+            "--port", str(self.port), "--secret-file", str(secret_file), "--fault", self.fault,
             "--seed", str(self.seed), stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.process.stdout is not None

@@ -1,6 +1,7 @@
 """One endpoint of ``asnackq lab --endpoints``: a receiver process of its own, the library's
-``WebhookReceiver`` on 127.0.0.1 with its own SQLite file and secret, and the fault it is
-given (``python -m asnackq.lab.receiver``).
+``WebhookReceiver`` on 127.0.0.1 with its own SQLite file and secret (``--secret-file``: a
+secret is never an argument, which any process may read), and the fault it is given
+(``python -m asnackq.lab.receiver``).
 
 Rules of this module:
 
@@ -31,7 +32,7 @@ import aiosqlite
 from aiohttp import web
 
 from asnackq.core.worker import epoch_ms
-from asnackq.http_sink import WebhookReceiver
+from asnackq.http_sink import WebhookReceiver, read_secrets
 
 __all__ = ["APPLIED", "main"]
 
@@ -73,11 +74,11 @@ def faulty(handle: Handler, con: aiosqlite.Connection, fault: str, seed: int) ->
     return answer
 
 
-async def main(db: str, port: int, secret: str, fault: str, seed: int) -> None:
+async def main(db: str, port: int, secrets: tuple[str, ...], fault: str, seed: int) -> None:
     """Serve until SIGTERM or SIGINT."""
     async with aiosqlite.connect(db, isolation_level=None) as con:
         await con.execute_fetchall(APPLIED)
-        receiver = await WebhookReceiver.within(con, [secret], effect(2 if fault == "twice" else 1))
+        receiver = await WebhookReceiver.within(con, secrets, effect(2 if fault == "twice" else 1))
         app = web.Application()
         app.router.add_post("/hook", faulty(receiver.handle, con, fault, seed))
         runner = web.AppRunner(app, access_log=None)
@@ -98,8 +99,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="one endpoint of asnackq lab --endpoints")
     parser.add_argument("--db", required=True)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--secret", required=True)
+    parser.add_argument("--secret-file", required=True, help="whsec_ secrets, one a line")
     parser.add_argument("--fault", default="none")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    asyncio.run(main(args.db, args.port, args.secret, args.fault, args.seed))
+    secrets = read_secrets(args.secret_file)
+    asyncio.run(main(args.db, args.port, secrets, args.fault, args.seed))
