@@ -253,7 +253,8 @@ def add_lab_endpoints(lab: argparse.ArgumentParser) -> None:
         default=None,
         metavar="S",
         help="with --endpoints: a healthy endpoint's every delivery applied within S s of "
-        "its enqueue (default 10)",
+        "its enqueue (default 10; with --kill-every, give one that covers a lease per kill "
+        "and the restarts)",
     )
 
 

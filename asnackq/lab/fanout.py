@@ -31,6 +31,9 @@ Rules of this module:
   endpoint: each key's events applied in enqueue order); ``healthy-bound`` (a healthy
   endpoint: every delivery applied within ``bound_s`` of its enqueue, default
   ``HEALTHY_BOUND_S``); ``gone-reenabled`` (a 410 endpoint: it was disabled, then enabled).
+* The healthy bound is absolute, judged per delivery from this run alone: a ratio against
+  a clean run would compare two moments of a machine whose load moves, and kills land
+  differently in each (docs/lab.md).  With kills, the bound given must cover them.
 """
 
 from __future__ import annotations
