@@ -1,16 +1,20 @@
 """``asnackq lab --endpoints``: events fanned out to receiver processes of their own, each
-with its fault, served by ``asnackq work QUEUE`` processes; the verdicts per endpoint find
-no violation when the product holds, and do fail when a receiver applies twice."""
+with its fault, served by ``asnackq work QUEUE`` processes (SIGKILLed and replaced with
+``--kill-every``, the queue on a file or on PostgreSQL); the verdicts per endpoint find no
+violation when the product holds, and do fail when a receiver applies twice."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from asnackq.aio import AsyncQueue
+from asnackq.core.endpoints import Endpoint
 from asnackq.lab.fanout import Receiver, in_order, parse_fault
 from asnackq.wire import webhooks as wh
 
@@ -78,7 +82,8 @@ async def test_a_receiver_that_applies_twice_fails_the_applied_once_verdict(
         (["--endpoints", "2", "--endpoint-fault", "ep2:slow:10"], "no endpoint 'ep2'"),
         (["--endpoints", "2", "--endpoint-fault", "ep0:boom"], "NAME:KIND[:ARG]"),
         (["--endpoint-fault", "ep0:slow:10"], "need --endpoints"),
-        (["--endpoints", "2", "--kill-every", "1"], "runs on files"),
+        (["--endpoints", "2", "--sinks", "2"], "--sinks: one sink's, not with --endpoints"),
+        (["--endpoints", "2", "--db", "q.db"], "--db must be a postgresql:// URL"),
     ],
 )
 async def test_bad_endpoint_options_are_one_line_and_start_nothing(
@@ -87,6 +92,46 @@ async def test_bad_endpoint_options_are_one_line_and_start_nothing(
     code, out, err = await asnackq_cli("lab", "--dir", str(tmp_path / "run"), *args)
     assert code == 2 and out == ""
     assert said in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.process
+@pytest.mark.timeout(WAIT_S + 60)
+async def test_a_lab_run_on_postgresql_with_worker_kills_finds_no_violation(
+    tmp_path: Path, pg_db: Callable[[], str]
+) -> None:
+    """Workers SIGKILLed every second (each after it has served that long) and replaced,
+    while ep3 is down for 8 s: every endpoint's deliveries applied once, in order on ep1,
+    within the bound (wide: a busy machine restarts workers slowly).  Small: each kill
+    costs a Python start and a lease of waiting."""
+    code, out, result = await lab(
+        tmp_path, "--endpoints", "4", "--jobs", "40", "--db", pg_db(), "--kill-every", "1",
+        "--endpoint-ordered", "ep1", "--endpoint-fault", "ep2:503:0.3",
+        "--endpoint-fault", "ep3:down:1:8", "--healthy-bound-s", "240",
+    )  # fmt: skip
+    assert code == 0, (out, result.get("violations"), result.get("kills"))
+    assert result["violations"] == []
+    assert result["kills"] >= 1 and result["workers_started"] == 2 + result["kills"]
+    endpoints = result["endpoints"]
+    assert isinstance(endpoints, dict)
+    for name, found in endpoints.items():
+        assert found["deliveries"] == {"done": 40}, name
+        assert found["applied_rows"] == 40 and found["applied-once"] is True, name
+    assert endpoints["ep1"]["in-order"] is True
+    assert endpoints["ep0"]["healthy-bound"] is True and endpoints["ep1"]["healthy-bound"] is True
+
+
+@pytest.mark.process
+async def test_a_database_with_endpoints_already_is_refused_and_nothing_starts(
+    tmp_path: Path, pg_db: Callable[[], str]
+) -> None:
+    url = pg_db()
+    async with AsyncQueue.open(url) as queue:
+        await queue.add_endpoint(Endpoint("theirs", "http://127.0.0.1:9/hook"))
+    code, out, err = await asnackq_cli("lab", "--dir", str(tmp_path / "run"), "--endpoints",
+                                       "2", "--db", url)  # fmt: skip
+    assert code == 2 and out == ""
+    assert "--db must hold no endpoints yet (1 there)" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
 

@@ -176,6 +176,7 @@ def test_a_lab_kills_only_a_worker_that_has_delivered_since_it_started(tmp_path)
         assert workers.kills == 0 and all(p.poll() is None for p in workers.procs.values())
         with open(tmp_path / "cut.trace", "w") as trace:  # the line completed: a delivery
             trace.write(json.dumps({**claim, "e": "finish", "status": "done"}) + "\n")
+        assert not workers.kill_one(random.Random(1), served_s=3600)  # not served that long
         assert workers.kill_one(random.Random(1))
         assert workers.kills == 1 and workers.procs["cut"].poll() == -9
         assert [p.poll() for o, p in workers.procs.items() if o in lines] == [None] * 3

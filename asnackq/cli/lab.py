@@ -226,7 +226,8 @@ def add_lab_endpoints(lab: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="instead of one sink: --jobs events fanned out to N endpoints ep0..epN-1, each "
-        "a receiver process of its own, served by --processes `asnackq work QUEUE`; "
+        "a receiver process of its own, served by --processes `asnackq work QUEUE` (with "
+        "--kill-every, SIGKILLed and replaced; the queue in --dir, --db or --pg-local); "
         "verdicts per endpoint",
     )
     lab.add_argument(
@@ -252,8 +253,23 @@ def add_lab_endpoints(lab: argparse.ArgumentParser) -> None:
         default=None,
         metavar="S",
         help="with --endpoints: a healthy endpoint's every delivery applied within S s of "
-        "its enqueue (default 10)",
+        "its enqueue (default 10; with --kill-every, give one that covers a lease per kill "
+        "and the restarts)",
     )
+
+
+# The options of the one-sink lab that an endpoints run has no use for: (flag, key, default).
+SINK_ONLY = (
+    ("--sinks", "sinks", 1),
+    ("--kill-sinks", "kill_sinks", False),
+    ("--kill-after-acks", "kill_after_acks", None),
+    ("--hosts", "hosts", 0),
+    ("--pg-restart-every", "pg_restart_every", 0.0),
+    ("--pg-kill-backends-every", "pg_kill_backends_every", 0.0),
+    ("--partition-every", "partition_every", 0.0),
+    ("--clock-skew-ms", "clock_skew_ms", 0),
+    ("--report", "report", None),
+)
 
 
 def run_fanout(args: argparse.Namespace) -> int:
@@ -263,10 +279,9 @@ def run_fanout(args: argparse.Namespace) -> int:
     from asnackq.lab import fanout
 
     try:
-        if args.db is not None or args.pg_local or args.sinks != 1 or args.kill_every:
-            raise ValueError(
-                "--endpoints runs on files: no --db, --pg-local, --sinks, --kill-every"
-            )
+        given = [flag for flag, key, default in SINK_ONLY if getattr(args, key) != default]
+        if given:
+            raise ValueError(f"{', '.join(given)}: one sink's, not with --endpoints")
         config = fanout.FanoutConfig(
             endpoints=args.endpoints,
             events=args.jobs,
@@ -277,16 +292,19 @@ def run_fanout(args: argparse.Namespace) -> int:
             lease_ms=args.lease_ms,
             timeout_s=args.timeout_s,
             seed=args.seed,
+            db=None if args.db is None else str(args.db),
+            pg_local=args.pg_local,
+            kill_every=args.kill_every,
         )
         config.check()
         if args.dir is not None and args.dir.exists() and any(args.dir.iterdir()):
             raise ValueError(f"--dir {args.dir} must be empty or absent")
+        if config.db is not None:
+            fanout.require_fresh(config.db)
     except ValueError as error:
         raise Usage(str(error)) from None
     with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
-        root = args.dir or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        result = fanout.run_fanout(config, root)
+        result = fanout.run_fanout(config, args.dir or Path(tmp))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     out = Console(highlight=False)

@@ -46,7 +46,7 @@ from asnackq.dispatch.traces import read_traces
 from asnackq.lab import schedule, spans, timeline
 from asnackq.lab.config import LabConfig
 from asnackq.lab.evidence import invariants, verify
-from asnackq.lab.procs import Replicas, Workers, exit_on_sigterm
+from asnackq.lab.procs import Kills, Replicas, Workers, exit_on_sigterm
 from asnackq.lab.result import LabResult
 from asnackq.sink.capacity import options_given
 from asnackq.store import readers
@@ -253,7 +253,8 @@ def watch(
     """Start the workers, kill one (a worker, or with ``kill_sinks`` at times a sink) every
     ``kill_every``, sample; True if the run timed out."""
     began = time.perf_counter()
-    next_kill = began + config.kill_every
+    victims = sinks if config.kill_sinks else None  # sinks too, every other kill
+    kills = Kills(workers, config.kill_every, rng, began + config.kill_every, victims)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -282,13 +283,8 @@ def watch(
                 progress.update(
                     task, completed=sampler.finished, description=f"finished, {workers.kills} kills"
                 )
-                unfinished = sampler.finished < config.jobs  # (then the workers end)
-                if config.kill_every and now >= next_kill and unfinished:
-                    if config.kill_sinks and (workers.kills + sinks.kills) % 2:
-                        sinks.kill_one(rng)
-                        next_kill = now + config.kill_every
-                    elif workers.kill_one(rng):  # else: at a later look, once one has delivered
-                        next_kill = now + config.kill_every
+                if sampler.finished < config.jobs:  # (then the workers end)
+                    kills(now)
                 if now - began > config.timeout_s:
                     return True
         finally:

@@ -1,9 +1,18 @@
 """``asnackq lab --endpoints N``: events fanned out to N endpoints, each a receiver process
 of its own (``asnackq.lab.receiver``) with its own secret and fault, served by worker
 processes running ``asnackq work QUEUE`` (the fleet: every endpoint of the queue); then
-verdicts per endpoint from the evidence (the queue file and each receiver's own file).
+verdicts per endpoint from the evidence (the queue and each receiver's own file).
 
 Rules of this module:
+
+* The queue is a file in the run's directory, a ``postgresql://`` URL holding no jobs and no
+  endpoints yet (``db``), or a throwaway local server (``pg_local``,
+  ``asnackq.lab.pg_server``).  Each receiver keeps its own SQLite file: an endpoint is a
+  service of its own, not a table of the queue's database.
+* Workers are ``procs.Workers`` (following the queue until stopped); ``kill_every`` SIGKILLs
+  one of them that has delivered since it started, and starts its replacement
+  (``procs.Kills``, the lab's one kill loop).  Its leased deliveries wait out their lease,
+  then another worker claims them: the verdicts hold through every kill.
 
 * A fault is ``NAME:KIND[:ARG]`` (``parse_fault``): ``down:AT:FOR`` the receiver is
   SIGKILLed AT seconds after the first events are enqueued and started again on its port
@@ -22,14 +31,19 @@ Rules of this module:
   endpoint: each key's events applied in enqueue order); ``healthy-bound`` (a healthy
   endpoint: every delivery applied within ``bound_s`` of its enqueue, default
   ``HEALTHY_BOUND_S``); ``gone-reenabled`` (a 410 endpoint: it was disabled, then enabled).
+* The healthy bound is absolute, judged per delivery from this run alone: a ratio against
+  a clean run would compare two moments of a machine whose load moves, and kills land
+  differently in each (docs/lab.md).  With kills, the bound given must cover them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import random
 import re
 import signal
 import sqlite3
@@ -38,12 +52,19 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from asnackq.aio import AsyncQueue
 from asnackq.core import worker as w
-from asnackq.core.endpoints import Endpoint, Exponential
+from asnackq.core.endpoints import Endpoint, Exponential, plan_list
+from asnackq.lab.experiment import require_empty
+from asnackq.lab.pg_server import local_server
+from asnackq.lab.procs import Kills, Workers, exit_on_sigterm
+from asnackq.store import readers, sessions
+from asnackq.store.outage import database_error
+from asnackq.store.targets import Target, is_url
 from asnackq.wire import webhooks as wh
+from asnackq.wire.send import check_number
 
 __all__ = ["FAULTS", "HEALTHY_BOUND_S", "VERDICTS", "FanoutConfig", "parse_fault", "run_fanout"]
 
@@ -61,7 +82,8 @@ KEYS = 10
 GONE_HOLD_S = 1.0
 STOP_WAIT_S = 30.0
 STARTUP_S = 60.0
-STARTED = b"asnackq work: started"
+STARTED = "asnackq work: started"
+LOOK_S = 0.05  # how often the kill loop reaps the workers that exited and kills one if due
 SQL_DELIVERIES = """SELECT d.endpoint, d.event, j.status FROM asnackq_deliveries AS d
   JOIN jobs AS j ON j.id = d.job"""
 SQL_APPLIED = "SELECT event_id, key, n, applied_ms FROM applied ORDER BY seq"
@@ -92,6 +114,9 @@ class FanoutConfig:
     lease_ms: int = 2000
     timeout_s: float = 300.0
     seed: int = 1
+    db: str | None = None  # a postgresql:// URL holding no jobs yet: the queue there
+    pg_local: bool = False  # the queue on a throwaway local server
+    kill_every: float = 0.0  # SIGKILL a worker that has delivered this often (0: never)
 
     @property
     def names(self) -> list[str]:
@@ -107,6 +132,11 @@ class FanoutConfig:
                 raise ValueError(f"no endpoint {name!r}: the lab's are ep0..ep{self.endpoints - 1}")
         if not 0 < self.bound_s <= 3600 or not 0 < self.timeout_s <= 86_400:
             raise ValueError("--healthy-bound-s must be in (0, 3600], --timeout-s in (0, 86400]")
+        check_number(self.kill_every, "kill_every", 0, 3600)
+        if self.db is not None and not is_url(self.db):
+            raise ValueError("--db must be a postgresql:// URL (files live in --dir)")
+        if self.db is not None and self.pg_local:
+            raise ValueError("--db and --pg-local do not go together")
 
 
 def write_private(path: Path, text: str) -> None:
@@ -176,55 +206,30 @@ async def receivers(config: FanoutConfig, root: Path) -> AsyncIterator[dict[str,
             await receiver.stop()
 
 
-@contextlib.asynccontextmanager
-async def workers(config: FanoutConfig, queue: Path, root: Path) -> AsyncIterator[list[Any]]:
-    """``processes`` fleets (``asnackq work QUEUE``), SIGTERMed on exit; yields their exits."""
-    exits: list[Any] = []
-    with contextlib.ExitStack() as files:
-        children = [
-            await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "asnackq", "work", str(queue), "--owner", f"lab-{i}",
-                "--lease-ms", str(config.lease_ms), "--json",
-                stdout=files.enter_context((root / f"work-{i}.json").open("wb")),
-                stderr=files.enter_context((root / f"work-{i}.err").open("wb")),
-            )
-            for i in range(config.processes)
-        ]  # fmt: skip
-        try:
-            await started(root, config.processes)
-            yield exits
-        finally:
-            for child in children:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
-            exits.extend([await stopped(child) for child in children])
-
-
-async def stopped(child: asyncio.subprocess.Process) -> int:
-    """``child``'s exit code, once it ended (SIGKILLed after ``STOP_WAIT_S``)."""
-    try:
-        return await asyncio.wait_for(child.wait(), STOP_WAIT_S)
-    except TimeoutError:
-        child.kill()
-        return await child.wait()
-
-
-async def started(root: Path, processes: int) -> None:
-    """Wait until each worker said it started (events enqueued before would time its
-    start-up, not its deliveries)."""
+async def started(workers: Workers) -> None:
+    """Wait until each live worker said it started: events enqueued before would time its
+    start-up, not its deliveries, and a SIGTERM before would find no handler yet."""
     deadline = time.monotonic() + STARTUP_S
-    for i in range(processes):
-        log = root / f"work-{i}.err"
-        while STARTED not in log.read_bytes():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {i} did not start within {STARTUP_S}s: see {log}")
+    for owner in [owner for owner, proc in workers.procs.items() if proc.poll() is None]:
+        log = workers.root / f"{owner}.err"
+        while STARTED not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or workers.procs[owner].poll() is not None:
+                raise RuntimeError(f"worker {owner} did not start within {STARTUP_S}s: see {log}")
             await asyncio.sleep(0.05)
 
 
-def deliveries(queue: Path) -> dict[str, dict[str, str]]:
+async def killing(workers: Workers, kills: Kills) -> None:
+    """Until cancelled: reap the workers that exited (an exit but 0 or SIGKILL is a
+    failure), and kill one when a kill is due."""
+    while True:
+        await asyncio.sleep(LOOK_S)
+        workers.exited()
+        kills(time.perf_counter())
+
+
+def deliveries(queue: Target) -> dict[str, dict[str, str]]:
     """Each endpoint's deliveries: event id -> its job's status."""
-    with contextlib.closing(sqlite3.connect(f"file:{queue}?mode=ro", uri=True)) as con:
-        con.execute("PRAGMA busy_timeout = 5000")
+    with readers.read_only(queue, "jobs") as con:
         found: dict[str, dict[str, str]] = {}
         for endpoint, event, status in con.execute(SQL_DELIVERIES):
             found.setdefault(endpoint, {})[event] = status
@@ -308,17 +313,25 @@ async def operator(queue: AsyncQueue, config: FanoutConfig, watch: Watch, t0: fl
 
 
 async def run(config: FanoutConfig, root: Path) -> dict[str, Any]:
-    """The run: receivers, endpoints, workers, events, faults; then the verdicts."""
-    queue_path, watch = root / "queue.db", Watch()
-    enqueued: dict[str, int] = {}
+    """The run: receivers, endpoints, workers, events, faults and kills; then the verdicts."""
+    queue_at: Target = config.db or root / "queue.db"
+    watch, enqueued = Watch(), dict[str, int]()
     t0 = time.monotonic()
     ttl_ms = round(config.timeout_s * 1000) + 60_000  # no delivery dies of the run's length
     async with (
         receivers(config, root) as found,
-        AsyncQueue.open(queue_path, ttl_ms=ttl_ms, max_attempts=16) as queue,
+        AsyncQueue.open(queue_at, ttl_ms=ttl_ms, max_attempts=16) as queue,
     ):
         await add_endpoints(queue, found, config)
-        async with workers(config, queue_path, root) as exits:
+        workers = Workers(root, queue_at, [], ("--lease-ms", config.lease_ms), follow=True)
+        try:
+            for _ in range(config.processes):
+                workers.start()
+            await started(workers)
+            kills = Kills(
+                workers, config.kill_every, random.Random(config.seed),
+                time.perf_counter() + config.kill_every,
+            )  # fmt: skip
             tasks = [
                 asyncio.ensure_future(coro)
                 for coro in (
@@ -327,16 +340,27 @@ async def run(config: FanoutConfig, root: Path) -> dict[str, Any]:
                     operator(queue, config, watch, t0),
                 )
             ]
-            timed_out = not await until_settled(config, queue_path, t0, tasks)
-            for task in tasks:
+            killer = asyncio.ensure_future(killing(workers, kills))
+            timed_out = not await until_settled(config, queue_at, t0, tasks)
+            for task in (*tasks, killer):
                 task.cancel()
-            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, killer, return_exceptions=True)
+            with contextlib.suppress(RuntimeError):  # (one that never started: its exit says)
+                await started(workers)  # the last replacement, then each stopped cleanly
+        finally:
+            await asyncio.to_thread(workers.stop)
+        workers.exited()
     failed = [f"lab: {e!r}" for e in ended if isinstance(e, Exception)]  # (not cancellations)
     applied = {name: applied_rows(r.db) for name, r in found.items()}
-    result = judge(config, enqueued, deliveries(queue_path), applied, watch, timed_out)
-    result["violations"] += [f"workers-exit: a worker exited {code}" for code in exits if code]
+    result = judge(config, enqueued, deliveries(queue_at), applied, watch, timed_out)
+    result["violations"] += [f"workers-exit: {why}" for why in workers.failures.values()]
     result["violations"] += failed  # a receiver that did not start again, an intake refused
-    return result | {"seconds": round(time.monotonic() - t0, 3), "lab_events": watch.events}
+    return result | {
+        "seconds": round(time.monotonic() - t0, 3),
+        "lab_events": watch.events,
+        "kills": workers.kills,
+        "workers_started": workers.started,
+    }
 
 
 async def add_endpoints(
@@ -353,17 +377,21 @@ async def add_endpoints(
 
 
 async def until_settled(
-    config: FanoutConfig, queue: Path, t0: float, first: list[asyncio.Task[None]]
+    config: FanoutConfig, queue: Target, t0: float, first: list[asyncio.Task[None]]
 ) -> bool:
     """Wait until ``first`` (the intake, the downs, the operator) ended, then every delivery;
-    False at ``timeout_s``."""
+    False at ``timeout_s``.  A read that fails (a killed worker's journal, a server away)
+    is tried again at the next look."""
     while time.monotonic() - t0 < config.timeout_s:
         await asyncio.sleep(0.2)
         if not all(task.done() for task in first):
             continue
-        with contextlib.suppress(sqlite3.Error):
-            if settled(deliveries(queue)):
+        try:
+            if settled(await asyncio.to_thread(deliveries, queue)):
                 return True
+        except Exception as error:
+            if not database_error(error):
+                raise
     return False
 
 
@@ -474,7 +502,31 @@ def latency(rows: list[tuple[str, str, int, int]], enqueued: dict[str, int]) -> 
     return {"p50": at[0], "p99": at[1], "max": spans[-1]}
 
 
+def require_fresh(db: str) -> None:
+    """``db`` holds no jobs, no inbox rows and no endpoints yet (``ValueError`` if it does:
+    the lab's events would go to those endpoints too)."""
+    require_empty(db)
+    try:
+        with sessions.pg_read_only(db, "jobs", "queue") as reader:
+            found = cast(sessions.Session, reader).run(plan_list)
+    except ValueError:
+        return  # (no queue there yet)
+    if found:
+        raise ValueError(
+            f"--db must hold no endpoints yet ({len(found)} there): give a fresh database"
+        )
+
+
 def run_fanout(config: FanoutConfig, root: Path) -> dict[str, Any]:
-    """Check ``config``, then run it with its files in ``root``."""
+    """Check ``config`` (and that its ``db`` holds no jobs and no endpoints yet), then run
+    it with its files in ``root`` (made).  A SIGTERM ends it like Ctrl-C: every child
+    process, and a ``pg_local`` server, is stopped first."""
     config.check()
-    return asyncio.run(run(config, root))
+    if config.db is not None:
+        require_fresh(config.db)
+    root.mkdir(parents=True, exist_ok=True)
+    with exit_on_sigterm(), contextlib.ExitStack() as stack:
+        if config.pg_local:
+            server = stack.enter_context(local_server())
+            config = dataclasses.replace(config, db=server.url(), pg_local=False)
+        return asyncio.run(run(config, root))

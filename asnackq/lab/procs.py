@@ -26,6 +26,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from asnackq.core.worker import epoch_ms
 from asnackq.store.targets import Target
 
 __all__ = [
+    "Kills",
     "Replicas",
     "Workers",
     "command",
@@ -134,15 +136,17 @@ def started(
 
 def worker(
     queue: Target,
-    url: str,
+    url: str | None,
     *options: object,
     prefix: Sequence[str] = (),
     stdout: Stream = None,
     stderr: Stream = None,
 ) -> Proc:
-    """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process), run through
+    """Start ``asnackq work QUEUE --sink URL OPTIONS`` (a worker process; with no ``url``,
+    ``asnackq work QUEUE OPTIONS``: the fleet, every endpoint of the queue), run through
     ``prefix`` if given (``ip netns exec NAME``: the same process, on a lab host)."""
-    argv = [*prefix, *command("work", queue, "--sink", url, *options)]
+    sink = () if url is None else ("--sink", url)
+    argv = [*prefix, *command("work", queue, *sink, *options)]
     return start(argv, stdout=stdout, stderr=stderr)
 
 
@@ -265,22 +269,25 @@ STALE = b'"status": false'  # ... or refused by the fence (not a delivery)
 
 @dataclass
 class Workers:
-    """An experiment's worker processes (``asnackq work ... --until-empty``), each under a
-    new owner name with its trace, output and errors in ``root``: started, SIGKILLed,
-    replaced, reaped, stopped.  ``events`` records every start and kill (epoch ms)."""
+    """An experiment's worker processes (``asnackq work ... --until-empty``, or with
+    ``follow`` until stopped), each under a new owner name with its trace, output and errors
+    in ``root``: started, SIGKILLed, replaced, reaped, stopped.  ``events`` records every
+    start and kill (epoch ms)."""
 
     root: Path
     queue: Target
-    urls: list[str]  # the sinks; worker N sends to urls[N % len(urls)]
+    urls: list[str]  # the sinks; worker N sends to urls[N % len(urls)]; none: the fleet
     options: Sequence[object]  # every worker's options (concurrency, lease, ...)
     place: Placement | None = None  # where worker N runs, with its own options
+    follow: bool = False  # each runs until stopped, not until the queue is empty
     procs: dict[str, Proc] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     started: int = 0
     kills: int = 0
     failures: dict[str, str] = field(default_factory=dict)
     reaped: set[str] = field(default_factory=set)
-    delivered: set[str] = field(default_factory=set)  # owners with a result committed
+    # owners with a result committed -> when that was first seen (``perf_counter``)
+    delivered: dict[str, float] = field(default_factory=dict)
     trace_read: dict[str, int] = field(default_factory=dict)  # bytes of each trace looked at
 
     def start(self, *extra: object) -> str:
@@ -295,12 +302,12 @@ class Workers:
         ):
             self.procs[owner] = worker(
                 self.queue,
-                self.urls[self.started % len(self.urls)],
+                self.urls[self.started % len(self.urls)] if self.urls else None,
                 "--owner",
                 owner,
                 "--trace",
                 self.root / f"{owner}.trace",
-                "--until-empty",
+                *(() if self.follow else ("--until-empty",)),
                 "--json",
                 *self.options,
                 *own,
@@ -317,22 +324,28 @@ class Workers:
         self.events.append({"at": epoch_ms(), "e": "kill", "owner": owner})
         self.kills += 1
 
-    def kill_one(self, rng: random.Random) -> bool:
-        """SIGKILL a random live worker that has delivered, and start a new one (it reclaims
-        the leases later); False if none has delivered yet.
+    def kill_one(self, rng: random.Random, served_s: float = 0.0) -> bool:
+        """SIGKILL a random live worker that has delivered, ``served_s`` ago or longer, and
+        start a new one (it reclaims the leases later); False if there is none yet.
 
         A worker is never the victim before its first delivery is committed (a ``finish``
         line in its trace): on a slow machine a start and a first round trip can take longer
         than the kill period, and killing workers that never got to deliver would stop all
-        progress, so every kill follows some.  Every such worker is a victim alike, whether
+        progress, so every kill follows some.  ``served_s`` (the kill period, given by
+        ``Kills``) makes that some a period's work, not one delivery: a fleet's worker serves
+        every endpoint, and one killed at its first delivery would leave the others its
+        leases to wait out and nothing done.  Every such worker is a victim alike, whether
         or not it holds work: a choice among the workers holding leases would follow the
         work, killing, near the end of a run, the one worker that took up the last jobs each
         time it does.
         """
+        now = time.perf_counter()
         live = sorted(
             owner
             for owner, proc in self.procs.items()
-            if proc.poll() is None and self.has_delivered(owner)
+            if proc.poll() is None
+            and self.has_delivered(owner)
+            and now - self.delivered[owner] >= served_s
         )
         if not live:
             return False
@@ -358,7 +371,7 @@ class Workers:
         whole = chunk[: chunk.rfind(b"\n") + 1]
         self.trace_read[owner] = read + len(whole)
         if any(FINISHED in line and STALE not in line for line in whole.splitlines()):
-            self.delivered.add(owner)
+            self.delivered[owner] = time.perf_counter()
         return owner in self.delivered
 
     def exited(self) -> list[tuple[str, int]]:
@@ -385,6 +398,31 @@ class Workers:
     def stop(self) -> None:
         """Stop every worker still running (SIGTERM, then SIGKILL after ``STOP_S``)."""
         stop(*self.procs.values())
+
+
+@dataclass
+class Kills:
+    """SIGKILLs on a period: ``every`` seconds (0: never) a worker that has delivered for a
+    period since it started (``Workers.kill_one``, which starts its replacement), or, given
+    ``sinks``, every other time a sink replica (restarted on its port).  ``due`` is the
+    first kill's time (``perf_counter``); a period with no worker to kill yet waits for
+    one."""
+
+    workers: Workers
+    every: float
+    rng: random.Random
+    due: float
+    sinks: Replicas | None = None
+
+    def __call__(self, now: float) -> None:
+        """Kill one if a kill is due at ``now`` (``perf_counter``)."""
+        if not self.every or now < self.due:
+            return
+        if self.sinks is not None and (self.workers.kills + self.sinks.kills) % 2:
+            self.sinks.kill_one(self.rng)
+        elif not self.workers.kill_one(self.rng, served_s=self.every):
+            return  # at a later look, once one has delivered
+        self.due = now + self.every
 
 
 @contextlib.contextmanager
