@@ -1012,6 +1012,8 @@ class Dispatcher:
         self._clock: RunClock | None = None
         self._gate: Gate | None = None
         self._stop: asyncio.Event | None = None
+        self._hurried = False  # ``hurry``: a stop's grace ends at once
+        self._winding: Sequence[asyncio.Future[None]] = ()  # sends a stop waits for
 
     def events(self) -> EventStream:
         """``async for event in dispatcher.events()``: the run's events from now on (see
@@ -1165,20 +1167,26 @@ class Dispatcher:
         committer.drain()
 
         async def settle() -> None:
+            self._winding = workers
+            if self._hurried:
+                self.hurry()
             _, late = await asyncio.wait(workers, timeout=self.grace_s)
             for task in late:  # abandoned jobs stay leased and are reclaimed later
                 task.cancel()
             await asyncio.wait(workers)
             await committer.close(loop)
 
-        def hurry() -> None:  # cancelled again: the grace ends now
-            for task in workers:
-                task.cancel()
-
-        again = await unshaken(settle(), hurry)
+        again = await unshaken(settle(), self.hurry)  # cancelled again: ``hurry``
         first_failure([loop, *workers])
         if again:
             raise asyncio.CancelledError
+
+    def hurry(self) -> None:
+        """End a stop's grace now, or as soon as the run stops (a stop asked for again):
+        sends still in flight are abandoned, their jobs stay leased."""
+        self._hurried = True
+        for task in self._winding:
+            task.cancel()
 
     def _stopped(self, reason: str, failure: BaseException | None) -> None:
         summary = self.summary
@@ -1436,7 +1444,7 @@ class Fleet:
     def _hurry(self) -> None:
         """Cancelled again while stopping: every Dispatcher's grace ends now."""
         for running in self.running.values():
-            running.task.cancel()
+            running.dispatcher.hurry()  # (not a second cancel: it may land with the first)
 
     async def _stop_all(self) -> None:
         for running in self.running.values():
@@ -1453,8 +1461,10 @@ async def unshaken(step: Awaitable[object], hurry: Callable[[], None] | None = N
     """Await ``step`` to its end however often the caller is cancelled meanwhile (each
     cancellation calls ``hurry``: a stop asked for again ends its grace, never its
     clean-up); whether the caller was cancelled meanwhile (then it re-raises)."""
-    task = asyncio.ensure_future(step)
+    task, caller = asyncio.ensure_future(step), asyncio.current_task()
     cancelled = False
+    if caller is not None and caller.cancelling() > 1 and hurry is not None:
+        hurry()  # (asked again before it got here: with the first, or while it unwound)
     while True:
         try:
             await asyncio.shield(task)

@@ -337,16 +337,22 @@ class Held:
         return web.Response(status=204)
 
 
+def held_receivers(names: tuple[str, ...]) -> tuple[dict[str, Held], web.Application]:
+    """A ``Held`` receiver per name, each at ``/name`` of one application."""
+    held = {name: Held() for name in names}
+    app = web.Application()
+    for name in names:
+        app.router.add_post(f"/{name}", held[name].handle)
+    return held, app
+
+
 async def test_a_fleet_that_stops_lets_every_endpoints_sends_in_flight_finish(
     tmp_path: Path,
 ) -> None:
     """Each endpoint's Dispatcher stops as a cancellation stops it: its sends in flight
     get their grace and their results are committed, the last endpoint's as the first's."""
     where, secret, names = str(tmp_path / "q.db"), wh.new_secret(), ("a", "b", "c")
-    held = {name: Held() for name in names}
-    app = web.Application()
-    for name in names:
-        app.router.add_post(f"/{name}", held[name].handle)
+    held, app = held_receivers(names)
     async with serving(app) as server, AsyncQueue.open(where) as queue:
         for name in names:
             url = f"{server.base}/{name}"
@@ -371,6 +377,35 @@ async def test_a_fleet_that_stops_lets_every_endpoints_sends_in_flight_finish(
         names, 1
     )
     assert [row for name in names for row in attempts_of(where, name)] == [("done", 1)] * 3
+
+
+async def test_a_fleet_cancelled_twice_in_a_row_ends_every_endpoints_grace(
+    tmp_path: Path,
+) -> None:
+    """A second cancellation that comes before the endpoints' Dispatchers took the first
+    (two stop signals read at once) still ends their grace (an hour here) at once; the run
+    still closes every endpoint's sends and ends its tasks."""
+    where, names = str(tmp_path / "q.db"), ("a", "b")
+    held, app = held_receivers(names)
+    async with serving(app) as server, AsyncQueue.open(where) as queue:
+        for name in names:
+            await queue.add_endpoint(Endpoint(name, f"{server.base}/{name}", timeout_s=600))
+        await queue.enqueue_many([{"id": "e1", "data": 1}])
+        fleet = Fleet(queue, owner="fleet", grace_s=3600)
+        task = asyncio.ensure_future(fleet.run())
+        for receiver in held.values():
+            await asyncio.wait_for(receiver.arrived.wait(), WAIT_S)
+        task.cancel()
+        await asyncio.sleep(0)  # (the fleet takes it; its Dispatchers not yet)
+        task.cancel()
+        await asyncio.wait_for(asyncio.wait([task]), WAIT_S)
+        left = still_running()
+        for receiver in held.values():
+            receiver.release.set()
+    assert task.cancelled() and left == []
+    assert {name: summary.done for name, summary in fleet.summaries.items()} == dict.fromkeys(
+        names, 0
+    )
 
 
 def still_running() -> list[str]:

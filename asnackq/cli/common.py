@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import math
 import re
+import signal
 import sys
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 
@@ -53,6 +56,7 @@ __all__ = [
     "renamed",
     "sink_tls",
     "sink_url",
+    "stop_signals",
     "target",
     "wait_for_database",
     "within",
@@ -410,3 +414,17 @@ def wait_for_database(where: Target, wait_s: float, command: str) -> None:
         )
 
     pg.wait_until_reachable(str(where), wait_s, waiting)
+
+
+@contextlib.contextmanager
+def stop_signals(task: asyncio.Future[Any]) -> Iterator[None]:
+    """Each SIGINT or SIGTERM meanwhile cancels ``task`` (a run: the first stops it, the
+    next end its grace, even two read at once: ``asnackq.aio.unshaken``)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

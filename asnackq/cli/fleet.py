@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import signal
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from asnackq.cli.common import Usage
+from asnackq.cli.common import Usage, stop_signals
 from asnackq.cli.render import emit, key_values, plural
 from asnackq.core import worker as w
 
@@ -86,12 +85,8 @@ def run_fleet(
             except ValueError as error:
                 raise Usage(str(error)) from None
             running = asyncio.ensure_future(fleet.run(until_empty=args.until_empty))
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, running.cancel)
-            await asyncio.wait([running])
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
+            with stop_signals(running):
+                await asyncio.wait([running])
             if not running.cancelled() and running.exception() is not None:
                 raise running.exception()  # type: ignore[misc]
             return fleet.summaries, running.cancelled()

@@ -41,6 +41,7 @@ from asnackq.cli.common import (
     receiver_rules,
     sink_tls,
     sink_url,
+    stop_signals,
     target,
     wait_for_database,
     within,
@@ -430,16 +431,16 @@ def run_work(args: argparse.Namespace) -> int:
                     until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty
                 )
             )
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, running.cancel)
-            with Live(  # (a terminal's: log lines go above the progress line)
-                console=console,
-                transient=True,
-                auto_refresh=False,
-                redirect_stdout=False,
-                redirect_stderr=console.is_terminal,
-            ) as live:
+            with (
+                stop_signals(running),
+                Live(  # (a terminal's: log lines go above the progress line)
+                    console=console,
+                    transient=True,
+                    auto_refresh=False,
+                    redirect_stdout=False,
+                    redirect_stderr=console.is_terminal,
+                ) as live,
+            ):
                 while not running.done():
                     await asyncio.wait([running], timeout=0.25)
                     if tracer is not None and dispatcher.adaptive:
@@ -456,8 +457,6 @@ def run_work(args: argparse.Namespace) -> int:
                             ),
                             refresh=True,
                         )
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
             stopped = running.cancelled()
             failure = None if stopped else running.exception()
             return dispatcher.summary, dispatcher.settings.rate, stopped, failure
