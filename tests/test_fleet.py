@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import signal
 import sys
@@ -56,7 +57,14 @@ async def running(fleet: Fleet) -> AsyncIterator[asyncio.Future[Any]]:
         yield task
     finally:
         task.cancel()
-        await asyncio.wait([task])
+        await asyncio.wait([task], timeout=2 * WAIT_S)
+        if not task.done():  # a stop that does not end: say where every task waits
+            stacks = io.StringIO()
+            for each in asyncio.all_tasks():
+                print(f"--- {each.get_name()}", file=stacks)
+                each.print_stack(file=stacks)
+            said = stacks.getvalue()
+            raise AssertionError(f"the fleet did not stop within {2 * WAIT_S} s\n{said}")
 
 
 class Timed(Hooks):
