@@ -1312,8 +1312,9 @@ class Fleet:
             await self._refresh()
             while not (until_empty and not self.running):
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                with contextlib.suppress(TimeoutError):  # (not ``wait_for``: ``breaker.admit``)
+                    async with asyncio.timeout(self.refresh_s):
+                        await self._wake.wait()
                 await self._reap(until_empty)
                 if not until_empty:
                     await self._refresh()

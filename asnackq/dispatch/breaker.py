@@ -95,15 +95,18 @@ class Breaker:
             return False
         loop = asyncio.get_running_loop()
         give_up = loop.time() + within_s
+        # ``asyncio.timeout``, never ``wait_for``: Python 3.11's ``wait_for`` returns the
+        # result of a wait that ends as its caller is cancelled, and the cancellation is lost
+        # (a stopping run's send would then go on probing, its lease kept, for ever).
         try:
-            await asyncio.wait_for(self._turn.acquire(), within_s)
+            async with asyncio.timeout(within_s):
+                await self._turn.acquire()
         except TimeoutError:
             return None
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self.closed.wait(), min(self._probe_at, give_up) - loop.time()
-                )
+                async with asyncio.timeout(min(self._probe_at, give_up) - loop.time()):
+                    await self.closed.wait()
         except BaseException:  # cancelled: the turn passes on
             self._turn.release()
             raise

@@ -334,8 +334,9 @@ class Committer:
         """Wait for a kick, the next lease to keep, or (after a dry claim) the idle poll."""
         if self.phase is Phase.CLAIMING:
             wake_ms = self.pacer.idle_wake(wake_ms)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.kick.wait(), None if wake_ms is None else wake_ms / 1000)
+        with contextlib.suppress(TimeoutError):  # (never ``wait_for``: see ``breaker.admit``)
+            async with asyncio.timeout(None if wake_ms is None else wake_ms / 1000):
+                await self.kick.wait()
         if not self.kick.is_set():
             self.pacer.poll_again()
 
@@ -344,7 +345,8 @@ class Committer:
         self.gathering = True
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.kick.wait(), pause)
+                async with asyncio.timeout(pause):
+                    await self.kick.wait()
         finally:
             self.gathering = False
 
