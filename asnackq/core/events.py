@@ -211,17 +211,18 @@ def _flaw(value: object) -> str | None:
             stack.extend(item)
         elif type(item) is int and not -(10**MAX_DIGITS) < item < 10**MAX_DIGITS:
             return f"an integer of more than {MAX_DIGITS} digits"
-        elif isinstance(item, str) and not item.isascii() and _unpaired(item):
+        elif isinstance(item, str) and not item.isascii() and not encodes_utf8(item):
             return "a string holds an unpaired surrogate (\\ud800-\\udfff)"
     return None
 
 
-def _unpaired(text: str) -> bool:
+def encodes_utf8(text: str) -> bool:
+    """Whether UTF-8 can carry ``text`` (no unpaired surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _json(value: object, event_id: str) -> bytes:

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from asnackq.core.inbox import Arrival
 from asnackq.store.effects import EffectFailed
+from asnackq.store.joint import settle
 from asnackq.store.targets import one_line
 
 __all__ = ["LOG", "Delivery", "GroupCommit", "Run", "SinkUnavailable"]
@@ -156,9 +157,4 @@ def split(segment: list[Delivery], failed: EffectFailed) -> list[list[Delivery]]
 
 def answer(delivery: Delivery, outcome: str | Exception) -> None:
     """Settle a delivery's future (unless its caller is gone)."""
-    if delivery.done.done():
-        return
-    if isinstance(outcome, Exception):
-        delivery.done.set_exception(outcome)
-    else:
-        delivery.done.set_result(outcome)
+    settle(delivery.done, outcome)

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
-__all__ = ["Gathering", "Joint", "Waiter"]
+__all__ = ["Gathering", "Joint", "Waiter", "settle"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
 
@@ -44,12 +44,18 @@ class Waiter:
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def settle(self, result: object) -> None:
-        if self.future.done():
-            return
-        if isinstance(result, BaseException):
-            self.future.set_exception(result)
-        else:
-            self.future.set_result(result)
+        settle(self.future, result)
+
+
+def settle(future: asyncio.Future[Any], outcome: object) -> None:
+    """Give ``future`` its outcome (an exception is raised to its awaiter), unless it is done
+    already (its caller gone, or settled)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 CallT = TypeVar("CallT", bound=Waiter)

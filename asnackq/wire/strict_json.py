@@ -23,7 +23,7 @@ import math
 import re
 from typing import Any
 
-from asnackq.core.events import MAX_DIGITS  # (what an event's data may hold, too)
+from asnackq.core.events import MAX_DIGITS, encodes_utf8  # (what an event's data may hold)
 
 __all__ = ["MAX_DIGITS", "loads"]
 
@@ -66,17 +66,9 @@ def _unpaired(value: Any) -> bool:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, str) and not item.isascii() and not _encodes(item):
+        elif isinstance(item, str) and not item.isascii() and not encodes_utf8(item):
             return True
     return False
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def loads(data: bytes | str) -> Any:
@@ -86,7 +78,7 @@ def loads(data: bytes | str) -> Any:
             data = data.decode("utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(f"JSON must be UTF-8: {error}") from None
-    elif not data.isascii() and not _encodes(data):  # (argv's undecodable bytes, say)
+    elif not data.isascii() and not encodes_utf8(data):  # (argv's undecodable bytes, say)
         raise ValueError("JSON must be UTF-8: it holds a character no UTF-8 can carry")
     if data.startswith("\ufeff"):
         raise ValueError("JSON must not start with a byte-order mark")
