@@ -734,7 +734,8 @@ async def deliver(port: Port, send: AsyncSend) -> None:
         try:
             if (claimed := await port.take()) is None:
                 return
-            if not await port.slot(claimed):  # a shared rate's slot: lost while it waited
+            paced = port.settings.rate is not None  # (``slot`` is True at once without)
+            if paced and not await port.slot(claimed):  # a shared rate's slot: lost meanwhile
                 port.hand_back(Sent(claimed, None))
                 continue
             attached = None if spans is None else spans.begin(claimed)
@@ -811,6 +812,10 @@ class Seen(NamedTuple):
     error: str = ""  # why no answer proved anything, in one line (kept when none came)
 
 
+OK = ("ok", 0)  # an ACK's outcome and delay (``w.judge_send``)
+SEEN_OK = Seen(False, verdict="ok")  # what an ACK showed of the sink
+
+
 async def send_once(
     port: Port, send: AsyncSend, claimed: Claimed, jitter: float
 ) -> tuple[Seen, Sent | None]:
@@ -822,7 +827,9 @@ async def send_once(
         event = w.fresh_event(ticket)
         token = ticket["token"]
         sending = send(event, token) if gate is None else gate.send(send, event, token)
-        outcome = w.judge_send(ticket, jitter, await sending, None, settings.retry, settings.limits)
+        if (ack := await sending) is True:  # (``judge_send``'s answer to an ACK)
+            return SEEN_OK, Sent(claimed, *outcome_at(port, claimed, OK))
+        outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
         outcome = settings.retry_delay(ticket, outcome, jitter)
     except w.Overloaded as error:
         return Seen(False, error, verdict="overloaded"), None  # the sink is there
@@ -872,7 +879,7 @@ def kept(port: Port, claimed: Claimed, seen: Seen, at_ms: int, again: int) -> Re
         status,
         latency_ms,
         seen.verdict,
-        attempts.excerpt(body),
+        attempts.excerpt(body) if body else "",
     )
 
 
@@ -902,7 +909,9 @@ async def wait_overload(
 
 def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
     """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
-    now = w.second_reading(port.now, claimed.first, port.settings.limits)
+    now = port.now()  # (checked as ``w.second_reading`` checks it)
+    if now < claimed.first:  # (never: the run's clock does not step back)
+        raise ValueError(f"clock went backwards: {now} < {claimed.first}")
     return outcome[0], now, outcome[1]
 
 

@@ -301,6 +301,8 @@ def check_event(event: object) -> tuple[str, int]:
 
 def check_ticket(ticket: object) -> Ticket:
     """Return a validated copy of a claim ticket (exact dict, exactly its six keys)."""
+    if type(ticket) is dict and ticket.keys() == TICKET_KEYS and _sound(ticket):
+        return cast(Ticket, dict(ticket))  # (the checks below, in one expression)
     if type(ticket) is not dict or ticket.keys() != TICKET_KEYS:
         raise ValueError(f"ticket must be a dict with exactly {sorted(TICKET_KEYS)}: {ticket!r}")
     check_identifier(ticket["id"], "ticket id")
@@ -310,6 +312,26 @@ def check_ticket(ticket: object) -> Ticket:
     check_int(ticket["attempt"], "ticket attempt", 1, 16)
     check_int(ticket["lease_until"], "ticket lease_until", 1, MAX_TOKEN)
     return cast(Ticket, dict(ticket))
+
+
+def _sound(ticket: dict[str, Any]) -> bool:
+    """Whether each value of a ticket's six passes ``check_ticket``'s check of it."""
+    job_id, owner, qty = ticket["id"], ticket["owner"], ticket["qty"]
+    token, attempt, until = ticket["token"], ticket["attempt"], ticket["lease_until"]
+    return (
+        type(job_id) is str
+        and type(owner) is str
+        and type(qty) is int
+        and type(token) is int
+        and type(attempt) is int
+        and type(until) is int
+        and 1 <= qty <= 1000
+        and 1 <= token <= MAX_TOKEN
+        and 1 <= attempt <= 16
+        and 1 <= until <= MAX_TOKEN
+        and _IDENTIFIER.fullmatch(job_id) is not None
+        and _IDENTIFIER.fullmatch(owner) is not None
+    )
 
 
 def check_outcome(outcome: object) -> str:
@@ -1026,8 +1048,14 @@ def _finishes(
         status, reason = _decide(row, outcome, now_ms, delay_ms)
         available_at = now_ms + delay_ms if status == "pending" else now_ms
         updates.append(
-            {**ticket, "status": status, "reason": reason, "available_at": available_at}
-            | {"new_owner": None, "new_lease_until": None}
+            dict(
+                ticket,
+                status=status,
+                reason=reason,
+                available_at=available_at,
+                new_owner=None,
+                new_lease_until=None,
+            )
         )
         statuses.append(status)
         if status == "dead" and ended is not None:
@@ -1053,10 +1081,21 @@ def _checked_results(
     results: Iterable[tuple[Ticket, str, int, int]], limits: Limits
 ) -> list[tuple[Ticket, str, int, int]]:
     """Validate each result as ``plan_finish`` does; return them with copied tickets."""
-    return [
-        check_finish(ticket, outcome, now_ms, delay_ms, limits)
-        for ticket, outcome, now_ms, delay_ms in results
-    ]
+    top, longest = limits.max_now, limits.delay_ms
+    checked = []
+    for ticket, outcome, now_ms, delay_ms in results:
+        if (  # (``check_finish``'s checks after the ticket's, in one expression)
+            type(now_ms) is int
+            and type(delay_ms) is int
+            and type(outcome) is str
+            and outcome in OUTCOMES
+            and 0 <= now_ms <= top
+            and 0 <= delay_ms <= longest
+        ):
+            checked.append((check_ticket(ticket), outcome, now_ms, delay_ms))
+        else:  # (the first failing check says why, in check_finish's order)
+            checked.append(check_finish(ticket, outcome, now_ms, delay_ms, limits))
+    return checked
 
 
 def _finish_many(results: list[tuple[Ticket, str, int, int]]) -> Plan[list[str | bool]]:

@@ -455,14 +455,13 @@ class Committer:
         for claimed, outcome, now_ms, delay_ms, failure, _ in sent:
             if failure is not None:
                 self.summary.fail(failure)
-            if not self.ledger.holds(claimed.ticket):
+            if (current := self.ledger.held(claimed.ticket)) is None:
                 if self.settings.spans is not None:
                     self.settings.spans.end(claimed.ticket, "lost")
                 continue  # lost meanwhile: counted when it was
             if outcome is None:  # no answer to record: the job stays leased
                 self.ledger.release(claimed.ticket["id"])  # (or dies by its deadline) and
                 continue  # is reclaimed later
-            current = self.ledger.current(claimed.ticket)
             finishes.append(Finish(current, outcome, now_ms, delay_ms))
         return finishes
 

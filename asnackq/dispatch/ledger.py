@@ -44,9 +44,11 @@ class Ledger:
         current = self._held.get(ticket["id"])
         return current is not None and current["token"] == ticket["token"]
 
-    def current(self, ticket: w.Ticket) -> w.Ticket:
-        """The held job's current lease (extensions move ``lease_until``, not the token)."""
-        return self._held[ticket["id"]]
+    def held(self, ticket: w.Ticket) -> w.Ticket | None:
+        """The held job's current lease if this ticket is it (extensions move
+        ``lease_until``, not the token); None if the job is not held under this token."""
+        current = self._held.get(ticket["id"])
+        return current if current is not None and current["token"] == ticket["token"] else None
 
     def lease_until(self, ticket: w.Ticket) -> int | None:
         """When the run's lease on this ticket ends (None: not held)."""

@@ -30,6 +30,7 @@ class RunClock:
 
     def __init__(self, clock: Callable[[], object], limits: w.Limits) -> None:
         self.clock, self.limits = clock, limits
+        self.top = limits.max_now  # (the latest valid reading: ``w.check_now``'s bound)
         self.last = 0
         self.steps = 0  # times the clock was found stepped back (each step counted once)
         self.largest_ms = 0  # the largest step back seen
@@ -37,7 +38,9 @@ class RunClock:
 
     def __call__(self, name: str = "clock reading") -> int:
         """A checked reading of the clock, held at the last one while the clock is behind."""
-        reading = w.check_now(self.clock(), name, self.limits)
+        reading = self.clock()
+        if type(reading) is not int or not 0 <= reading <= self.top:
+            reading = w.check_now(reading, name, self.limits)  # (it raises)
         if reading >= self.last:
             self.last, self._held = reading, False
             return reading
