@@ -1,6 +1,7 @@
 """CPU per job: the Dispatcher with a no-op send at concurrency 64, on SQLite and PostgreSQL.
 
     python benchmarks/cpu_per_job.py [--jobs 20000] [--rounds 3] [--concurrency 64]
+                                     [--baseline TREE]
 
 Each round fills a queue (a file; a fresh database on a throwaway local PostgreSQL 15 with
 ``fsync=on``, ``synchronous_commit=on`` and ``pg_stat_statements``), then runs one worker
@@ -18,8 +19,11 @@ reports per job, over the run only (from the moment the connected worker is told
   most ``asnackq.store.sqlite_aio.HOPS`` hops to its connection's thread (5 for a
   Dispatcher's cycle that keeps its requests' answers).
 
-Printed: the median of each over the rounds, with its range.  Figures with their date and
-commit go to docs/benchmarks.md.
+Printed: the median of each over the rounds, with its range.  ``--baseline TREE`` (a
+checkout of other code: ``git worktree add /tmp/base <commit>``) runs that tree's worker
+beside this one's in every round, in alternating order, on the same queue contents and
+server, and prints the median of the paired ratios (this / baseline) of each figure with
+their range.  Figures with their date and commit go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,19 +34,20 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import psycopg
-from pg_queue import database, fill
+from sink_throughput import tree_env
 
 from asnackq.aio import AsyncQueue, Dispatcher
-from asnackq.lab.pg_server import DURABLE, local_server
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 READING = 2  # statements (and transactions) of one ``server_counts``
@@ -117,10 +122,15 @@ def server_counts(url: str) -> tuple[int, int]:
     return int(calls), int(xacts)
 
 
-def run_worker(target: str, concurrency: int, data: Path | None) -> dict[str, float]:
-    """One measured run: the child's report, with the server's share on PostgreSQL."""
+def run_worker(
+    target: str, concurrency: int, data: Path | None, tree: str | None = None
+) -> dict[str, float]:
+    """One measured run: the child's report, with the server's share on PostgreSQL (the
+    child imports asnackq from ``tree``, if given, through the design card's names)."""
     command = [sys.executable, __file__, "--worker", target, str(concurrency)]
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(tree)
+    )
     try:
         assert proc.stdin is not None
         assert proc.stdout is not None
@@ -164,16 +174,78 @@ def show(name: str, rounds: list[dict[str, float]]) -> None:
             )
 
 
+def compare(name: str, pairs: list[tuple[dict[str, float], dict[str, float]]]) -> None:
+    """The median of the paired ratios (this / baseline) of each figure, with their range."""
+    print(f"{name}: this / baseline, {len(pairs)} rounds")
+    for figure in FIGURES:
+        ratios = sorted(
+            this[figure] / base[figure] for this, base in pairs if base.get(figure)
+        )  # (a tree whose connection cannot be traced counts no statements)
+        if ratios:
+            print(f"  {figure:>26}: {median(ratios):6.3f}  ({ratios[0]:.3f}-{ratios[-1]:.3f})")
+
+
+def measured(
+    target: str, concurrency: int, data: Path | None, baseline: str | None, first: bool
+) -> tuple[dict[str, float], dict[str, float] | None]:
+    """This tree's run and (with a baseline) the baseline's on the same queue: the one
+    that runs first alternates from round to round (``first``: this one)."""
+    if baseline is None:
+        return run_worker(target, concurrency, data), None
+    copy = copied(target, data)
+    try:
+        runs = [(None, target), (baseline, copy)]
+        if not first:
+            runs.reverse()
+        reports = {tree: run_worker(where, concurrency, data, tree) for tree, where in runs}
+    finally:
+        dropped(copy, data)
+    return reports[None], reports[baseline]
+
+
+def copied(target: str, data: Path | None) -> str:
+    """A second queue with the same contents: a copy of the file, or of the database."""
+    if data is None:
+        copy = target + ".copy"
+        shutil.copyfile(target, copy)
+        return copy
+    name = urllib.parse.urlsplit(target).path.lstrip("/")
+    with psycopg.connect(target, autocommit=True) as con:
+        con.execute(f"CREATE DATABASE {name}_copy TEMPLATE {name}")
+    return urllib.parse.urlsplit(target)._replace(path=f"/{name}_copy").geturl()
+
+
+def dropped(copy: str, data: Path | None) -> None:
+    """Remove ``copied``'s copy."""
+    if data is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(copy)
+        return
+    name = urllib.parse.urlsplit(copy).path.lstrip("/")
+    admin = urllib.parse.urlsplit(copy)._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as con:
+        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         asyncio.run(worker(sys.argv[2], int(sys.argv[3])))
         return
+    # (here, not above: a child run with another tree imports the design card's names only)
+    from pg_queue import database, fill
+
+    from asnackq.lab.pg_server import DURABLE, local_server
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--baseline", help="a checkout of other code to compare with")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"SQLite": [], "PostgreSQL": []}
+    pairs: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {
+        name: [] for name in results
+    }
     settings = {**DURABLE, "shared_preload_libraries": "pg_stat_statements"}
     with (
         local_server(settings) as server,
@@ -182,15 +254,25 @@ def main() -> None:
         for r in range(args.rounds):
             path = str(Path(tmp) / f"r{r}.db")
             fill(path, args.jobs, "s")
-            results["SQLite"].append(run_worker(path, args.concurrency, None))
+            first = r % 2 == 0
+            this, base = measured(path, args.concurrency, None, args.baseline, first)
+            results["SQLite"].append(this)
             with database(server.url(), "bench_cpu") as url:
                 with psycopg.connect(url, autocommit=True) as con:
                     con.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 fill(url, args.jobs, "p")
-                results["PostgreSQL"].append(run_worker(url, args.concurrency, server.data))
+                pg_this, pg_base = measured(
+                    url, args.concurrency, server.data, args.baseline, first
+                )
+                results["PostgreSQL"].append(pg_this)
+            for name, pair in (("SQLite", (this, base)), ("PostgreSQL", (pg_this, pg_base))):
+                if pair[1] is not None:
+                    pairs[name].append((pair[0], pair[1]))
     print(f"{args.jobs} jobs a round, one worker process at concurrency {args.concurrency}")
     for name, rounds in results.items():
         show(name, rounds)
+        if pairs[name]:
+            compare(name, pairs[name])
 
 
 if __name__ == "__main__":
