@@ -827,10 +827,11 @@ async def send_once(
         event = w.fresh_event(ticket)
         token = ticket["token"]
         sending = send(event, token) if gate is None else gate.send(send, event, token)
-        if (ack := await sending) is True:  # (``judge_send``'s answer to an ACK)
-            return SEEN_OK, Sent(claimed, *outcome_at(port, claimed, OK))
-        outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
-        outcome = settings.retry_delay(ticket, outcome, jitter)
+        if (ack := await sending) is True:
+            outcome = OK  # (``judge_send``'s answer to an ACK, which no schedule delays)
+        else:
+            outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
+            outcome = settings.retry_delay(ticket, outcome, jitter)
     except w.Overloaded as error:
         return Seen(False, error, verdict="overloaded"), None  # the sink is there
     except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
@@ -851,7 +852,8 @@ async def send_once(
         return seen._replace(error=one_line(error)), Sent(
             claimed, None, failure="bad_acks" if bad else "errors"
         )
-    return Seen(False, verdict=outcome[0]), Sent(claimed, *outcome_at(port, claimed, outcome))
+    seen = SEEN_OK if outcome is OK else Seen(False, verdict=outcome[0])
+    return seen, Sent(claimed, *outcome_at(port, claimed, outcome))  # (a bad clock: raised)
 
 
 def with_records(make: Callable[[], w.Plan[T]], rows: Sequence[Record]) -> Callable[[], w.Plan[T]]:

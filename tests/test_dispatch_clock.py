@@ -155,6 +155,36 @@ async def test_a_failing_clock_ends_the_run_with_every_task_exception_retrieved(
     assert unretrieved == []
 
 
+async def test_a_clock_failing_at_a_deliverys_second_reading_ends_the_run(db, unretrieved):
+    """The reading after an ACK is the delivery's second: garbage there ends the run (no
+    outcome is recorded for the job, which stays leased), even when the clock reads well
+    again at once: the send's outcome is never taken for a failed send of the job."""
+    await fill(db, 1)
+    bad = [False]
+
+    def clock():
+        if bad[0]:
+            bad[0] = False  # (this reading only)
+            return "garbage"
+        return epoch_ms()
+
+    async def send(event, token):
+        bad[0] = True  # (the next reading is the second one of this delivery)
+        return True
+
+    async with AsyncQueue.open(db) as queue:
+        dispatcher = Dispatcher(
+            queue, send, owner="d1", concurrency=1, clock=clock, lease_ms=60_000
+        )
+        with pytest.raises(ValueError, match="clock reading must be an int"):
+            async with asyncio.timeout(30):  # (a run that took the failure for a failed
+                await dispatcher.run(until_empty=True)  # send would wait out the lease)
+    assert statuses(db) == {("leased", 1): 1}
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unretrieved == []
+
+
 def test_the_run_clock_holds_a_step_back_and_follows_a_step_forward():
     readings = iter([1000, 1010, 900, 950, 1005, 1020, 5000, 4000, 6000])
     clock = RunClock(lambda: next(readings), w.PRODUCT)
