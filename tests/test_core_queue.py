@@ -451,6 +451,35 @@ def test_finish_hook_positions(con, db, leased):
     assert seen == [("after-finish", True, "leased"), ("after-commit", False, "pending")]
 
 
+TICKET = {"id": "a", "qty": 1, "owner": "w1", "token": 1, "attempt": 1, "lease_until": T0 + 9}
+BAD_LIMITS = w.Limits(ttl_ms=None)  # type: ignore[arg-type]  # (its max_now raises TypeError)
+
+
+@pytest.mark.parametrize(
+    ("results", "says"),
+    [
+        ([], "finish_many needs at least one result"),
+        ([({"id": "a"}, "ok", T0, 0)], "ticket must be a dict"),
+        ([({**TICKET, "qty": 0}, "ok", T0, 0)], "ticket qty must be an int in 1..1000: 0"),
+        ([(TICKET, "done", T0, 0)], "outcome must be one of"),
+    ],
+)
+def test_batched_finishes_report_their_inputs_before_the_limits_are_read(file_db, results, says):
+    """A finish's ticket and outcome are checked before anything of its Limits is read, as
+    ``check_finish`` checks them: a bad one is named even under Limits that cannot be read."""
+    con = w.open_queue(file_db)
+    put(con, "a")
+    before = rows(file_db)
+    plans = [lambda: w.plan_finish_many(iter(results), limits=BAD_LIMITS)]
+    if results:
+        plans.append(lambda: w.plan_cycle(iter(results), [], "w1", T0, 1, 0, limits=BAD_LIMITS))
+    for plan in plans:
+        with pytest.raises(ValueError, match=says):
+            w.drive(con, plan())
+    con.close()
+    assert rows(file_db) == before
+
+
 # --- redrive ------------------------------------------------------------------------------
 
 

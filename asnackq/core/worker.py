@@ -1081,18 +1081,18 @@ def _checked_results(
     results: Iterable[tuple[Ticket, str, int, int]], limits: Limits
 ) -> list[tuple[Ticket, str, int, int]]:
     """Validate each result as ``plan_finish`` does; return them with copied tickets."""
-    top, longest = limits.max_now, limits.delay_ms
     checked = []
     for ticket, outcome, now_ms, delay_ms in results:
+        copy = check_ticket(ticket)  # (first, as in ``check_finish``: before the limits are read)
         if (  # (``check_finish``'s checks after the ticket's, in one expression)
             type(now_ms) is int
             and type(delay_ms) is int
             and type(outcome) is str
             and outcome in OUTCOMES
-            and 0 <= now_ms <= top
-            and 0 <= delay_ms <= longest
+            and 0 <= now_ms <= limits.max_now
+            and 0 <= delay_ms <= limits.delay_ms
         ):
-            checked.append((check_ticket(ticket), outcome, now_ms, delay_ms))
+            checked.append((copy, outcome, now_ms, delay_ms))
         else:  # (the first failing check says why, in check_finish's order)
             checked.append(check_finish(ticket, outcome, now_ms, delay_ms, limits))
     return checked
