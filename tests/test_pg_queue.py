@@ -100,6 +100,81 @@ def test_claims_do_not_visit_finished_rows(url):
     con.close()
 
 
+def _jobs_read(plan: dict, counted: bool = False) -> list[tuple[str, int, bool]]:
+    """Each read of ``jobs`` in an EXPLAIN (ANALYZE, FORMAT JSON) plan: its kind, the rows it
+    visited (returned, and removed by its filter), loops summed, and whether it is counted
+    (under an aggregate)."""
+    found = []
+    if plan.get("Relation Name") == "jobs":
+        visited = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+        found.append((plan["Node Type"], visited * plan["Actual Loops"], counted))
+    for child in plan.get("Plans", ()):
+        found += _jobs_read(child, counted or plan["Node Type"] == "Aggregate")
+    return found
+
+
+def test_claims_read_a_claims_worth_of_rows_whatever_the_statistics_say(url):
+    """No statistics yet, statistics taken on a full queue that is now mostly done, and
+    statistics that describe it: each claim's read walks its index and visits about as many
+    rows as it claims; the quarantine's check of deadlines and leases visits none (it has no
+    work).  (Its count of spent budgets is read from ``jobs_spent`` while the table's pages
+    are marked all-visible; a transaction elsewhere that holds back VACUUM can make the
+    planner read the table instead: that is not asserted here.)"""
+    con = pg.connect(url)
+    assert con.execute("SELECT to_regclass('jobs_pending')").fetchone() == ("jobs_pending",)
+    con.execute("ALTER TABLE jobs SET (autovacuum_enabled = off)")  # the test takes them
+    con.execute(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+        " available_at, deadline) SELECT 'p' || i, 1, 'pending', 0, 3, 0, 0, %s"
+        " FROM generate_series(1, 8000) AS i",
+        (T0 + 3_600_000,),
+    )
+    n = 16
+    reads = (
+        w.SQL_QUARANTINE_DUE,
+        w.SQL_QUARANTINE_DUE_RECLAIMING,
+        w.SQL_NEXT_CLAIMABLE,
+        w.SQL_NEXT_FRESH,
+        w.SQL_NEXT_RECLAIMABLE,
+        w.SQL_NEXT_FRESH_RECLAIMING,
+    )
+
+    def check(state: str) -> None:
+        for sql in reads:
+            text, params = pg_sql.translate(sql, {"now": T0, "n": n, "losses": 3})
+            con.execute("BEGIN")
+            try:
+                [(plan,)] = con.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params).fetchall()
+            finally:
+                con.execute("ROLLBACK")
+            jobs = [read for read in _jobs_read(plan[0]["Plan"]) if not read[2]]
+            assert jobs, (state, sql)
+            kinds = {kind for kind, _, _ in jobs}
+            assert not kinds & {"Seq Scan", "Bitmap Heap Scan"}, (state, sql, jobs)
+            bound = 0 if sql in reads[:2] else 2 * n
+            assert sum(visited for _, visited, _ in jobs) <= bound, (state, sql, jobs)
+
+    check("no statistics")
+    con.execute("ANALYZE jobs")
+    con.execute("UPDATE jobs SET status = 'done' WHERE id < 'p7'")  # about 6,700 done
+    check("statistics of a full queue")
+    con.execute("VACUUM ANALYZE jobs")
+    check("statistics of a queue mostly done")
+    con.close()
+
+
+def test_an_index_added_since_a_schema_was_made_is_made_at_the_next_open(url):
+    pg.connect(url).close()
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute("DROP INDEX jobs_pending")
+    pg.connect(url, create=False).close()  # an open that may not create leaves it be
+    pg.connect(url, read_only=True).close()
+    assert query(url, "SELECT to_regclass('jobs_pending')") == [(None,)]
+    pg.connect(url).close()
+    assert query(url, "SELECT to_regclass('jobs_pending')::text") == [("jobs_pending",)]
+    assert query(url, "SELECT part, version FROM asnackq_schema") == [("queue", 1)]
+
+
 def test_a_claim_skips_rows_another_claim_holds(url):
     """Two claims at once never wait for each other and never take the same job."""
     one, two = pg.connect(url), pg.connect(url)
