@@ -350,7 +350,7 @@ class AsyncQueue:
         if self.intakes_only:  # in the application's transaction: that is the one
             return bool(await self._run(make, intake=True))
         make()  # validated here: a bad event is this caller's ValueError alone
-        return await self._intakes.enqueue((event, ttl, tries), now)
+        return await self._intakes.enqueue((event, ttl, tries), now, now_ms is not None)
 
     async def enqueue_many(
         self, items: Sequence[Item], now_ms: int | None = None, *, to: Sequence[str] | None = None

@@ -130,6 +130,49 @@ async def test_calls_made_together_share_transactions_on_postgresql(pg_db):
     assert transactions is not None and transactions[0] <= 3  # 50 calls, not 50 COMMITs
 
 
+async def test_calls_that_name_no_instant_take_their_transactions_clock_reading(targets):
+    """The queue's clock is read as a shared transaction's plan is made, once for the calls
+    that name no instant; a call that names one keeps it.  Each reading here is a new
+    millisecond, so calls read one by one would each have their own."""
+    _, fresh = targets
+    target = fresh()
+    readings: list[int] = []
+
+    def clock() -> int:
+        readings.append(T0 + 1_000 + len(readings))
+        return readings[-1]
+
+    async with AsyncQueue.open(target, clock=clock) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)
+        named = q.enqueue({"id": "named", "qty": 1}, T0 + 7, 60_000)
+        unnamed = [q.enqueue({"id": f"u{i}", "qty": 1}, None, 60_000) for i in range(30)]
+        assert await asyncio.gather(named, *unnamed) == [True] * 31
+    rows = {row[0]: row for row in table(target)}
+    assert rows["named"][6:] == (T0 + 7, T0 + 7 + 60_000)
+    instants = {rows[f"u{i}"][6] for i in range(30)}
+    assert instants <= set(readings)
+    assert len(instants) <= 3  # one reading per transaction: 30 calls, not 30 readings
+    for i in range(30):
+        assert rows[f"u{i}"][7] == rows[f"u{i}"][6] + 60_000
+
+
+@pytest.mark.process
+async def test_an_intakes_jobs_are_numbered_in_its_order_on_postgresql(pg_db):
+    """``enqueue_many``'s rows go in as one INSERT over a JSON array: each job's seq follows
+    the order given (claims take them in that order), not the ids' order."""
+    url = pg_db()
+    ids = ["m", "c", "x", "a", "q", "b"]
+    async with AsyncQueue.open(url) as q:
+        assert await q.enqueue_many([{"id": i, "qty": 1} for i in ids], T0) == [True] * 6
+        assert await q.enqueue_many([{"id": "m", "qty": 1}, {"id": "z", "qty": 2}], T0) == [
+            False,
+            True,
+        ]
+    with psycopg.connect(url) as con:
+        rows = con.execute("SELECT id, qty, max_attempts, available_at FROM jobs ORDER BY seq")
+        assert [row[0] for row in rows.fetchall()] == [*ids, "z"]
+
+
 async def test_an_error_that_belongs_to_one_call_reaches_that_caller_only(targets):
     kind, fresh = targets
     target = fresh()

@@ -9,8 +9,11 @@ Rules of this module:
 
 1. **Each call is judged as if alone.**  A transaction runs the calls in arrival order
    through ``plan_enqueue_many``, which judges each item exactly as a sequential ``enqueue``
-   would (a repeat of an id earlier in the same transaction reads False, or a ``Conflict``);
-   calls with different clock readings are consecutive plans in the one transaction.  A
+   would (a repeat of an id earlier in the same transaction reads False, or a ``Conflict``).
+   Calls that name no instant (``now_ms`` None) share the latest of their clock readings:
+   each job's instant is one the queue's clock gave before the transaction began, and
+   the transaction runs one plan for them, not one per millisecond in which they arrived.
+   Calls that name their instant are consecutive plans of their own in the transaction.  A
    call alone in its transaction runs the core's ``plan_enqueue``, exactly as before any
    sharing (a ``Conflict`` rolls that transaction back).  Each
    call is validated by its caller before it joins (a ``ValueError`` is that caller's alone
@@ -53,9 +56,9 @@ Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validat
 class _Call(Waiter):
     """One ``enqueue`` waiting for its transaction: its intake, its clock reading, its fate."""
 
-    def __init__(self, triple: Triple, now_ms: int) -> None:
+    def __init__(self, triple: Triple, now_ms: int, named: bool) -> None:
         super().__init__()
-        self.triple, self.now_ms = triple, now_ms
+        self.triple, self.now_ms, self.named = triple, now_ms, named  # named: the caller's
 
 
 class Intakes(Gathering[_Call]):
@@ -99,10 +102,11 @@ class Intakes(Gathering[_Call]):
                 await self._store.close()
                 self._store = None
 
-    async def enqueue(self, triple: Triple, now_ms: int) -> bool:
+    async def enqueue(self, triple: Triple, now_ms: int, named: bool = True) -> bool:
         """Enqueue one intake (validated by the caller) in the next shared transaction:
-        True inserted, False already there; a ``Conflict`` is raised to this caller."""
-        return bool(await self._join(_Call(triple, now_ms)))
+        True inserted, False already there; a ``Conflict`` is raised to this caller.
+        ``named`` False: ``now_ms`` is the queue's clock's reading (rule 1)."""
+        return bool(await self._join(_Call(triple, now_ms, named)))
 
     def _together(self, calls: list[_Call]) -> w.Plan[list[Any]]:
         """The calls in arrival order, each run of calls with one clock reading as one
@@ -113,7 +117,12 @@ class Intakes(Gathering[_Call]):
             return [inserted], wrote
         results: list[bool | w.Conflict] = []
         changed = False
-        for now_ms, run in groupby(calls, key=lambda call: call.now_ms):
+        shared = max((call.now_ms for call in calls if not call.named), default=0)
+
+        def instant(call: _Call) -> int:
+            return call.now_ms if call.named else shared
+
+        for now_ms, run in groupby(calls, key=instant):
             triples = [call.triple for call in run]
             plan = w.plan_enqueue_many(triples, now_ms, limits=self._limits)
             found, wrote = yield from plan

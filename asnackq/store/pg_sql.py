@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from asnackq.core import endpoint_workers, endpoints, events, inbox, lanes, rate
@@ -208,7 +209,21 @@ FROM json_to_recordset(%s::json) AS x(id text, token bigint, owner text, attempt
   new_lease_until bigint)
 WHERE jobs.id = x.id AND (jobs.status = 'leased') IS TRUE AND jobs.token = x.token
   AND jobs.owner = x.owner AND jobs.attempts = x.attempt AND jobs.lease_until = x.lease_until"""
-SETS = {w.SQL_SETTLE: PG_SETTLE_SET}  # a core statement run for many rows -> one set statement
+# An intake's new jobs (``w.SQL_INSERT_JOB``, one row per job) as one INSERT over a JSON
+# array of the rows: the same values, inserted in the array's order (so each job's seq
+# follows the order of the intake, as row-by-row inserts number them).
+PG_INSERT_SET = """
+INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at, deadline,
+  owner, lease_until, reason)
+SELECT x.value->>0, (x.value->>1)::integer, 'pending', 0, (x.value->>2)::integer, 0,
+  (x.value->>3)::bigint, (x.value->>4)::bigint, NULL, NULL, NULL
+FROM json_array_elements(%s::json) WITH ORDINALITY AS x(value, n)
+ORDER BY x.n"""
+# A core statement run for many rows -> one set statement, and each row's job.
+SETS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    w.SQL_SETTLE: (PG_SETTLE_SET, itemgetter("id")),
+    w.SQL_INSERT_JOB: (PG_INSERT_SET, itemgetter(0)),
+}
 
 
 def many(sql: str, params: list[Any]) -> tuple[str, tuple[str]] | None:
@@ -216,9 +231,12 @@ def many(sql: str, params: list[Any]) -> tuple[str, tuple[str]] | None:
     ``params``, where there is one, for more than one row, each of another job; else None
     (``executemany``)."""
     found = SETS.get(sql)
-    if found is None or len(params) < 2 or len({row["id"] for row in params}) < len(params):
+    if found is None or len(params) < 2:
         return None
-    return found, (json.dumps(params, separators=(",", ":")),)
+    text, job = found
+    if len({job(row) for row in params}) < len(params):
+        return None
+    return text, (json.dumps(params, separators=(",", ":")),)
 
 
 # A set of one key: the key itself (``w.ONE``).
