@@ -114,13 +114,14 @@ def conflict_delay_s(attempt: int) -> float:
 # sequential scan that it keeps while the table grows to tens of thousands of live and dead
 # rows.  Each lookup of jobs by id (every intake and every finish) then read the whole table:
 # a Dispatcher beside a producer fell from 759 to 198 jobs/s within 30 s (issue 37).
-# Nor does it plan bitmap scans: without statistics (a new table, before autovacuum's first
-# ANALYZE) the planner took a bitmap of every pending job and a sort for a claim of 64, where
-# walking ``jobs_pending`` in seq order reads 64 rows (``pg_sql``: the claims' shapes).  The
-# session's statements read by one index each or by id, where a bitmap gains nothing.
 SQL_SESSION = """SELECT set_config('idle_in_transaction_session_timeout', '10000', false),
-  set_config('plan_cache_mode', 'force_custom_plan', false),
-  set_config('enable_bitmapscan', 'off', false)"""
+  set_config('plan_cache_mode', 'force_custom_plan', false)"""
+# A session that may claim does not plan bitmap scans either: without statistics (a new
+# table, before autovacuum's first ANALYZE) the planner took a bitmap of every pending job
+# and a sort for a claim of 64, where walking ``jobs_by_status`` reads 64 rows (``pg_sql``:
+# the claims' shapes).  A read-only session (the dashboard's, ``connect(read_only=True)``)
+# keeps them: its counts over many rows gain from them.
+SQL_CLAIMING = SQL_SESSION + ",\n  set_config('enable_bitmapscan', 'off', false)"
 # Before its COMMIT, an async transaction that wrote learns its id (one round trip; one
 # that only read has none, and nothing to lose): after a lost COMMIT, a new session asks
 # the server whether that transaction committed.  Only the server that gave the id can
@@ -193,7 +194,7 @@ def connect(
     except psycopg.Error as error:
         raise _refused(url, error) from None
     try:
-        con.execute(SQL_SESSION)
+        con.execute(SQL_SESSION if read_only else SQL_CLAIMING)
         opening = partial(plan_open, SCHEMAS[schema], create and not read_only)
         drive(con, opening(), make=opening)
         if read_only:
@@ -301,7 +302,7 @@ async def aconnect(
     except psycopg.Error as error:
         raise _refused(url, error) from None
     try:
-        await con.execute(SQL_SESSION)
+        await con.execute(SQL_CLAIMING)
         opening = partial(plan_open, SCHEMAS[schema], create)
         await adrive(con, opening(), make=opening)
     except BaseException:

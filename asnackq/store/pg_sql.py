@@ -58,16 +58,19 @@ def placeholders(sql: str) -> str:
 # (none yet, taken on a full queue, or on one mostly done): a plan chosen from statistics
 # that no longer describe the table read every pending row per claim (a bitmap scan and a
 # sort, 5-20 ms at 20,000 pending) or walked the primary key past every done row.
-#  - Each spent or claimable set is a union of parts, each one index's condition:
-#    pending deadlines and leased ones (``jobs_by_deadline``, ``jobs_by_lease``), spent
-#    budgets (``jobs_spent``), pending jobs in seq order (``jobs_pending``).
-#  - Whether budgets are spent is a count of ``jobs_spent``'s rows: an EXISTS was planned
-#    as a sequential scan that expects a match every third row, and read the whole table.
-#  - A claim's deadline is a filter (``deadline + 0``), never an index condition: the claim
-#    walks pending jobs in seq order and stops at :n, instead of reading every pending job
-#    by deadline and sorting them.
-#  - Sessions plan without bitmap scans (``pg.SQL_SESSION``): with no statistics, a bitmap
-#    of every pending row and a sort look cheaper than the ordered walk.
+#  - The quarantine's set is a union of parts, each one index's condition: pending
+#    deadlines and leased ones (``jobs_by_deadline``, ``jobs_by_lease``), spent budgets
+#    (``jobs_spent``).  Whether budgets are spent is a count of ``jobs_spent``'s rows: an
+#    EXISTS was planned as a sequential scan that expects a match every third row.
+#  - A claim walks ``jobs_by_status`` (``_walking``): it names pending jobs as
+#    ``status = ANY(ARRAY['pending'])`` and orders them by ``status, seq``, an order only
+#    that index gives (``status = 'pending'`` would let the primary key give ``seq`` order
+#    too, and a planner whose statistics say every row is pending walks it past every done
+#    row); its deadline is a filter (``deadline + 0``), never an index condition, so no plan
+#    reads every pending job by deadline and sorts them.  A lane's claims walk their own
+#    index and keep the plain texts (``_PLAIN``).
+#  - The queue's sessions plan without bitmap scans (``pg.SQL_CLAIMING``): with no
+#    statistics, a bitmap of every pending row and a sort look cheaper than the walk.
 _SPENT_PARTS = {  # (condition, whether a part may be read as EXISTS)
     "deadline": ("status = 'pending' AND deadline <= %(now)s", True),
     "lease and deadline": (
@@ -124,7 +127,7 @@ PG_QUARANTINE_DUE = _pg_due(_CONTRACT_SPENT)
 _CLAIMABLE = """
   SELECT seq, id, qty, attempts, token, deadline FROM jobs
   WHERE status = '{status}' AND {ready} <= %(now)s
-    AND deadline + 0 > %(now)s AND attempts < max_attempts
+    AND deadline > %(now)s AND attempts < max_attempts
   ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
 PG_NEXT_CLAIMABLE = f"""
 WITH pending AS ({_CLAIMABLE.format(status="pending", ready="available_at")}),
@@ -133,7 +136,7 @@ SELECT * FROM pending UNION ALL SELECT * FROM expired ORDER BY seq LIMIT %(n)s""
 PG_NEXT_FRESH = """
 SELECT seq, id, qty, attempts, token, deadline FROM jobs
 WHERE status = 'pending' AND available_at <= %(now)s AND attempts = 0
-  AND deadline + 0 > %(now)s AND attempts < max_attempts
+  AND deadline > %(now)s AND attempts < max_attempts
 ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
 
 # The product's claims (``worker.Limits.max_losses``): a lease that ended without a result is
@@ -144,11 +147,11 @@ PG_NEXT_RECLAIMABLE = """
 WITH pending AS (
   SELECT seq, id, qty, attempts, token, deadline FROM jobs
   WHERE status = 'pending' AND available_at <= %(now)s
-    AND deadline + 0 > %(now)s AND attempts < max_attempts
+    AND deadline > %(now)s AND attempts < max_attempts
   ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
 expired AS (
   SELECT seq, id, qty, attempts, token, deadline FROM jobs
-  WHERE status = 'leased' AND lease_until <= %(now)s AND deadline + 0 > %(now)s
+  WHERE status = 'leased' AND lease_until <= %(now)s AND deadline > %(now)s
   ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED)
 SELECT *, false, 0::bigint FROM pending
 UNION ALL
@@ -159,7 +162,7 @@ ORDER BY seq LIMIT %(n)s"""
 PG_NEXT_FRESH_RECLAIMING = """
 SELECT seq, id, qty, attempts, token, deadline, false, 0::bigint FROM jobs
 WHERE status = 'pending' AND available_at <= %(now)s AND attempts = 0
-  AND deadline + 0 > %(now)s AND attempts < max_attempts
+  AND deadline > %(now)s AND attempts < max_attempts
 ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED"""
 PG_LEASE_RECLAIMING = """
 UPDATE jobs SET status = 'leased',
@@ -173,6 +176,29 @@ UPDATE jobs SET status = 'dead', reason = 'poison', owner = NULL, lease_until = 
 WHERE seq = ANY(ARRAY(SELECT json_array_elements_text(%s::json)::bigint))
   AND status = 'leased'
 RETURNING seq"""
+
+# The claims' plain texts, as a lane's claims take them (each lane adds its condition and
+# walks its own index), and the core's claims as they walk ``jobs_by_status`` (see above).
+_PLAIN = {
+    w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
+    w.SQL_NEXT_FRESH: PG_NEXT_FRESH,
+    w.SQL_NEXT_RECLAIMABLE: PG_NEXT_RECLAIMABLE,
+    w.SQL_NEXT_FRESH_RECLAIMING: PG_NEXT_FRESH_RECLAIMING,
+}
+_PENDING_READ = re.compile(r"WHERE status = 'pending' AND (.*?)ORDER BY seq LIMIT", re.DOTALL)
+
+
+def _walking(pg: str) -> str:
+    """``pg`` with each read of pending jobs named by an array and ordered by ``status,
+    seq`` (``jobs_by_status``'s order) and every deadline a filter: the same rows, in the
+    same order (``status`` is the same for all of them)."""
+    out, found = _PENDING_READ.subn(
+        r"WHERE status = ANY(ARRAY['pending']) AND \1ORDER BY status, seq LIMIT", pg
+    )
+    if not found:
+        raise AssertionError(f"no read of pending jobs in {' '.join(pg.split())[:80]!r}")
+    return out.replace("deadline > %(now)s", "deadline + 0 > %(now)s")
+
 
 # Rows read to decide on are locked, in one order for every transaction.
 PG_JOBS = """
@@ -248,14 +274,14 @@ STATEMENTS: dict[str, str] = {
     w.SQL_QUARANTINE: PG_QUARANTINE,
     w.SQL_QUARANTINE_DUE: PG_QUARANTINE_DUE,
     w.SQL_QUARANTINE_DUE_RECLAIMING: PG_QUARANTINE_DUE_RECLAIMING,
-    w.SQL_NEXT_CLAIMABLE: PG_NEXT_CLAIMABLE,
-    w.SQL_NEXT_FRESH: PG_NEXT_FRESH,
+    w.SQL_NEXT_CLAIMABLE: _walking(PG_NEXT_CLAIMABLE),
+    w.SQL_NEXT_FRESH: _walking(PG_NEXT_FRESH),
     w.SQL_JOBS: PG_JOBS,
     w.SQL_JOB: PG_JOB,
     w.SQL_LEASE: PG_LEASE,
     w.SQL_QUARANTINE_RECLAIMING: PG_QUARANTINE_RECLAIMING,
-    w.SQL_NEXT_RECLAIMABLE: PG_NEXT_RECLAIMABLE,
-    w.SQL_NEXT_FRESH_RECLAIMING: PG_NEXT_FRESH_RECLAIMING,
+    w.SQL_NEXT_RECLAIMABLE: _walking(PG_NEXT_RECLAIMABLE),
+    w.SQL_NEXT_FRESH_RECLAIMING: _walking(PG_NEXT_FRESH_RECLAIMING),
     w.SQL_LEASE_RECLAIMING: PG_LEASE_RECLAIMING,
     w.SQL_POISON: PG_POISON,
     **{
@@ -377,9 +403,6 @@ class Schema(NamedTuple):
     version: int
     tables: tuple[str, ...]  # every table it creates; the first one marks its presence
     ddl: tuple[str, ...]
-    # Indexes added within the version: (name, DDL), each made at an open that may create,
-    # where it is absent.  Code without them runs unchanged on a schema with them.
-    later: tuple[tuple[str, str], ...] = ()
 
 
 QUEUE = Schema(
@@ -401,15 +424,6 @@ QUEUE = Schema(
         "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (status, deadline)",
         "CREATE INDEX IF NOT EXISTS jobs_by_lease ON jobs (lease_until) WHERE status = 'leased'",
         "CREATE INDEX IF NOT EXISTS jobs_spent ON jobs (status) WHERE attempts >= max_attempts",
-    ),
-    # Pending jobs in seq order, and nothing else: a claim's walk whatever the statistics
-    # say (``jobs_by_status`` looked no cheaper than the primary key to a planner whose
-    # statistics were taken on a full queue, which then walked past every done row).
-    (
-        (
-            "jobs_pending",
-            "CREATE INDEX IF NOT EXISTS jobs_pending ON jobs (seq) WHERE status = 'pending'",
-        ),
     ),
 )
 
@@ -583,10 +597,11 @@ def _pg_lane(pg: str, condition: str, by_id: bool) -> str:
 
 
 for _core in lanes.CLAIMS:
-    STATEMENTS[lanes.LANE_TEXTS[_core]] = _pg_lane(text(_core), _PG_MINE, by_id=True)
-    STATEMENTS[lanes.PLAIN_TEXTS[_core]] = _pg_lane(text(_core), _PG_PLAIN, by_id=False)
+    _plain = _PLAIN.get(_core) or text(_core)
+    STATEMENTS[lanes.LANE_TEXTS[_core]] = _pg_lane(_plain, _PG_MINE, by_id=True)
+    STATEMENTS[lanes.PLAIN_TEXTS[_core]] = _pg_lane(_plain, _PG_PLAIN, by_id=False)
     if _core != w.SQL_ACTIVE:  # (an ordered lane's is an endpoint lane's)
-        STATEMENTS[lanes.ORDERED_TEXTS[_core]] = _pg_lane(text(_core), _PG_ORDERED, by_id=True)
+        STATEMENTS[lanes.ORDERED_TEXTS[_core]] = _pg_lane(_plain, _PG_ORDERED, by_id=True)
 
 SQL_LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(1634626401, 1)"  # every opener, in turn
 SQL_PRESENT = "SELECT to_regclass(%s) IS NOT NULL"
@@ -602,7 +617,6 @@ for _native in (
     SQL_VERSION,
     SQL_RECORD_VERSION,
     *QUEUE.ddl,
-    *(ddl for _, ddl in QUEUE.later),
     *WEBHOOK.ddl,
 ):
     STATEMENTS[_native] = _native
@@ -626,17 +640,12 @@ def plan_open(schema: Schema, create: bool) -> Generator[w.Step, Any, tuple[None
             f"asnackq knows ({schema.version}): upgrade asnackq"
         )
     if version == schema.version:
-        made = False
-        for name, ddl in schema.later if create else ():
-            if not (yield w.Sql(SQL_PRESENT, (name,)))[0][0]:
-                yield w.Sql(ddl)
-                made = True
-        return None, made
+        return None, False
     if not create:
         if not present:
             raise Missing(f"no {schema.part} here (no {schema.tables[0]} table)")
         return None, False
-    for statement in (SQL_VERSIONS, *schema.ddl, *(ddl for _, ddl in schema.later)):
+    for statement in (SQL_VERSIONS, *schema.ddl):
         yield w.Sql(statement)
     yield w.Sql(SQL_RECORD_VERSION, (schema.part, schema.version))
     return None, True
