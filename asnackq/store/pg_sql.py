@@ -7,7 +7,9 @@ Rules of this module:
   plan runs unchanged and no rule exists twice; a set of jobs is one JSON array parameter
   in both dialects.  A statement without a text is a bug (``KeyError``), never a guess.
 * The texts differ from SQLite's only where concurrent transactions demand it (SQLite
-  serialises writers; here many claimers run at once, READ COMMITTED):
+  serialises writers; here many claimers run at once, READ COMMITTED), or where the
+  planner needs a shape whose plan does not depend on the table's statistics (the claims,
+  the quarantine, the settle and the purge: the same rows, found through one index):
   - claims and the quarantine lock their rows ``FOR UPDATE SKIP LOCKED``: claimers never
     wait for each other, and a claim re-checks, on the row it locked, that the job is not
     spent (a job another transaction released a moment ago is never leased past its budget);
