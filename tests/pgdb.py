@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
@@ -137,6 +137,43 @@ def dict_row(url: str, sql: str, params: tuple[Any, ...]) -> dict[str, Any] | No
             return None
         assert cursor.description is not None
         return {column.name: value for column, value in zip(cursor.description, row, strict=True)}
+
+
+class Read(NamedTuple):
+    """A read of a table in a plan as it ran (``EXPLAIN ANALYZE``)."""
+
+    kind: str  # its node: "Index Scan", "Seq Scan", ...
+    relation: str
+    visited: int  # rows it returned and removed by its filter, every loop counted
+    counted: bool  # under an aggregate (a count's read)
+
+
+def executed_plan(
+    con: psycopg.Connection[Any], sql: str, params: Any, *, client: bool = False
+) -> dict[str, Any]:
+    """The plan of ``sql`` as it ran (EXPLAIN (ANALYZE, FORMAT JSON)) on ``con`` (autocommit),
+    in a transaction rolled back: nothing it wrote or locked stays.  ``client``: parameters
+    bound client-side (``? IS NULL`` works, as on SQLite)."""
+    cursor = psycopg.ClientCursor(con) if client else con.cursor()
+    con.execute("BEGIN")
+    try:
+        [(plan,)] = cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
+    finally:
+        con.execute("ROLLBACK")
+    return plan[0]["Plan"]  # type: ignore[no-any-return]
+
+
+def reads(node: dict[str, Any], counted: bool = False) -> list[Read]:
+    """Each read of a table in an executed plan (``executed_plan``), in plan order."""
+    found = []
+    if "Relation Name" in node:
+        visited = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        found.append(
+            Read(node["Node Type"], node["Relation Name"], visited * node["Actual Loops"], counted)
+        )
+    for child in node.get("Plans", ()):
+        found += reads(child, counted or node["Node Type"] == "Aggregate")
+    return found
 
 
 def tracing(callback: Callable[[str], object]) -> tuple[type, type]:

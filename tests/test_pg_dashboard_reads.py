@@ -13,6 +13,7 @@ import pytest
 from asnackq.store import pg, pg_sql
 
 from .conftest import T0
+from .pgdb import executed_plan, reads
 
 JOBS = 20_000
 DEAD = JOBS // 40
@@ -43,18 +44,6 @@ def reader(pg_db):
 
 @pytest.mark.parametrize("name", READS)
 def test_a_read_of_the_dead_jobs_visits_the_dead_rows(reader, name):
-    cursor = psycopg.ClientCursor(reader)
-    [(plan,)] = cursor.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_sql.placeholders(READS[name]), {"reason": None}
-    ).fetchall()
-    reads = []
-
-    def walk(node: dict) -> None:
-        if node.get("Relation Name") == "jobs":
-            visited = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            reads.append((node["Node Type"], visited * node["Actual Loops"]))
-        for child in node.get("Plans", ()):
-            walk(child)
-
-    walk(plan[0]["Plan"])
-    assert sum(visited for _, visited in reads) <= 2 * DEAD, reads
+    plan = executed_plan(reader, pg_sql.placeholders(READS[name]), {"reason": None}, client=True)
+    found = [r for r in reads(plan) if r.relation == "jobs"]
+    assert sum(r.visited for r in found) <= 2 * DEAD, found

@@ -17,6 +17,7 @@ from asnackq.core import worker as w
 from asnackq.store import pg, pg_sql
 
 from .conftest import T0
+from .pgdb import executed_plan, reads
 
 JOBS = 20_000
 N = 64
@@ -64,30 +65,6 @@ def _fill(con: psycopg.Connection) -> None:
     )
 
 
-def _reads(con: psycopg.Connection, text: str, params: dict) -> list[tuple[str, str, int]]:
-    """Each table read of the claim's plan: (node, relation, rows visited)."""
-    con.execute("BEGIN")
-    try:
-        [(plan,)] = (
-            psycopg.ClientCursor(con)
-            .execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params)
-            .fetchall()
-        )
-    finally:
-        con.execute("ROLLBACK")
-    found = []
-
-    def walk(node: dict) -> None:
-        if "Relation Name" in node:
-            visited = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            found.append((node["Node Type"], node["Relation Name"], visited * node["Actual Loops"]))
-        for child in node.get("Plans", ()):
-            walk(child)
-
-    walk(plan[0]["Plan"])
-    return found
-
-
 @pytest.mark.parametrize(
     "lane", [lanes.PLAIN, lanes.Lane("ep-a")], ids=["plain lane", "endpoint lane"]
 )
@@ -98,8 +75,8 @@ def _reads(con: psycopg.Connection, text: str, params: dict) -> list[tuple[str, 
 )
 def test_a_lanes_claim_reads_a_claims_worth_of_rows_with_fresh_statistics(con, lane, sql):
     text, params = lanes.text(lane, sql, {"now": T0, "n": N, "losses": 3})
-    reads = _reads(con, *pg_sql.translate(text, params))
+    found = reads(executed_plan(con, *pg_sql.translate(text, params), client=True))
     queue = ("jobs", "asnackq_deliveries")
-    assert not [r for r in reads if r[0] == "Seq Scan" and r[1] in queue], reads
-    jobs = sum(visited for _, relation, visited in reads if relation == "jobs")
-    assert jobs <= 4 * N, reads  # (a plain lane's jobs are a third of those pending)
+    assert not [r for r in found if r.kind == "Seq Scan" and r.relation in queue], found
+    jobs = sum(r.visited for r in found if r.relation == "jobs")
+    assert jobs <= 4 * N, found  # (a plain lane's jobs are a third of those pending)

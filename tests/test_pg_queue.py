@@ -22,7 +22,7 @@ from asnackq.lab.pg_server import free_port
 from asnackq.store import pg, pg_sql, sessions
 
 from .conftest import T0
-from .pgdb import query
+from .pgdb import executed_plan, query, reads
 
 
 @pytest.fixture
@@ -100,19 +100,6 @@ def test_claims_do_not_visit_finished_rows(url):
     con.close()
 
 
-def _jobs_read(plan: dict, counted: bool = False) -> list[tuple[str, int, bool]]:
-    """Each read of ``jobs`` in an EXPLAIN (ANALYZE, FORMAT JSON) plan: its kind, the rows it
-    visited (returned, and removed by its filter), loops summed, and whether it is counted
-    (under an aggregate)."""
-    found = []
-    if plan.get("Relation Name") == "jobs":
-        visited = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
-        found.append((plan["Node Type"], visited * plan["Actual Loops"], counted))
-    for child in plan.get("Plans", ()):
-        found += _jobs_read(child, counted or plan["Node Type"] == "Aggregate")
-    return found
-
-
 def test_claims_read_a_claims_worth_of_rows_whatever_the_statistics_say(url):
     """No statistics yet, statistics taken on a full queue that is now mostly done, and
     statistics that describe it: each claim's read walks its index and visits about as many
@@ -129,7 +116,7 @@ def test_claims_read_a_claims_worth_of_rows_whatever_the_statistics_say(url):
         (T0 + 3_600_000,),
     )
     n = 16
-    reads = (
+    checked = (
         w.SQL_QUARANTINE_DUE,
         w.SQL_QUARANTINE_DUE_RECLAIMING,
         w.SQL_NEXT_CLAIMABLE,
@@ -139,19 +126,14 @@ def test_claims_read_a_claims_worth_of_rows_whatever_the_statistics_say(url):
     )
 
     def check(state: str) -> None:
-        for sql in reads:
-            text, params = pg_sql.translate(sql, {"now": T0, "n": n, "losses": 3})
-            con.execute("BEGIN")
-            try:
-                [(plan,)] = con.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params).fetchall()
-            finally:
-                con.execute("ROLLBACK")
-            jobs = [read for read in _jobs_read(plan[0]["Plan"]) if not read[2]]
+        for sql in checked:
+            plan = executed_plan(con, *pg_sql.translate(sql, {"now": T0, "n": n, "losses": 3}))
+            jobs = [r for r in reads(plan) if r.relation == "jobs" and not r.counted]
             assert jobs, (state, sql)
-            kinds = {kind for kind, _, _ in jobs}
+            kinds = {r.kind for r in jobs}
             assert not kinds & {"Seq Scan", "Bitmap Heap Scan"}, (state, sql, jobs)
-            bound = 0 if sql in reads[:2] else 2 * n
-            assert sum(visited for _, visited, _ in jobs) <= bound, (state, sql, jobs)
+            bound = 0 if sql in checked[:2] else 2 * n
+            assert sum(r.visited for r in jobs) <= bound, (state, sql, jobs)
 
     check("no statistics")
     con.execute("ANALYZE jobs")
