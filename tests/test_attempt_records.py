@@ -106,6 +106,16 @@ async def test_an_answer_is_kept_to_its_first_kib_and_undecodable_bytes_are_repl
     assert row[6] == body[:1024].decode("utf-8", errors="replace") and len(row[6]) <= 1024
 
 
+async def test_an_answers_characters_are_kept_as_they_came_on_postgresql(pg_db) -> None:
+    """The records go to PostgreSQL as one JSON array: quotes, backslashes, control
+    characters, escapes' look-alikes, NUL and non-ASCII come back as the excerpt made them."""
+    body = b'\x00"\\\n\t\\u0041\xff' + "é😀\u2028".encode() + b'}{][,"'
+    url = pg_db()
+    await deliver(url, [(200, body, {})])
+    [row] = kept(url)
+    assert row[6] == attempts.excerpt(body) and "\x00" not in row[6] and "😀" in row[6]
+
+
 async def test_a_claim_keeps_its_first_twenty_requests_only(db: Path) -> None:
     busy = [(429, b"busy", {"Retry-After": "0"})] * 30
     await deliver(str(db), [*busy, (204, b"", {})])

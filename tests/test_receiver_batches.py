@@ -122,6 +122,20 @@ async def test_the_same_id_twice_in_one_batch_is_applied_then_a_duplicate(two_ap
     assert await state(app) == ([("x", 1), ("y", 1)], [("x", 3, 1, 2), ("y", 1, None, None)])
 
 
+async def test_ids_of_any_visible_ascii_are_kept_as_sent(two_apps):
+    """A batch's ids reach the inbox as one JSON array: quotes, backslashes and what looks
+    like an escape or JSON are ids like any other, each kept as sent."""
+    app = two_apps[0]
+    receiver = await WebhookReceiver.within(app.con, [SECRET], effect, batch_max=8)
+    ids = ['a"b', "c\\d", "e'f", "\\u0041", '{"id":1}', "[]", "~!@#$%^&*()"]
+    batch = [(event_id, body(1), 1) for event_id in ids] + [(ids[1], body(1), 2)]
+    found = await asyncio.gather(*(outcome(receiver, d) for d in batch))
+    assert found == ["applied"] * len(ids) + ["duplicate"]
+    ledger, rows = await state(app)
+    assert sorted(event_id for event_id, _ in ledger) == sorted(ids)
+    assert {row[0]: row[1] for row in rows} == {i: 2 if i == ids[1] else 1 for i in ids}
+
+
 async def test_a_failing_effect_answers_alone_and_the_others_commit_over_http(two_apps):
     app = two_apps[0]
     async with receiving(app, effect, batch_max=16) as served:

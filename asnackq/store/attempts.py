@@ -86,7 +86,7 @@ PG_TEXTS = {
   (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
 SELECT r ->> 0, (r ->> 1)::bigint, (r ->> 2)::int, (r ->> 3)::bigint, (r ->> 4)::int,
   (r ->> 5)::int, r ->> 6, r ->> 7
-FROM json_array_elements(%s::json) AS r""",
+FROM jsonb_array_elements(%s::jsonb) AS r""",
     SQL_OF_JOB: SQL_OF_JOB.replace("?", "%s"),
 }
 
