@@ -10,7 +10,9 @@ Rules of this module:
   back and its plan made again and re-run (bounded, jittered); ``make`` is a zero-argument
   callable returning a fresh plan (without it, a conflict is raised).  Fault hooks of a
   rolled-back try run again.
-* Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.
+* Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.  The
+  async driver sends BEGIN with a plan's first statement, as one query (``begun``): a
+  round trip fewer for every transaction (an intake's is 4, not 5).
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
 * The stores built on these drivers (the worker's and the sink's session that outlives its
@@ -327,10 +329,9 @@ async def adrive(
     """
     call = call or call_plain
     for attempt in range(attempts):
-        await con.execute("BEGIN")
         begun: tuple[str | None, str] = (None, "")
         try:
-            result, changed = await asteps(con, plan, fault, call)
+            result, changed = await asteps(con, plan, fault, call, begin=True)
             cursor = await con.execute(SQL_XACT)
             begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
@@ -356,9 +357,16 @@ def call_plain(fault: w.Fault, point: str) -> None:
 
 
 async def asteps(
-    con: psycopg.AsyncConnection[Any], plan: w.Plan[Any], fault: w.Fault, call: Hooks
+    con: psycopg.AsyncConnection[Any],
+    plan: w.Plan[Any],
+    fault: w.Fault,
+    call: Hooks,
+    *,
+    begin: bool = False,
 ) -> tuple[Any, bool]:
-    """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin)."""
+    """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin),
+    or (``begin``) that they begin: BEGIN goes with the plan's first statement, in one
+    round trip (``begun``), or alone before a first step of another kind (or none)."""
     reply: list[tuple[Any, ...]] | None = None
     count = 0
     flat = w.one_by_one(plan)
@@ -366,22 +374,46 @@ async def asteps(
         try:
             step = flat.send(reply)
         except StopIteration as stop:
+            if begin:
+                await con.execute("BEGIN")
             return stop.value  # type: ignore[no-any-return]
         if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:
             reply = [(count,)]
-        elif isinstance(step, w.Sql):
-            cursor = await con.execute(*translate(step.sql, step.params))
+            continue
+        if isinstance(step, w.Sql):
+            cursor: psycopg.AsyncCursor[Any]
+            if begin:
+                begin, cursor = False, await begun(con, *translate(step.sql, step.params))
+            else:
+                cursor = await con.execute(*translate(step.sql, step.params))
             count = cursor.rowcount
             reply = await cursor.fetchall() if cursor.description is not None else []
-        elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
+            continue
+        if begin:
+            begin = False
+            await con.execute("BEGIN")
+        if isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
             reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):
-            async with con.cursor() as cursor:
-                await cursor.executemany(text(step.sql), step.params)
-                reply = [(cursor.rowcount,)]
+            async with con.cursor() as many_cursor:
+                await many_cursor.executemany(text(step.sql), step.params)
+                reply = [(many_cursor.rowcount,)]
         else:
             reply = None
             call(fault, step.name)
+
+
+async def begun(
+    con: psycopg.AsyncConnection[Any], sql: str, params: Any
+) -> psycopg.AsyncCursor[Any]:
+    """BEGIN and a statement in one round trip: one query of both, its parameters bound
+    client-side (a query of two statements takes none bound by the server); the cursor is
+    on the statement's result.  A failing statement leaves the transaction begun (and
+    failed): the caller rolls it back, as after any failing statement."""
+    cursor = psycopg.AsyncClientCursor(con)
+    await cursor.execute("BEGIN; " + sql, params)
+    cursor.nextset()
+    return cursor
 
 
 async def _arollback(con: psycopg.AsyncConnection[Any]) -> None:
