@@ -157,9 +157,10 @@ def statements(con: sqlite3.Connection) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def trace(sql: str) -> None:
-        words = " ".join(sql.split()[:2]).upper().rstrip(";")
-        if words != "PRAGMA BUSY_TIMEOUT":
-            seen.append(words)
+        for one in pgdb.statements(sql):
+            words = " ".join(one.split()[:2]).upper().rstrip(";")
+            if words != "PRAGMA BUSY_TIMEOUT":
+                seen.append(words)
 
     con.set_trace_callback(trace)
     yield seen

@@ -176,6 +176,14 @@ def reads(node: dict[str, Any], counted: bool = False) -> list[Read]:
     return found
 
 
+def statements(query: str) -> list[str]:
+    """A query's statements as a server runs them: PostgreSQL's async driver sends BEGIN
+    with a transaction's first statement, as one query (``pg.begun``)."""
+    if query.startswith("BEGIN; "):
+        return ["BEGIN", query.removeprefix("BEGIN; ")]
+    return [query]
+
+
 def tracing(callback: Callable[[str], object]) -> tuple[type, type]:
     """Cursor classes (sync, async) that show each statement to ``callback`` first."""
 

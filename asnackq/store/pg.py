@@ -406,12 +406,13 @@ async def asteps(
 async def begun(
     con: psycopg.AsyncConnection[Any], sql: str, params: Any
 ) -> psycopg.AsyncCursor[Any]:
-    """BEGIN and a statement in one round trip: one query of both, its parameters bound
-    client-side (a query of two statements takes none bound by the server); the cursor is
-    on the statement's result.  A failing statement leaves the transaction begun (and
-    failed): the caller rolls it back, as after any failing statement."""
-    cursor = psycopg.AsyncClientCursor(con)
-    await cursor.execute("BEGIN; " + sql, params)
+    """BEGIN and a statement in one round trip: one query of both (a query of two statements
+    takes no parameter the server binds, so the statement's are bound here, as psycopg's
+    client-side cursor binds them), never prepared; the cursor is on the statement's
+    result.  A failing statement leaves the transaction begun (and failed): the caller rolls
+    it back, as after any failing statement."""
+    query = psycopg.AsyncClientCursor(con).mogrify(sql, params)
+    cursor = await con.execute("BEGIN; " + query, prepare=False)
     cursor.nextset()
     return cursor
 
