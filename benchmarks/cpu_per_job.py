@@ -9,6 +9,9 @@ process - a Dispatcher whose send answers True at once - until the queue is empt
 reports per job, over the run only (from the moment the connected worker is told to go):
 
 * worker CPU us: the worker process's user + system time (``getrusage``);
+* event loop CPU us: of which its event loop's thread (``time.thread_time``): the
+  Dispatcher's Python and the drivers' calls, where the rest is the statements' threads
+  (SQLite: aiosqlite's connection thread) and the interpreter's other threads;
 * server CPU us (PostgreSQL): the server's processes' user + system time, summed from
   ``/proc/PID/stat`` over the postmaster and its children;
 * statements: SQLite statements stepped (the connection's trace callback: BEGIN and
@@ -51,7 +54,13 @@ from asnackq.aio import AsyncQueue, Dispatcher
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 READING = 2  # statements (and transactions) of one ``server_counts``
-FIGURES = ("worker CPU us", "server CPU us", "statements", "jobs per transaction")
+FIGURES = (
+    "worker CPU us",
+    "event loop CPU us",
+    "server CPU us",
+    "statements",
+    "jobs per transaction",
+)
 
 
 def cpu_s() -> float:
@@ -78,16 +87,17 @@ async def worker(target: str, concurrency: int) -> None:
         await asyncio.to_thread(sys.stdin.readline)
         if sqlite is not None:
             await sqlite.set_trace_callback(traced)
-        cpu = cpu_s()
+        cpu, loop = cpu_s(), time.thread_time()
         summary = await Dispatcher(
             queue, null, owner="bench", concurrency=concurrency, lease_ms=10_000
         ).run(until_empty=True)
-        cpu = cpu_s() - cpu
+        cpu, loop = cpu_s() - cpu, time.thread_time() - loop
         if sqlite is not None:
             await sqlite.set_trace_callback(None)
         report = {
             "done": summary.done,
             "cpu_s": cpu,
+            "loop_s": loop,
             "statements": stepped[0],
             "transactions": stepped[1],
         }
@@ -149,7 +159,11 @@ def run_worker(
             proc.kill()
             proc.wait(timeout=30)
     jobs, transactions = report["done"], report["transactions"]
-    figures = {"worker CPU us": report["cpu_s"] * 1e6, "statements": report["statements"]}
+    figures = {
+        "worker CPU us": report["cpu_s"] * 1e6,
+        "event loop CPU us": report["loop_s"] * 1e6,
+        "statements": report["statements"],
+    }
     if before is not None and server_s is not None:
         time.sleep(1)  # a server process reports its transactions as it ends
         _, calls, xacts = before
