@@ -136,9 +136,18 @@ def database(admin_url: str, name: str) -> Iterator[str]:
 
 
 def fill(target: str | Path, jobs: int, prefix: str) -> None:
+    """``jobs`` jobs, and the table of the requests' answers the Dispatcher keeps: each
+    system's tables are made before its clock starts (pgqueuer's ``install``, procrastinate's
+    schema), so a worker's run does not time a one-off CREATE TABLE."""
     ops.enqueue_all(
         target, [({"id": f"{prefix}-{i}", "qty": i % 9 + 1}, 3_600_000, 3) for i in range(jobs)]
     )
+    asyncio.run(kept_requests(target))
+
+
+async def kept_requests(target: str | Path) -> None:
+    async with AsyncQueue.open(target) as queue:
+        await queue.keep_attempts()
 
 
 def queue_only(admin: str, jobs: int, processes: int, concurrency: int) -> float:
