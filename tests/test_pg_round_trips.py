@@ -85,3 +85,28 @@ async def test_a_failing_first_statement_leaves_no_transaction_open(pg_db) -> No
         assert round_trips(trace) == 4
     finally:
         await con.close()
+
+
+async def test_a_hook_first_and_a_plan_of_no_step_run_inside_a_transaction(pg_db) -> None:
+    """BEGIN goes alone before a first step that is no statement, and at the end of a plan
+    that had none: the hook sees the transaction open, and each transaction ends idle."""
+    con = await pg.aconnect(pg_db())
+    seen: list[TransactionStatus] = []
+
+    def hooked() -> w.Plan[bool]:
+        yield w.Hook("first")
+        return (yield from w.plan_enqueue({"id": "j1", "qty": 1}, 1_000, 60_000))
+
+    def empty() -> w.Plan[None]:
+        return None, False
+        yield  # (a generator of no step)
+
+    try:
+        assert await pg.adrive(con, hooked(), lambda _: seen.append(con.info.transaction_status))
+        assert seen == [TransactionStatus.INTRANS]
+        assert await pg.adrive(con, empty()) is None
+        assert con.info.transaction_status == TransactionStatus.IDLE
+        rows = await (await con.execute("SELECT id FROM jobs")).fetchall()
+        assert rows == [("j1",)]
+    finally:
+        await con.close()

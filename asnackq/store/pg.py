@@ -377,27 +377,25 @@ async def asteps(
             if begin:
                 await con.execute("BEGIN")
             return stop.value  # type: ignore[no-any-return]
-        if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:
-            reply = [(count,)]
-            continue
-        if isinstance(step, w.Sql):
-            cursor: psycopg.AsyncCursor[Any]
-            if begin:
-                begin, cursor = False, await begun(con, *translate(step.sql, step.params))
-            else:
-                cursor = await con.execute(*translate(step.sql, step.params))
-            count = cursor.rowcount
-            reply = await cursor.fetchall() if cursor.description is not None else []
-            continue
-        if begin:
+        if begin and not isinstance(step, w.Sql):
             begin = False
             await con.execute("BEGIN")
-        if isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
+        if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:
+            reply = [(count,)]
+        elif isinstance(step, w.Sql):
+            sql, params = translate(step.sql, step.params)
+            if begin:
+                begin, cursor = False, await begun(con, sql, params)
+            else:
+                cursor = await con.execute(sql, params)
+            count = cursor.rowcount
+            reply = await cursor.fetchall() if cursor.description is not None else []
+        elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
             reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):
-            async with con.cursor() as many_cursor:
-                await many_cursor.executemany(text(step.sql), step.params)
-                reply = [(many_cursor.rowcount,)]
+            async with con.cursor() as cursor:
+                await cursor.executemany(text(step.sql), step.params)
+                reply = [(cursor.rowcount,)]
         else:
             reply = None
             call(fault, step.name)
