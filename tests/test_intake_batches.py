@@ -11,10 +11,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.aio import AsyncQueue, Dispatcher, outlasting
 from asnackq.core import worker as w
+from asnackq.store.outage import StoreUnavailable
 
+from . import pgdb
 from .conftest import T0, away_once
 
 COLUMNS = "id, qty, status, attempts, max_attempts, token, available_at, deadline"
@@ -294,3 +297,26 @@ async def test_an_intake_the_store_refused_before_it_ran_leaves_the_next_one_its
         found = await asyncio.wait_for(q.enqueue({"id": "next", "qty": 1}, T0), 30)
     assert found is True
     assert [row[0] for row in table(target)] == ["next"]
+
+
+@pytest.mark.process
+async def test_a_first_intake_while_the_server_refuses_sessions_is_an_outage(pg_db, pg_server):
+    """The intakes' own session opens at the first intake: while the database takes no
+    session, that intake is ``StoreUnavailable`` (an outage: nothing committed, a retry
+    after ``retry_in_s``), never the opener's ``Unreachable``; once sessions are let in
+    again, the same intake commits."""
+    url = pg_db()
+    name = conninfo_to_dict(url)["dbname"]
+    admin = pg_server.url()
+    async with AsyncQueue.open(url) as q:  # (the queue's own connection opens here)
+        pgdb.query(admin, f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        try:
+            for _ in range(2):  # the second try backs off, and is an outage too
+                with pytest.raises(StoreUnavailable) as refused:
+                    await q.enqueue({"id": "a", "qty": 1})
+                assert refused.value.retry_in_s > 0
+                assert "not currently accepting connections" in str(refused.value)
+        finally:
+            pgdb.query(admin, f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        assert await outlasting(lambda: q.enqueue({"id": "a", "qty": 1})) is True
+    assert [row[0] for row in table(url)] == ["a"]

@@ -36,7 +36,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 from itertools import groupby
@@ -44,12 +43,11 @@ from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.store.joint import Gathering, Waiter
-from asnackq.store.opening import Store
+from asnackq.store.session import Opener, Session
 
 __all__ = ["Intakes"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
-Opener = Callable[[], Awaitable[Store]]
 Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validated
 
 
@@ -67,40 +65,24 @@ class Intakes(Gathering[_Call]):
     def __init__(self, run: Run, limits: w.Limits) -> None:
         super().__init__()
         self._run, self._limits = run, limits
-        self._opener: Opener | None = None  # a session of their own (``own``), or None
-        self._store: Store | None = None
-        self._lock = asyncio.Lock()
+        self._own: Session | None = None  # a session of their own (``own``), or None
 
     def own(self, opener: Opener) -> None:
         """Run the intakes on a session of their own, opened by ``opener`` at the first one
         (PostgreSQL: beside the queue's cycles, never behind them; see the module)."""
-        self._opener = opener
+        self._own = Session(opener)
 
     async def run(self, make: w.Make) -> Any:
         """Run one intake plan (validated by the caller) where the intakes run."""
-        if self._opener is None:
+        if self._own is None:
             return await self._run(make)
-        task = asyncio.ensure_future(self._on_own(make))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
-            raise
-
-    async def _on_own(self, make: w.Make) -> Any:
-        async with self._lock:
-            if self._store is None:
-                assert self._opener is not None
-                self._store = await self._opener()
-            return await self._store.run(make)
+        return await self._own.run(make)
 
     async def close(self) -> None:
         """Wait for the transactions under way, then close the intakes' own session."""
         await self.drained()
-        async with self._lock:
-            if self._store is not None:
-                await self._store.close()
-                self._store = None
+        if self._own is not None:
+            await self._own.close()
 
     async def enqueue(self, triple: Triple, now_ms: int, named: bool = True) -> bool:
         """Enqueue one intake (validated by the caller) in the next shared transaction:

@@ -1,0 +1,78 @@
+"""A session beside a queue's connection, opened at its first transaction.
+
+Rules of this module:
+
+* A PostgreSQL queue runs its intakes on a session of their own (``asnackq.store.intakes``),
+  so that their COMMITs run beside the Dispatcher's cycles instead of taking turns with them.
+  The server orders concurrent transactions by its row locks, as for two workers.  A file
+  has one writer: it has no such session.
+* One transaction at a time on a session, under its lock; shielded: a cancelled caller
+  waits for its transaction's COMMIT or ROLLBACK to land, then re-raises.
+* A session that cannot be opened (the server away) is an outage, as a session lost is:
+  ``StoreUnavailable``, nothing committed, with a backoff's ``retry_in_s``; once open, the
+  store's own reconnection rules apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asnackq.core import worker as w
+from asnackq.store.opening import Store
+from asnackq.store.outage import Health, StoreUnavailable
+from asnackq.store.targets import one_line
+
+__all__ = ["Opener", "Session"]
+
+Opener = Callable[[], Awaitable[Store]]
+
+
+class Session:
+    """A session opened by ``opener`` at its first transaction, closed by ``close``."""
+
+    def __init__(self, opener: Opener) -> None:
+        self._opener = opener
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+        self._give_up_at: float | None = None  # (time.monotonic) see ``give_up_after``
+        self._opening = Health()  # the backoff of failed openings
+
+    async def run(self, make: w.Make) -> Any:
+        """``make``'s plan in a transaction of its own on this session."""
+        task = asyncio.ensure_future(self._locked(make))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
+            raise
+
+    async def _locked(self, make: w.Make) -> Any:
+        async with self._lock:
+            if self._store is None:
+                try:
+                    self._store = await self._opener()
+                except StoreUnavailable:
+                    raise
+                except ConnectionError as error:  # (the server away, a login refused)
+                    raise StoreUnavailable(one_line(error), self._opening.failed()) from None
+                self._opening.back()
+                if self._give_up_at is not None:
+                    self.give_up_after(max(0.0, self._give_up_at - time.monotonic()))
+            return await self._store.run(make)
+
+    def give_up_after(self, seconds: float) -> None:
+        """As the queue's store's: an absent database is waited for ``seconds`` at most."""
+        self._give_up_at = time.monotonic() + seconds
+        give_up = getattr(self._store, "give_up_after", None)
+        if give_up is not None:
+            give_up(seconds)
+
+    async def close(self) -> None:
+        """Wait for the transaction under way, then close the session."""
+        async with self._lock:
+            if self._store is not None:
+                await self._store.close()
+                self._store = None
