@@ -2,7 +2,7 @@
 
     python benchmarks/pg_peers.py [--url postgresql://...] [--jobs 5000] [--concurrency 64]
                                   [--rounds 5] [--peers pgqueuer,procrastinate]
-                                  [--peers-venv DIR]
+                                  [--peers-venv DIR] [--analyze]
 
 The peers run from a venv of their own (``--peers-venv``, made and filled from PyPI when
 absent: pgqueuer with asyncpg, procrastinate with psycopg), never from asnackq's; their side
@@ -12,8 +12,11 @@ each in a fresh database: ``--jobs`` no-op jobs enqueued first, then one worker 
 ``QueueManager.run(mode=drain, max_concurrent_tasks=C)`` with an entrypoint that returns;
 procrastinate: ``run_worker_async(concurrency=C, wait=False)`` with a task that returns),
 otherwise each at its documented defaults.  jobs/s = jobs / (end - start), every worker
-starting after it has connected; each run checks every job ended successfully.  Printed:
-the medians and, per peer, the median of the per-round ratios with their range.
+starting after it has connected; each run checks every job ended successfully.
+``--analyze``: each system's database is analyzed after its fill, before its clock starts
+(the statistics autovacuum takes on a server that has been running; without it the planner
+plans for tables it has no statistics of).  Printed: the medians and, per peer, the median
+of the per-round ratios with their range.
 Target (issue #37): asnackq >= 3 x the fastest peer.
 """
 
@@ -26,7 +29,7 @@ import venv
 from pathlib import Path
 from statistics import median
 
-from pg_queue import database, queue_only, rate, run_children, show_settings
+from pg_queue import analyzed, database, queue_only, rate, run_children, show_settings
 
 from asnackq.lab.pg_server import DURABLE, local_server
 
@@ -50,9 +53,13 @@ def peer_python(root: Path, peers: list[str]) -> Path:
     return python
 
 
-def peer_run(python: Path, peer: str, admin: str, jobs: int, concurrency: int) -> float:
+def peer_run(
+    python: Path, peer: str, admin: str, jobs: int, concurrency: int, analyze: bool
+) -> float:
     with database(admin, f"bench_{peer}") as url:
         subprocess.run([python, WORKERS, "fill", peer, url, str(jobs)], check=True)
+        if analyze:
+            analyzed(url)
         reports = run_children([[str(python), str(WORKERS), "work", peer, url, str(concurrency)]])
         done = subprocess.run(
             [python, WORKERS, "done", peer, url], check=True, capture_output=True, text=True
@@ -69,12 +76,15 @@ def measure(admin: str, args: argparse.Namespace, python: Path) -> None:
     for n in range(args.rounds):
         for name in systems[n % len(systems) :] + systems[: n % len(systems)]:
             if name == "asnackq":
-                rates[name].append(queue_only(admin, args.jobs, 1, args.concurrency))
+                rates[name].append(queue_only(admin, args.jobs, 1, args.concurrency, args.analyze))
             else:
-                rates[name].append(peer_run(python, name, admin, args.jobs, args.concurrency))
+                rates[name].append(
+                    peer_run(python, name, admin, args.jobs, args.concurrency, args.analyze)
+                )
         print(f"round {n + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()))
     print(
         f"{args.jobs} no-op jobs, one worker process at concurrency {args.concurrency}, "
+        f"{'analyzed tables, ' if args.analyze else ''}"
         f"medians of {args.rounds} rounds (per-round ratio ranges in brackets)"
     )
     for name in args.peers:
@@ -93,6 +103,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--peers", default="pgqueuer,procrastinate")
+    parser.add_argument(
+        "--analyze", action="store_true", help="analyze each system's tables before its clock"
+    )
     parser.add_argument(
         "--peers-venv", type=Path, default=Path.home() / ".cache" / "asnackq-bench" / "peers"
     )
