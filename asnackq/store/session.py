@@ -16,7 +16,6 @@ Rules of this module:
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,7 +36,6 @@ class Session:
         self._opener = opener
         self._store: Store | None = None
         self._lock = asyncio.Lock()
-        self._give_up_at: float | None = None  # (time.monotonic) see ``give_up_after``
         self._opening = Health()  # the backoff of failed openings
 
     async def run(self, make: w.Make) -> Any:
@@ -59,16 +57,7 @@ class Session:
                 except ConnectionError as error:  # (the server away, a login refused)
                     raise StoreUnavailable(one_line(error), self._opening.failed()) from None
                 self._opening.back()
-                if self._give_up_at is not None:
-                    self.give_up_after(max(0.0, self._give_up_at - time.monotonic()))
             return await self._store.run(make)
-
-    def give_up_after(self, seconds: float) -> None:
-        """As the queue's store's: an absent database is waited for ``seconds`` at most."""
-        self._give_up_at = time.monotonic() + seconds
-        give_up = getattr(self._store, "give_up_after", None)
-        if give_up is not None:
-            give_up(seconds)
 
     async def close(self) -> None:
         """Wait for the transaction under way, then close the session."""
