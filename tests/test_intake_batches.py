@@ -15,7 +15,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from asnackq.aio import AsyncQueue, Dispatcher, outlasting
 from asnackq.core import worker as w
-from asnackq.store.outage import StoreUnavailable
+from asnackq.store.outage import Backoff, StoreUnavailable
+from asnackq.store.session import Session
 
 from . import pgdb
 from .conftest import T0, away_once
@@ -297,6 +298,40 @@ async def test_an_intake_the_store_refused_before_it_ran_leaves_the_next_one_its
         found = await asyncio.wait_for(q.enqueue({"id": "next", "qty": 1}, T0), 30)
     assert found is True
     assert [row[0] for row in table(target)] == ["next"]
+
+
+async def test_while_its_opening_backs_off_a_session_fails_at_once_without_trying():
+    """A session that could not be opened is not tried again before its backoff's
+    ``retry_in_s`` (a thousand enqueues during an outage make one attempt, not a thousand):
+    each call is ``StoreUnavailable`` at once, naming the last failure's reason; once the
+    backoff has run out, the next call tries again."""
+    tries = 0
+
+    async def refused() -> Any:
+        nonlocal tries
+        tries += 1
+        raise ConnectionRefusedError(111, "connection refused by 127.0.0.1:9")
+
+    def nothing() -> w.Plan[Any]:
+        raise AssertionError("no plan runs without a session")
+
+    held = Session(refused, Backoff(base_s=600.0, cap_s=600.0))
+    with pytest.raises(StoreUnavailable) as first:
+        await held.run(nothing)
+    assert tries == 1 and first.value.retry_in_s >= 300.0
+    for _ in range(1000):
+        with pytest.raises(StoreUnavailable) as again:
+            await held.run(nothing)
+        assert 0 < again.value.retry_in_s <= first.value.retry_in_s
+    assert tries == 1
+    assert "connection refused by 127.0.0.1:9" in str(again.value)
+    assert "next try in" in str(again.value)
+
+    eager = Session(refused, Backoff(base_s=0.0, cap_s=0.0))  # (no wait between tries)
+    for n in range(1, 4):
+        with pytest.raises(StoreUnavailable):
+            await eager.run(nothing)
+        assert tries == 1 + n
 
 
 @pytest.mark.process

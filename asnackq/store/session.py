@@ -9,8 +9,9 @@ Rules of this module:
 * One transaction at a time on a session, under its lock; shielded: a cancelled caller
   waits for its transaction's COMMIT or ROLLBACK to land, then re-raises.
 * A session that cannot be opened (the server away) is an outage, as a session lost is:
-  ``StoreUnavailable``, nothing committed, with a backoff's ``retry_in_s``; once open, the
-  store's own reconnection rules apply.
+  ``StoreUnavailable``, nothing committed, with a backoff's ``retry_in_s``; until then every
+  call fails at once, without trying (the store's rule for its reconnections, the same
+  ``Health``).  Once open, the store's own reconnection rules apply.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.store.opening import Store
-from asnackq.store.outage import Health, StoreUnavailable
+from asnackq.store.outage import Backoff, Health, StoreUnavailable
 from asnackq.store.targets import one_line
 
 __all__ = ["Opener", "Session"]
@@ -32,11 +33,12 @@ Opener = Callable[[], Awaitable[Store]]
 class Session:
     """A session opened by ``opener`` at its first transaction, closed by ``close``."""
 
-    def __init__(self, opener: Opener) -> None:
+    def __init__(self, opener: Opener, backoff: Backoff | None = None) -> None:
         self._opener = opener
         self._store: Store | None = None
         self._lock = asyncio.Lock()
-        self._opening = Health()  # the backoff of failed openings
+        self._opening = Health(backoff or Backoff())  # the backoff of failed openings
+        self._why = ""  # why the last opening failed
 
     async def run(self, make: w.Make) -> Any:
         """``make``'s plan in a transaction of its own on this session."""
@@ -50,12 +52,15 @@ class Session:
     async def _locked(self, make: w.Make) -> Any:
         async with self._lock:
             if self._store is None:
+                if (wait := self._opening.wait_s()) > 0:
+                    raise StoreUnavailable(f"{self._why} (next try in {wait * 1000:.0f} ms)", wait)
                 try:
                     self._store = await self._opener()
                 except StoreUnavailable:
                     raise
                 except ConnectionError as error:  # (the server away, a login refused)
-                    raise StoreUnavailable(one_line(error), self._opening.failed()) from None
+                    self._why = one_line(error)
+                    raise StoreUnavailable(self._why, self._opening.failed()) from None
                 self._opening.back()
             return await self._store.run(make)
 
