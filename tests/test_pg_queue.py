@@ -144,6 +144,26 @@ def test_claims_read_a_claims_worth_of_rows_whatever_the_statistics_say(url):
     con.close()
 
 
+def test_the_quarantines_check_counts_spent_budgets_by_their_index_with_statistics(url):
+    """With statistics taken while many jobs are pending, the check of spent budgets (a
+    count of pending jobs whose attempts reach their budget) was planned as a read of the
+    whole table, every cycle; ``jobs_spent`` holds exactly those jobs.  A queue's session
+    plans no sequential scan where an index serves (``pg.SQL_CLAIMING``), nor JIT."""
+    con = pg.connect(url)  # (a queue's session, as claims run on)
+    con.execute(
+        "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+        " deadline) SELECT 'j' || i, 1, CASE WHEN i %% 5 = 0 THEN 'pending' ELSE 'done' END,"
+        " 1, 3, 1, 0, %s FROM generate_series(1, 100000) AS i",
+        (T0 + 3_600_000,),
+    )
+    con.execute("ANALYZE jobs")
+    plan = executed_plan(con, pg_sql.STATEMENTS[w.SQL_QUARANTINE_DUE_RECLAIMING], {"now": T0})
+    assert all(read.kind != "Seq Scan" and read.visited < 100 for read in reads(plan)), reads(plan)
+    [(jit,)] = con.execute("SHOW jit").fetchall()
+    assert jit == "off"
+    con.close()
+
+
 def test_a_cycles_settle_finds_its_jobs_by_id_whatever_the_statistics_say(url):
     """The settle of a cycle's finishes (one UPDATE over a JSON set) looks each job up by
     id, with no statistics and with statistics of the table: a read of the whole table

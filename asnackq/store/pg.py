@@ -36,6 +36,7 @@ from psycopg.pq import TransactionStatus
 from asnackq.core import worker as w
 from asnackq.store.outage import Backoff
 from asnackq.store.pg_sql import SCHEMAS, many, plan_open, text, translate
+from asnackq.store.pg_walks import Walks
 from asnackq.store.targets import one_line, shown
 
 __all__ = [
@@ -121,9 +122,18 @@ SQL_SESSION = """SELECT set_config('idle_in_transaction_session_timeout', '10000
 # A session that may claim does not plan bitmap scans either: without statistics (a new
 # table, before autovacuum's first ANALYZE) the planner took a bitmap of every pending job
 # and a sort for a claim of 64, where walking ``jobs_by_status`` reads 64 rows (``pg_sql``:
-# the claims' shapes).  A read-only session (the dashboard's, ``connect(read_only=True)``)
-# keeps them: its counts over many rows gain from them.
-SQL_CLAIMING = SQL_SESSION + ",\n  set_config('enable_bitmapscan', 'off', false)"
+# the claims' shapes).  Nor sequential scans where an index serves: with statistics taken
+# while many jobs were pending, the quarantine's check of budgets read the whole table every
+# cycle (13 ms at 100,000 jobs, growing with the table and its dead rows; ``jobs_spent``
+# holds exactly those jobs, but the planner takes one column against another to match a
+# third of the rows).  A table no index serves is still read whole; and no JIT, which
+# such a plan's cost would start (245 ms to compile a claim).  A read-only session (the
+# dashboard's, ``connect(read_only=True)``) keeps them all: its counts over many rows gain.
+SQL_CLAIMING = (
+    SQL_SESSION
+    + ",\n  set_config('enable_bitmapscan', 'off', false),"
+    + "\n  set_config('enable_seqscan', 'off', false),\n  set_config('jit', 'off', false)"
+)
 # Before its COMMIT, an async transaction that wrote learns its id (one round trip; one
 # that only read has none, and nothing to lose): after a lost COMMIT, a new session asks
 # the server whether that transaction committed.  Only the server that gave the id can
@@ -321,8 +331,10 @@ async def adrive(
     make: w.Make | None = None,
     attempts: int = 8,
     call: Hooks | None = None,
+    walks: Walks | None = None,
 ) -> Any:
-    """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain).
+    """The async twin of ``drive``; ``call(fault, point)`` runs each hook (default: plain);
+    ``walks``: the session's claims' floors (``asnackq.store.pg_walks``), if it keeps them.
 
     A session lost while its COMMIT was on the way raises ``CommitCut`` (the transaction's
     id, the plan's result): whether it committed is for the caller to learn.
@@ -331,7 +343,7 @@ async def adrive(
     for attempt in range(attempts):
         begun: tuple[str | None, str] = (None, "")
         try:
-            result, changed = await asteps(con, plan, fault, call, begin=True)
+            result, changed = await asteps(con, plan, fault, call, begin=True, walks=walks)
             cursor = await con.execute(SQL_XACT)
             begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
@@ -363,6 +375,7 @@ async def asteps(
     call: Hooks,
     *,
     begin: bool = False,
+    walks: Walks | None = None,
 ) -> tuple[Any, bool]:
     """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin),
     or (``begin``) that they begin: BEGIN goes with the plan's first statement, in one
@@ -383,13 +396,16 @@ async def asteps(
         if isinstance(step, w.Sql) and step.sql == w.SQL_CHANGES:
             reply = [(count,)]
         elif isinstance(step, w.Sql):
-            sql, params = translate(step.sql, step.params)
+            floored = None if walks is None else walks.floored(step.sql, step.params)
+            sql, params = floored or translate(step.sql, step.params)
             if begin:
                 begin, cursor = False, await begun(con, sql, params)
             else:
                 cursor = await con.execute(sql, params)
             count = cursor.rowcount
             reply = await cursor.fetchall() if cursor.description is not None else []
+            if floored is not None and walks is not None:
+                walks.found(step.sql, floored[1], reply)
         elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
             reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):

@@ -42,6 +42,7 @@ from asnackq.store.pg import (
     ended,
 )
 from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, translate
+from asnackq.store.pg_walks import Walks
 from asnackq.store.targets import one_line, shown
 from asnackq.store.turns import turn
 
@@ -79,6 +80,7 @@ class AsyncStore:
         self.give_up_at = math.inf  # (time.monotonic) see ``give_up_after``
         self.health = Health()
         self.why = ""  # the last failure, for StoreUnavailable's message
+        self.walks = Walks()  # where its claims' walks start (``asnackq.store.pg_walks``)
 
     @classmethod
     async def open(
@@ -104,7 +106,13 @@ class AsyncStore:
             con = await self.session()
             try:
                 return await adrive(
-                    con, plan, fault, make=make, attempts=self.attempts, call=self.call
+                    con,
+                    plan,
+                    fault,
+                    make=make,
+                    attempts=self.attempts,
+                    call=self.call,
+                    walks=self.walks,
                 )
             except CommitCut as cut:
                 self._lost(cut.__cause__)

@@ -1,0 +1,129 @@
+"""Where a PostgreSQL session's claims start their walk: floors past the index entries that
+no scan can drop while an old snapshot is held.
+
+Rules of this module:
+
+* Every claim changes its job's ``status``, so each leaves its row's old version and that
+  version's index entries behind (``jobs_by_status``: pending by seq; ``jobs_by_lease``:
+  leased by lease end; ``jobs_by_deadline``).  A scan drops an entry it finds dead to every
+  snapshot, and a vacuum removes it; while some transaction on the server holds an old
+  snapshot (a long report, a backup, a replica's feedback), neither can, and every claim
+  steps again over the entries of every job claimed since, all at the front of its walk.
+* So a session's claim walks from a floor: pending jobs from the seq of the first job its
+  last claim of that kind took (``seq >= from_seq``, an index condition); lapsed leases from
+  the run's clock at its last walk that took every one it found (from the front, or one
+  that came up short); the quarantine's check of deadlines and leases from the run's clock
+  at its last check (a check that finds a spent job is followed by the quarantine, which
+  walks from the front).  The rows a walk finds are the statement's own, in its order, with
+  its locks and every condition: a floor only says where the index scan starts.
+* A job that becomes claimable behind a floor (a retry falling due, a scheduled job, a job
+  whose claim rolled back or whose intake committed late, a lease another worker let lapse
+  while this one walked) is found by the next walk from the front.  A pending walk starts
+  from the front after any claim that came up short (so whenever the queue has no backlog,
+  the claims are those of a walk from the front), every walk at least every ``FULL_S`` (a
+  second; when a walk from the front takes longer than a tenth of that, ten times as long
+  as it took, so that those walks take at most a tenth of the session's time), and
+  whenever the run's clock is behind its floor (a clock stepped back).
+* Floors are kept by the session's store, in memory; a store without them (a new one, the
+  sync driver, a lane's claims) walks from the front.  Only the product's claims
+  (``Limits.max_losses``: ``SQL_NEXT_RECLAIMABLE``, ``SQL_NEXT_FRESH_RECLAIMING``) and
+  their quarantine's check (``SQL_QUARANTINE_DUE_RECLAIMING``) take floors.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from asnackq.core import worker as w
+from asnackq.store.pg_sql import STATEMENTS
+
+__all__ = ["FLOORED", "FULL_S", "Walks"]
+
+FULL_S = 1.0  # a walk from the front at least this often (seconds of time.monotonic)
+LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk from the front
+
+_PENDING = "WHERE status = ANY(ARRAY['pending']) AND "
+_EXPIRED = "WHERE status = 'leased' AND lease_until <= %(now)s AND deadline + 0 > %(now)s"
+_DUE_PENDING = "status = 'pending' AND deadline <= %(now)s)"
+_LEASED_SPENT = (
+    "SELECT FROM jobs WHERE status = 'leased' AND lease_until <= %(now)s AND deadline <= %(now)s"
+)
+_DUE_LEASED = f"EXISTS ({_LEASED_SPENT})"
+
+
+def _floored(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise AssertionError(f"not one {old!r} in {' '.join(text.split())[:80]!r}")
+    return text.replace(old, new)
+
+
+# Each floored statement's text: the walking text with the floors as index conditions.
+FLOORED = {
+    w.SQL_NEXT_RECLAIMABLE: _floored(
+        _floored(
+            STATEMENTS[w.SQL_NEXT_RECLAIMABLE], _PENDING, _PENDING + "seq >= %(from_seq)s AND "
+        ),
+        _EXPIRED,
+        _EXPIRED + " AND lease_until >= %(from_time)s",
+    ),
+    w.SQL_NEXT_FRESH_RECLAIMING: _floored(
+        STATEMENTS[w.SQL_NEXT_FRESH_RECLAIMING], _PENDING, _PENDING + "seq >= %(from_seq)s AND "
+    ),
+    # A leased job is spent once both its lease and its deadline have passed (a lease ends
+    # by its deadline): here, a lease that lapsed since the floor, walked by its end (the
+    # deadline a filter, ``+ 0``: no plan walks every lapsed lease instead); one whose
+    # deadline passed after its lease lapsed behind the floor waits for a walk from the front.
+    w.SQL_QUARANTINE_DUE_RECLAIMING: _floored(
+        _floored(
+            STATEMENTS[w.SQL_QUARANTINE_DUE_RECLAIMING],
+            _DUE_PENDING,
+            "status = 'pending' AND deadline <= %(now)s AND deadline >= %(from_time)s)",
+        ),
+        _DUE_LEASED,
+        "EXISTS ("
+        + _LEASED_SPENT.replace("deadline <=", "deadline + 0 <=")
+        + " AND lease_until >= %(from_time)s)",
+    ),
+}
+
+
+class Walks:
+    """One session's floors: for each floored statement, where its next walk starts."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.seq: dict[str, int] = {}  # pending walks: the first seq to read
+        self.time: dict[str, int] = {}  # lease and deadline walks: the run's clock (ms)
+        self.fronts: dict[str, float] = {}  # the clock at each statement's last walk from the front
+        self.every: dict[str, float] = {}  # the seconds from one walk from the front to the next
+
+    def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
+        """The statement's floored text and parameters, or None (not a floored statement)."""
+        text = FLOORED.get(sql)
+        if text is None or not isinstance(params, dict):
+            return None
+        now = params["now"]
+        from_seq, from_time = self.seq.get(sql, LOWEST), self.time.get(sql, LOWEST)
+        at = self.clock()
+        if at - self.fronts.get(sql, -math.inf) >= self.every.get(sql, FULL_S) or from_time > now:
+            from_seq = from_time = LOWEST
+        if from_seq == from_time == LOWEST:
+            self.fronts[sql] = at
+        return text, {**params, "from_seq": from_seq, "from_time": from_time}
+
+    def found(self, sql: str, params: dict[str, Any], rows: Sequence[Sequence[Any]]) -> None:
+        """What a floored statement's walk (``params``: its floors) found: the next floors."""
+        front = params["from_seq"] == params["from_time"] == LOWEST
+        if front:  # (its walks from the front take at most a tenth of the session's time)
+            self.every[sql] = max(FULL_S, 10 * (self.clock() - self.fronts[sql]))
+        if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
+            self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
+            return
+        short = len(rows) < params["n"]
+        pending = [row[0] for row in rows if not row[6]]  # (the claim's own, not reclaims)
+        self.seq[sql] = LOWEST if short or not pending else min(pending)
+        if sql == w.SQL_NEXT_RECLAIMABLE and (front or short):  # (every lapsed lease: taken)
+            self.time[sql] = params["now"]

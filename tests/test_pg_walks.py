@@ -1,0 +1,276 @@
+"""PostgreSQL: a session's claims walk from floors (``asnackq.store.pg_walks``): past the
+dead index entries a held snapshot keeps, with every job behind a floor found by the next
+walk from the front."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.core import worker as w
+from asnackq.store import pg
+from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, Walks
+
+from .conftest import T0
+from .pgdb import executed_plan, query
+
+FRESH, NEXT, DUE = (
+    w.SQL_NEXT_FRESH_RECLAIMING,
+    w.SQL_NEXT_RECLAIMABLE,
+    w.SQL_QUARANTINE_DUE_RECLAIMING,
+)
+LEASE = 60_000
+
+
+class Ticking:
+    """A clock for the walks' schedule that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def row(seq: int, reclaim: bool = False) -> tuple[Any, ...]:
+    return (seq, f"j{seq}", 1, 0, 0, T0 + LEASE, reclaim, 0)
+
+
+def walk(walks: Walks, sql: str, params: dict[str, Any], rows: list[tuple[Any, ...]]):
+    """One statement's walk: the floors it was given."""
+    floored = walks.floored(sql, params)
+    assert floored is not None
+    walks.found(sql, floored[1], rows)
+    return floored[1]["from_seq"], floored[1]["from_time"]
+
+
+# --- the rules, on their own ---------------------------------------------------------
+
+
+def test_a_full_claim_moves_the_floor_to_its_first_job_and_a_short_one_back_to_the_front():
+    walks = Walks(Ticking())
+    fresh = {"now": T0, "n": 3}
+    assert walk(walks, FRESH, fresh, [row(5), row(6), row(9)]) == (LOWEST, LOWEST)
+    assert walk(walks, FRESH, fresh, [row(10), row(11), row(12)]) == (5, LOWEST)
+    assert walk(walks, FRESH, fresh, [row(13)]) == (10, LOWEST)  # short:
+    assert walk(walks, FRESH, fresh, [row(2), row(14), row(15)]) == (LOWEST, LOWEST)
+    assert walk(walks, FRESH, fresh, []) == (2, LOWEST)
+    assert walk(walks, FRESH, fresh, []) == (LOWEST, LOWEST)
+
+
+def test_reclaims_do_not_move_the_pending_floor_and_each_statement_keeps_its_own():
+    walks = Walks(Ticking())
+    claim = {"now": T0, "n": 2, "losses": 3}
+    walk(walks, NEXT, claim, [row(1, reclaim=True), row(7)])
+    assert walks.seq[NEXT] == 7
+    walk(walks, NEXT, claim, [row(8, reclaim=True), row(9, reclaim=True)])
+    assert walks.seq[NEXT] == LOWEST  # (no pending job taken: from the front)
+    walk(walks, FRESH, {"now": T0, "n": 1}, [row(30)])
+    assert walks.seq[FRESH] == 30 and walks.seq[NEXT] == LOWEST
+
+
+def test_every_walk_is_from_the_front_once_a_second_or_ten_times_its_own_time():
+    clock = Ticking()
+    walks = Walks(clock)
+    fresh = {"now": T0, "n": 1}
+    walk(walks, FRESH, fresh, [row(1)])
+    clock.now += FULL_S * 0.9
+    assert walk(walks, FRESH, fresh, [row(2)]) == (1, LOWEST)
+    clock.now += FULL_S * 0.1
+    floored = walks.floored(FRESH, fresh)  # a walk from the front that takes 0.5 s
+    assert floored is not None and floored[1]["from_seq"] == LOWEST
+    clock.now += 0.5
+    walks.found(FRESH, floored[1], [row(3)])
+    assert walks.every[FRESH] == pytest.approx(5.0)  # the next one 5 s after it began
+    clock.now += 4.4
+    assert walk(walks, FRESH, fresh, [row(4)]) == (3, LOWEST)
+    clock.now += 0.1
+    assert walk(walks, FRESH, fresh, [row(5)]) == (LOWEST, LOWEST)
+    assert walks.every[FRESH] == FULL_S  # (that one took no time)
+
+
+def test_the_lease_floor_is_the_clock_of_the_last_walk_that_took_every_lapsed_lease():
+    clock = Ticking()
+    walks = Walks(clock)
+    claim = {"now": T0, "n": 2, "losses": 3}
+    full = [row(1), row(2, reclaim=True)]  # (the LIMIT may have left lapsed leases out)
+    assert walk(walks, NEXT, claim, full) == (LOWEST, LOWEST)
+    assert walks.time[NEXT] == T0  # (from the front: every lease lapsed by T0 was seen)
+    assert walk(walks, NEXT, {**claim, "now": T0 + 50}, [row(3), row(4)]) == (1, T0)
+    assert walks.time[NEXT] == T0  # (a full walk from the floor leaves it)
+    assert walk(walks, NEXT, {**claim, "now": T0 + 60}, [row(5)]) == (3, T0)
+    assert walks.time[NEXT] == T0 + 60  # (one that came up short took every one)
+    clock.now += FULL_S
+    assert walk(walks, NEXT, {**claim, "now": T0 + 90}, full) == (LOWEST, LOWEST)
+    assert walks.time[NEXT] == T0 + 90
+
+
+def test_the_checks_floor_is_the_clock_of_the_last_check():
+    clock = Ticking()
+    walks = Walks(clock)
+    assert walk(walks, DUE, {"now": T0 + 60}, [(False,)]) == (LOWEST, LOWEST)
+    assert walk(walks, DUE, {"now": T0 + 70}, [(False,)]) == (LOWEST, T0 + 60)
+    assert walk(walks, DUE, {"now": T0 + 80}, [(True,)]) == (LOWEST, T0 + 70)
+    assert walks.time[DUE] == T0 + 80  # (found: the quarantine, from the front, ends it)
+    # the run's clock behind a floor (stepped back): from the front
+    assert walk(walks, DUE, {"now": T0 + 10}, [(False,)]) == (LOWEST, LOWEST)
+    assert walks.time[DUE] == T0 + 10
+    clock.now += FULL_S
+    assert walk(walks, DUE, {"now": T0 + 20}, [(False,)]) == (LOWEST, LOWEST)
+
+
+def test_other_statements_and_positional_parameters_take_no_floor():
+    walks = Walks()
+    assert walks.floored(w.SQL_NEXT_FRESH, {"now": T0, "n": 1}) is None
+    assert walks.floored(w.SQL_LEASE, ("o", T0, "[]")) is None
+    assert walks.floored(FRESH, (T0, 1)) is None
+    assert set(FLOORED) == {FRESH, NEXT, DUE}
+
+
+# --- on a server -------------------------------------------------------------------
+
+
+@pytest.fixture
+def url(pg_db):
+    return pg_db()
+
+
+async def fill(q: AsyncQueue, ids: list[str], now: int = T0) -> None:
+    await q.enqueue_many([{"id": i, "qty": 1} for i in ids], now)
+
+
+async def cycle(q: AsyncQueue, now: int, count: int, fresh: int = 0, results=()) -> list[str]:
+    _, _, tickets, _ = await q.cycle(list(results), [], "me", now, LEASE, count, fresh)
+    return [t["id"] for t in tickets]
+
+
+async def test_a_retry_behind_the_floor_is_claimed_by_the_next_walk_from_the_front(url):
+    async with AsyncQueue.open(url) as q:
+        walks = q._db.walks
+        clock = walks.clock = Ticking()
+        await fill(q, ["r", *(f"b{i}" for i in range(10))])
+        [first, *_] = (await q.cycle([], [], "me", T0, LEASE, 2, 0))[2]
+        assert first["id"] == "r"
+        # r fails: a retry due 50 ms later, behind the floor the next claims walk from
+        assert await cycle(q, T0 + 1, 0, results=[(first, "retry", T0 + 1, 50)]) == []
+        assert await cycle(q, T0 + 2, 2) == ["b1", "b2"]
+        assert await cycle(q, T0 + 100, 2) == ["b3", "b4"]  # due, but behind the floor
+        clock.now += FULL_S
+        assert await cycle(q, T0 + 101, 2) == ["r", "b5"]  # the walk from the front
+        # a claim that comes up short: the next one walks from the front
+        assert await cycle(q, T0 + 102, 10) == ["b6", "b7", "b8", "b9"]
+        assert walks.seq[NEXT] == LOWEST
+
+
+async def test_a_lapsed_lease_behind_the_floor_is_reclaimed_by_the_next_walk_from_the_front(url):
+    async with AsyncQueue.open(url) as q, AsyncQueue.open(url) as other:
+        walks = q._db.walks
+        clock = walks.clock = Ticking()
+        await fill(q, [f"a{i}" for i in range(6)], T0 + 55)  # (due at T0 + 55)
+        await fill(q, ["x"])
+        _, _, [lost], _ = await other.cycle([], [], "gone", T0, 50, 1, 0)
+        assert lost["id"] == "x"  # its lease lapses at T0 + 50, never finished
+        # a0-a5 (lower seqs) come first: the LIMIT leaves x out of the walk from the front
+        assert await cycle(q, T0 + 60, 1) == ["a0"]
+        assert walks.time[NEXT] == T0 + 60  # the lease floor: x's lapsed before it
+        assert await cycle(q, T0 + 70, 1) == ["a1"]
+        clock.now += FULL_S
+        assert await cycle(q, T0 + 80, 6) == ["a2", "a3", "a4", "a5", "x"]
+
+
+async def test_under_a_held_snapshot_a_claim_from_its_floor_steps_over_no_dead_entries(url):
+    """The point of the floors: with a snapshot held open, the index entries of every job
+    claimed since stay at the front of ``jobs_by_status``; a walk from the front reads them
+    all again, a walk from the floor does not, and both find the same jobs.  Over a run, the
+    claims read each entry a few times, not once per claim after it (47,100 entries for this
+    run without floors)."""
+    now = w.epoch_ms()  # (the Dispatcher's clock: the wall's)
+    held = psycopg.connect(url)
+    try:
+        async with AsyncQueue.open(url) as q:
+            q._db.walks.clock = Ticking()  # (no walk from the front for the time's sake)
+            await fill(q, [f"j{i:05}" for i in range(3000)], now)
+            held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            held.execute("SELECT count(*) FROM jobs").fetchall()
+            with psycopg.connect(url, autocommit=True) as con:
+                before = entries_read(con)
+
+            async def null(event: dict[str, Any], token: int) -> bool:
+                return True
+
+            summary = await Dispatcher(q, null, owner="d", concurrency=16, lease_ms=LEASE).run(
+                max_jobs=2500
+            )
+            assert summary.done == 2500
+        with psycopg.connect(url, autocommit=True) as con:  # (its session's counts, flushed)
+            assert entries_read(con) - before < 6 * 2500
+        [(floor,)] = query(url, "SELECT min(seq) FROM jobs WHERE status = 'pending'")
+        params = {"now": w.epoch_ms(), "n": 64}
+        front = claimed(url, {**params, "from_seq": LOWEST, "from_time": LOWEST})
+        floored = claimed(url, {**params, "from_seq": floor, "from_time": LOWEST})
+    finally:
+        held.close()
+    assert front[0] == floored[0] and len(floored[0]) == 64
+    assert front[1] >= 2500 > 100 >= floored[1] >= 64, (front[1], floored[1])
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url, analyzed):
+    """Every floor is an index condition (the scan starts there), never a filter over a
+    walk from the front, whatever the table's statistics say."""
+    asyncio.run(filled(url, 20_000))
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(
+            "UPDATE jobs SET status = 'leased', lease_until = available_at + 10 WHERE seq <= 500"
+        )
+        if analyzed:
+            con.execute("ANALYZE jobs")
+        con.execute(pg.SQL_CLAIMING)
+        [(now,)] = con.execute("SELECT max(available_at) + 1000 FROM jobs").fetchall()
+        floors = {"now": now, "n": 64, "losses": 3, "from_seq": 10_000, "from_time": now - 500}
+        conds = {sql: index_conds(executed_plan(con, FLOORED[sql], floors)) for sql in FLOORED}
+    assert any("seq >= " in c for c in conds[FRESH]), conds[FRESH]
+    assert any("seq >= " in c for c in conds[NEXT]), conds[NEXT]
+    assert any("lease_until >= " in c for c in conds[NEXT]), conds[NEXT]
+    assert any("lease_until >= " in c for c in conds[DUE]), conds[DUE]
+    assert any("deadline >= " in c for c in conds[DUE]), conds[DUE]
+
+
+async def filled(url: str, jobs: int) -> None:
+    async with AsyncQueue.open(url) as q:
+        await fill(q, [f"j{i:05}" for i in range(jobs)], w.epoch_ms())
+
+
+def index_conds(node: dict[str, Any]) -> list[str]:
+    """The index conditions of every scan of an executed plan."""
+    found = [node["Index Cond"]] if "Index Cond" in node else []
+    for child in node.get("Plans", ()):
+        found += index_conds(child)
+    return found
+
+
+def claimed(url: str, params: dict[str, Any]) -> tuple[list[str], int]:
+    """The jobs a fresh claim takes with ``params`` (rolled back), and the entries of
+    ``jobs_by_status`` its walk read (``idx_tup_read``: dead ones too)."""
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(pg.SQL_CLAIMING)
+        before = entries_read(con)
+        con.execute("BEGIN")
+        try:
+            ids = [r[1] for r in con.execute(FLOORED[FRESH], params).fetchall()]
+        finally:
+            con.execute("ROLLBACK")
+        return ids, entries_read(con) - before
+
+
+def entries_read(con: psycopg.Connection[Any]) -> int:
+    con.execute("SELECT pg_stat_force_next_flush()")  # (this session's counts, flushed now)
+    con.execute("SELECT pg_stat_clear_snapshot()")
+    [(read,)] = con.execute(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'jobs_by_status'"
+    ).fetchall()
+    return int(read)
