@@ -54,6 +54,11 @@ def walk(walks: Walks, sql: str, params: dict[str, Any], rows: list[tuple[Any, .
 def test_a_full_claim_moves_the_floor_to_its_first_job_and_a_short_one_back_to_the_front():
     walks = Walks(Ticking())
     fresh = {"now": T0, "n": 3}
+    floored = {**fresh, "from_seq": 5, "from_time": LOWEST}
+    assert walks.found(FRESH, floored, [row(5)]) is True  # (short from a floor: read again)
+    assert walks.found(FRESH, floored, [row(5), row(6), row(7)]) is False
+    assert walks.found(FRESH, walks.again(FRESH, floored), [row(1)]) is False  # (the front)
+    walks = Walks(Ticking())
     assert walk(walks, FRESH, fresh, [row(5), row(6), row(9)]) == (LOWEST, LOWEST)
     assert walk(walks, FRESH, fresh, [row(10), row(11), row(12)]) == (5, LOWEST)
     assert walk(walks, FRESH, fresh, [row(13)]) == (10, LOWEST)  # short:
@@ -164,6 +169,18 @@ async def test_a_retry_behind_the_floor_is_claimed_by_the_next_walk_from_the_fro
         # a claim that comes up short: the next one walks from the front
         assert await cycle(q, T0 + 102, 10) == ["b6", "b7", "b8", "b9"]
         assert walks.seq[NEXT] == LOWEST
+
+
+async def test_a_claim_from_a_floor_that_comes_up_short_is_read_again_from_the_front(url):
+    """A claim never takes fewer jobs than a walk from the front would: a retry due behind
+    the floor is taken by the claim whose walk from the floor finds too few."""
+    async with AsyncQueue.open(url) as q:
+        q._db.walks.clock = Ticking()
+        await fill(q, ["r", "b0", "b1", "b2"])
+        [first, *_] = (await q.cycle([], [], "me", T0, LEASE, 2, 0))[2]
+        assert await cycle(q, T0 + 1, 0, results=[(first, "retry", T0 + 1, 50)]) == []
+        assert await cycle(q, T0 + 2, 1) == ["b1"]  # (the floor: b1's seq)
+        assert await cycle(q, T0 + 100, 5) == ["r", "b2"]  # b2 alone from the floor: short
 
 
 async def test_a_lapsed_lease_behind_the_floor_is_reclaimed_by_the_next_walk_from_the_front(url):

@@ -404,8 +404,12 @@ async def asteps(
                 cursor = await con.execute(sql, params)
             count = cursor.rowcount
             reply = await cursor.fetchall() if cursor.description is not None else []
-            if floored is not None and walks is not None:
-                walks.found(step.sql, floored[1], reply)
+            if walks is not None and floored and walks.found(step.sql, floored[1], reply):
+                params = walks.again(step.sql, floored[1])  # (short: again from the front)
+                cursor = await con.execute(sql, params)
+                count = cursor.rowcount
+                reply = await cursor.fetchall()
+                walks.found(step.sql, params, reply)
         elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
             reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):

@@ -16,14 +16,14 @@ Rules of this module:
   at its last check (a check that finds a spent job is followed by the quarantine, which
   walks from the front).  The rows a walk finds are the statement's own, in its order, with
   its locks and every condition: a floor only says where the index scan starts.
-* A job that becomes claimable behind a floor (a retry falling due, a scheduled job, a job
-  whose claim rolled back or whose intake committed late, a lease another worker let lapse
-  while this one walked) is found by the next walk from the front.  A pending walk starts
-  from the front after any claim that came up short (so whenever the queue has no backlog,
-  the claims are those of a walk from the front), every walk at least every ``FULL_S`` (a
-  second; when a walk from the front takes longer than a tenth of that, ten times as long
-  as it took, so that those walks take at most a tenth of the session's time), and
-  whenever the run's clock is behind its floor (a clock stepped back).
+* A claim from a floor that comes up short is read again from the front, in the same
+  transaction: a claim never takes fewer jobs than a walk from the front would.  Only while
+  walks from the floor fill every claim (a backlog) does a job that became claimable behind
+  it (a retry falling due, a scheduled job, a job whose claim rolled back or whose intake
+  committed late, a lease another worker let lapse) wait for the next walk from the front:
+  at least every ``FULL_S`` (a second; when a walk from the front takes longer than a tenth
+  of that, ten times as long as it took, so that those walks take at most a tenth of the
+  session's time), and whenever the run's clock is behind its floor (a clock stepped back).
 * Floors are kept by the session's store, in memory; a store without them (a new one, the
   sync driver, a lane's claims) walks from the front.  Only the product's claims
   (``Limits.max_losses``: ``SQL_NEXT_RECLAIMABLE``, ``SQL_NEXT_FRESH_RECLAIMING``) and
@@ -40,7 +40,7 @@ from typing import Any
 from asnackq.core import worker as w
 from asnackq.store.pg_sql import STATEMENTS
 
-__all__ = ["FLOORED", "FULL_S", "Walks"]
+__all__ = ["FLOORED", "FULL_S", "LOWEST", "Walks"]
 
 FULL_S = 1.0  # a walk from the front at least this often (seconds of time.monotonic)
 LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk from the front
@@ -114,16 +114,25 @@ class Walks:
             self.fronts[sql] = at
         return text, {**params, "from_seq": from_seq, "from_time": from_time}
 
-    def found(self, sql: str, params: dict[str, Any], rows: Sequence[Sequence[Any]]) -> None:
-        """What a floored statement's walk (``params``: its floors) found: the next floors."""
+    def again(self, sql: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The parameters of a walk from the front after ``params``' came up short."""
+        self.fronts[sql] = self.clock()
+        return {**params, "from_seq": LOWEST, "from_time": LOWEST}
+
+    def found(self, sql: str, params: dict[str, Any], rows: Sequence[Sequence[Any]]) -> bool:
+        """What a floored statement's walk (``params``: its floors) found: the next floors.
+        True: a claim from a floor came up short, so the caller reads it again from the front
+        (the same transaction: its own locks are no obstacle), and a claim never takes fewer
+        jobs than a walk from the front would."""
         front = params["from_seq"] == params["from_time"] == LOWEST
         if front:  # (its walks from the front take at most a tenth of the session's time)
             self.every[sql] = max(FULL_S, 10 * (self.clock() - self.fronts[sql]))
         if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
             self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
-            return
+            return False
         short = len(rows) < params["n"]
         pending = [row[0] for row in rows if not row[6]]  # (the claim's own, not reclaims)
         self.seq[sql] = LOWEST if short or not pending else min(pending)
         if sql == w.SQL_NEXT_RECLAIMABLE and (front or short):  # (every lapsed lease: taken)
             self.time[sql] = params["now"]
+        return short and not front
