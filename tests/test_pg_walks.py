@@ -98,7 +98,7 @@ def test_every_walk_is_from_the_front_once_a_second_or_ten_times_its_own_time():
     assert walks.every[FRESH] == FULL_S  # (that one took no time)
 
 
-def test_the_lease_floor_is_the_clock_of_the_last_walk_that_took_every_lapsed_lease():
+def test_the_lease_floor_is_the_clock_of_the_last_full_walk_from_the_front():
     clock = Ticking()
     walks = Walks(clock)
     claim = {"now": T0, "n": 2, "losses": 3}
@@ -108,7 +108,11 @@ def test_the_lease_floor_is_the_clock_of_the_last_walk_that_took_every_lapsed_le
     assert walk(walks, NEXT, {**claim, "now": T0 + 50}, [row(3), row(4)]) == (1, T0)
     assert walks.time[NEXT] == T0  # (a full walk from the floor leaves it)
     assert walk(walks, NEXT, {**claim, "now": T0 + 60}, [row(5)]) == (3, T0)
-    assert walks.time[NEXT] == T0 + 60  # (one that came up short took every one)
+    assert walks.time[NEXT] == T0  # (short from a floor: the caller reads it again)
+    front = walks.again(NEXT, {**claim, "now": T0 + 60, "from_seq": 3, "from_time": T0})
+    assert walks.found(NEXT, front, [row(1)]) is False
+    assert walks.time[NEXT] == LOWEST  # (short from the front: the next claim is too,
+    assert walk(walks, NEXT, {**claim, "now": T0 + 70}, []) == (LOWEST, LOWEST)  # once)
     clock.now += FULL_S
     assert walk(walks, NEXT, {**claim, "now": T0 + 90}, full) == (LOWEST, LOWEST)
     assert walks.time[NEXT] == T0 + 90

@@ -11,11 +11,12 @@ Rules of this module:
   steps again over the entries of every job claimed since, all at the front of its walk.
 * So a session's claim walks from a floor: pending jobs from the seq of the first job its
   last claim of that kind took (``seq >= from_seq``, an index condition); lapsed leases from
-  the run's clock at its last walk that took every one it found (from the front, or one
-  that came up short); the quarantine's check of deadlines and leases from the run's clock
-  at its last check (a check that finds a spent job is followed by the quarantine, which
-  walks from the front).  The rows a walk finds are the statement's own, in its order, with
-  its locks and every condition: a floor only says where the index scan starts.
+  the run's clock at its last walk from the front that filled its claim (after one that came
+  up short, the next claim walks wholly from the front, once); the quarantine's check of
+  deadlines and leases from the run's clock at its last check (a check that finds a spent
+  job is followed by the quarantine, which walks from the front).  The rows a walk finds
+  are the statement's own, in its order, with its locks and every condition: a floor only
+  says where the index scan starts.
 * A claim from a floor that comes up short is read again from the front, in the same
   transaction: a claim never takes fewer jobs than a walk from the front would.  Only while
   walks from the floor fill every claim (a backlog) does a job that became claimable behind
@@ -133,6 +134,6 @@ class Walks:
         short = len(rows) < params["n"]
         pending = [row[0] for row in rows if not row[6]]  # (the claim's own, not reclaims)
         self.seq[sql] = LOWEST if short or not pending else min(pending)
-        if sql == w.SQL_NEXT_RECLAIMABLE and (front or short):  # (every lapsed lease: taken)
-            self.time[sql] = params["now"]
+        if sql == w.SQL_NEXT_RECLAIMABLE and front:  # (every lapsed lease it saw: taken)
+            self.time[sql] = LOWEST if short else params["now"]  # (short: all from the front)
         return short and not front
