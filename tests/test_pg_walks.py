@@ -54,7 +54,7 @@ def walk(walks: Walks, sql: str, params: dict[str, Any], rows: list[tuple[Any, .
 def test_a_full_claim_moves_the_floor_to_its_first_job_and_a_short_one_back_to_the_front():
     walks = Walks(Ticking())
     fresh = {"now": T0, "n": 3}
-    floored = {**fresh, "from_seq": 5, "from_time": LOWEST}
+    floored = {**fresh, "from_seq": 5, "from_time": LOWEST, "front": False}
     assert walks.found(FRESH, floored, [row(5)]) is True  # (short from a floor: read again)
     assert walks.found(FRESH, floored, [row(5), row(6), row(7)]) is False
     assert walks.found(FRESH, walks.again(FRESH, floored), [row(1)]) is False  # (the front)
@@ -98,24 +98,29 @@ def test_every_walk_is_from_the_front_once_a_second_or_ten_times_its_own_time():
     assert walks.every[FRESH] == FULL_S  # (that one took no time)
 
 
-def test_the_lease_floor_is_the_clock_of_the_last_full_walk_from_the_front():
+def test_leases_are_read_by_the_walks_from_the_front_only():
     clock = Ticking()
     walks = Walks(clock)
     claim = {"now": T0, "n": 2, "losses": 3}
-    full = [row(1), row(2, reclaim=True)]  # (the LIMIT may have left lapsed leases out)
-    assert walk(walks, NEXT, claim, full) == (LOWEST, LOWEST)
-    assert walks.time[NEXT] == T0  # (from the front: every lease lapsed by T0 was seen)
-    assert walk(walks, NEXT, {**claim, "now": T0 + 50}, [row(3), row(4)]) == (1, T0)
-    assert walks.time[NEXT] == T0  # (a full walk from the floor leaves it)
-    assert walk(walks, NEXT, {**claim, "now": T0 + 60}, [row(5)]) == (3, T0)
-    assert walks.time[NEXT] == T0  # (short from a floor: the caller reads it again)
-    front = walks.again(NEXT, {**claim, "now": T0 + 60, "from_seq": 3, "from_time": T0})
-    assert walks.found(NEXT, front, [row(1)]) is False
-    assert walks.time[NEXT] == LOWEST  # (short from the front: the next claim is too,
-    assert walk(walks, NEXT, {**claim, "now": T0 + 70}, []) == (LOWEST, LOWEST)  # once)
+    fronts = []
+    for now, rows in ((T0, [row(1), row(2)]), (T0 + 50, [row(3), row(4)]), (T0 + 60, [row(5)])):
+        floored = walks.floored(NEXT, {**claim, "now": now})
+        assert floored is not None
+        fronts.append(floored[1]["front"])
+        again = walks.found(NEXT, floored[1], rows)
+    assert fronts == [True, False, False] and again  # (short from a floor: read again,
+    front = walks.again(NEXT, floored[1])  # leases and all)
+    assert front["front"] and walks.found(NEXT, front, [row(5)]) is False
+    floored = walks.floored(NEXT, {**claim, "now": T0 + 70})  # (short from the front:
+    assert floored is not None and floored[1]["front"]  # the next claim is too, once)
+    walks.found(NEXT, floored[1], [row(6), row(7)])
+    assert walks.floored(NEXT, claim) == (
+        FLOORED[NEXT],
+        {**claim, "from_seq": 6, "from_time": LOWEST, "front": False},
+    )
     clock.now += FULL_S
-    assert walk(walks, NEXT, {**claim, "now": T0 + 90}, full) == (LOWEST, LOWEST)
-    assert walks.time[NEXT] == T0 + 90
+    assert walks.floored(NEXT, claim)[1]["front"]  # type: ignore[index]
+    assert NEXT not in walks.time  # (no floor on a lease's end)
 
 
 def test_the_checks_floor_is_the_clock_of_the_last_check():
@@ -197,8 +202,7 @@ async def test_a_lapsed_lease_behind_the_floor_is_reclaimed_by_the_next_walk_fro
         assert lost["id"] == "x"  # its lease lapses at T0 + 50, never finished
         # a0-a5 (lower seqs) come first: the LIMIT leaves x out of the walk from the front
         assert await cycle(q, T0 + 60, 1) == ["a0"]
-        assert walks.time[NEXT] == T0 + 60  # the lease floor: x's lapsed before it
-        assert await cycle(q, T0 + 70, 1) == ["a1"]
+        assert await cycle(q, T0 + 70, 1) == ["a1"]  # (from the floor: no lease read)
         clock.now += FULL_S
         assert await cycle(q, T0 + 80, 6) == ["a2", "a3", "a4", "a5", "x"]
 
@@ -230,19 +234,25 @@ async def test_under_a_held_snapshot_a_claim_from_its_floor_steps_over_no_dead_e
         with psycopg.connect(url, autocommit=True) as con:  # (its session's counts, flushed)
             assert entries_read(con) - before < 6 * 2500
         [(floor,)] = query(url, "SELECT min(seq) FROM jobs WHERE status = 'pending'")
-        params = {"now": w.epoch_ms(), "n": 64}
-        front = claimed(url, {**params, "from_seq": LOWEST, "from_time": LOWEST})
-        floored = claimed(url, {**params, "from_seq": floor, "from_time": LOWEST})
+        params = {"now": w.epoch_ms(), "n": 64, "losses": 3, "from_time": LOWEST}
+        front = claimed(url, FRESH, {**params, "from_seq": LOWEST, "front": True})
+        floored = claimed(url, FRESH, {**params, "from_seq": floor, "front": False})
+        # with statistics that count no lease (a planner may walk leases by status then),
+        # the claim of waiting coroutines from its floor reads no more
+        query(url, "ANALYZE jobs")
+        waiting = claimed(url, NEXT, {**params, "from_seq": floor, "front": False})
     finally:
         held.close()
-    assert front[0] == floored[0] and len(floored[0]) == 64
+    assert front[0] == floored[0] == waiting[0] and len(floored[0]) == 64
     assert front[1] >= 2500 > 100 >= floored[1] >= 64, (front[1], floored[1])
+    assert 100 >= waiting[1] >= 64, waiting[1]
 
 
 @pytest.mark.parametrize("analyzed", [False, True])
 def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url, analyzed):
     """Every floor is an index condition (the scan starts there), never a filter over a
-    walk from the front, whatever the table's statistics say."""
+    walk from the front, whatever the table's statistics say; a claim's walk from a floor
+    reads no lapsed lease, one from the front reads them."""
     asyncio.run(filled(url, 20_000))
     with psycopg.connect(url, autocommit=True) as con:
         con.execute(
@@ -253,12 +263,31 @@ def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url
         con.execute(pg.SQL_CLAIMING)
         [(now,)] = con.execute("SELECT max(available_at) + 1000 FROM jobs").fetchall()
         floors = {"now": now, "n": 64, "losses": 3, "from_seq": 10_000, "from_time": now - 500}
-        conds = {sql: index_conds(executed_plan(con, FLOORED[sql], floors)) for sql in FLOORED}
+        conds = {
+            sql: index_conds(executed_plan(con, FLOORED[sql], {**floors, "front": False}))
+            for sql in FLOORED
+        }
+        front_conds = index_conds(executed_plan(con, FLOORED[NEXT], {**floors, "front": True}))
+        floored = claim_rows(con, {**floors, "front": False})
+        front = claim_rows(con, {**floors, "from_seq": LOWEST, "front": True})
     assert any("seq >= " in c for c in conds[FRESH]), conds[FRESH]
     assert any("seq >= " in c for c in conds[NEXT]), conds[NEXT]
-    assert any("lease_until >= " in c for c in conds[NEXT]), conds[NEXT]
     assert any("lease_until >= " in c for c in conds[DUE]), conds[DUE]
     assert any("deadline >= " in c for c in conds[DUE]), conds[DUE]
+    # the claim's read of lapsed leases: never from a floor, from the front
+    assert not any("lease" in c for c in conds[NEXT]), conds[NEXT]
+    assert any("lease" in c for c in front_conds), front_conds
+    assert floored == [(seq, False) for seq in range(10_000, 10_064)]
+    assert front == [(seq, True) for seq in range(1, 65)]  # (the lapsed leases, first)
+
+
+def claim_rows(con: psycopg.Connection[Any], params: dict[str, Any]) -> list[tuple[int, bool]]:
+    """The jobs (seq, whether a reclaim) a claim of waiting coroutines takes (rolled back)."""
+    con.execute("BEGIN")
+    try:
+        return [(r[0], r[6]) for r in con.execute(FLOORED[NEXT], params).fetchall()]
+    finally:
+        con.execute("ROLLBACK")
 
 
 async def filled(url: str, jobs: int) -> None:
@@ -267,22 +296,23 @@ async def filled(url: str, jobs: int) -> None:
 
 
 def index_conds(node: dict[str, Any]) -> list[str]:
-    """The index conditions of every scan of an executed plan."""
-    found = [node["Index Cond"]] if "Index Cond" in node else []
+    """The index conditions of every scan an executed plan ran (and the index's name)."""
+    ran = "Index Cond" in node and node["Actual Loops"] > 0
+    found = [f"{node['Index Name']}: {node['Index Cond']}"] if ran else []
     for child in node.get("Plans", ()):
         found += index_conds(child)
     return found
 
 
-def claimed(url: str, params: dict[str, Any]) -> tuple[list[str], int]:
-    """The jobs a fresh claim takes with ``params`` (rolled back), and the entries of
+def claimed(url: str, sql: str, params: dict[str, Any]) -> tuple[list[str], int]:
+    """The jobs a claim (``sql``) takes with ``params`` (rolled back), and the entries of
     ``jobs_by_status`` its walk read (``idx_tup_read``: dead ones too)."""
     with psycopg.connect(url, autocommit=True) as con:
         con.execute(pg.SQL_CLAIMING)
         before = entries_read(con)
         con.execute("BEGIN")
         try:
-            ids = [r[1] for r in con.execute(FLOORED[FRESH], params).fetchall()]
+            ids = [r[1] for r in con.execute(FLOORED[sql], params).fetchall()]
         finally:
             con.execute("ROLLBACK")
         return ids, entries_read(con) - before
