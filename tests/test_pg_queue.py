@@ -22,7 +22,7 @@ from asnackq.lab.pg_server import free_port
 from asnackq.store import pg, pg_sql, sessions
 
 from .conftest import T0
-from .pgdb import executed_plan, query, reads
+from .pgdb import done_statistics, executed_plan, query, reads
 
 
 @pytest.fixture
@@ -162,6 +162,32 @@ def test_the_quarantines_check_counts_spent_budgets_by_their_index_with_statisti
     [(jit,)] = con.execute("SHOW jit").fetchall()
     assert jit == "off"
     con.close()
+
+
+def test_with_statistics_that_count_no_pending_job_a_lease_finds_its_jobs_by_seq(url):
+    """Statistics taken while the table held only done jobs (a held snapshot's table of done
+    versions) count no pending or leased job.  A lease of 300 was then planned as a walk of
+    every pending and leased entry of ``jobs_by_deadline``, filtered by seq (110-155 ms under
+    a held snapshot); a lease, a reclaiming lease and a poisoning find their jobs by seq."""
+    con = pg.connect(url)
+    done_statistics(con, T0 + 3_600_000, T0)
+    seqs = "[" + ",".join(str(seq) for seq in range(96001, 96301)) + "]"
+    for sql, params in (
+        (w.SQL_LEASE, ("o", T0 + 60_000, seqs)),
+        (w.SQL_LEASE_RECLAIMING, ("o", T0 + 60_000, seqs)),
+        (w.SQL_POISON, (seqs,)),
+    ):
+        plan = executed_plan(con, pg_sql.STATEMENTS[sql], params)
+        assert index_names(plan) == ["jobs_pkey"], (sql, index_names(plan))
+    con.close()
+
+
+def index_names(node: dict[str, object]) -> list[str]:
+    """The indexes an executed plan's scans read, in plan order."""
+    found = [str(node["Index Name"])] if "Index Name" in node else []
+    for child in node.get("Plans", ()):  # type: ignore[attr-defined]
+        found += index_names(child)
+    return found
 
 
 def test_a_cycles_settle_finds_its_jobs_by_id_whatever_the_statistics_say(url):

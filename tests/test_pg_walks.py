@@ -16,7 +16,7 @@ from asnackq.store import pg
 from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, Walks
 
 from .conftest import T0
-from .pgdb import executed_plan, query
+from .pgdb import done_statistics, executed_plan, query
 
 FRESH, NEXT, DUE = (
     w.SQL_NEXT_FRESH_RECLAIMING,
@@ -241,8 +241,12 @@ async def test_under_a_held_snapshot_a_claim_from_its_floor_steps_over_no_dead_e
         # the claim of waiting coroutines from its floor reads no more
         query(url, "ANALYZE jobs")
         waiting = claimed(url, NEXT, {**params, "from_seq": floor, "front": False})
+        # the check from its floor, once every lease the run took has lapsed: by deadline
+        check = {"now": now + LEASE + 5000, "from_time": now, "from_seq": LOWEST, "front": False}
+        due = checked(url, check)
     finally:
         held.close()
+    assert due[0] is False and due[1] <= 100, due
     assert front[0] == floored[0] == waiting[0] and len(floored[0]) == 64
     assert front[1] >= 2500 > 100 >= floored[1] >= 64, (front[1], floored[1])
     assert 100 >= waiting[1] >= 64, waiting[1]
@@ -272,8 +276,9 @@ def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url
         front = claim_rows(con, {**floors, "from_seq": LOWEST, "front": True})
     assert any("seq >= " in c for c in conds[FRESH]), conds[FRESH]
     assert any("seq >= " in c for c in conds[NEXT]), conds[NEXT]
-    assert any("lease_until >= " in c for c in conds[DUE]), conds[DUE]
-    assert any("deadline >= " in c for c in conds[DUE]), conds[DUE]
+    # the check: pending and leased jobs by deadline from its floor, never by lease
+    assert any("deadline >= " in c and "leased" in c for c in conds[DUE]), conds[DUE]
+    assert not any("lease_until" in c for c in conds[DUE]), conds[DUE]
     # the claim's read of lapsed leases: never from a floor, from the front
     assert not any("lease" in c for c in conds[NEXT]), conds[NEXT]
     assert any("lease" in c for c in front_conds), front_conds
@@ -288,6 +293,23 @@ def claim_rows(con: psycopg.Connection[Any], params: dict[str, Any]) -> list[tup
         return [(r[0], r[6]) for r in con.execute(FLOORED[NEXT], params).fetchall()]
     finally:
         con.execute("ROLLBACK")
+
+
+def test_with_statistics_that_count_no_pending_job_the_check_reads_by_deadline(url):
+    """Statistics taken over done jobs count no pending or leased job: the check's EXISTS
+    parts were then planned as walks of every pending or leased entry of ``jobs_by_status``
+    (85-330 ms a check under a held snapshot).  From a floor and from the front, the check
+    reads each part by deadline, from its floor."""
+    with pg.connect(url) as con:  # (a queue's session, as claims run on)
+        done_statistics(con, T0 + 3_600_000, T0)
+        for from_time in (T0 - 200, LOWEST):
+            plan = executed_plan(con, FLOORED[DUE], {"now": T0, "from_time": from_time})
+            conds = index_conds(plan)
+            assert len(conds) == 3, conds
+            for status in ("pending", "leased"):
+                [part] = [c for c in conds if f"'{status}'" in c and "jobs_by_deadline" in c]
+                assert f"deadline >= '{from_time}'" in part, part
+            assert any(c.startswith("jobs_spent: ") for c in conds), conds
 
 
 async def filled(url: str, jobs: int) -> None:
@@ -318,10 +340,23 @@ def claimed(url: str, sql: str, params: dict[str, Any]) -> tuple[list[str], int]
         return ids, entries_read(con) - before
 
 
-def entries_read(con: psycopg.Connection[Any]) -> int:
+def checked(url: str, params: dict[str, Any]) -> tuple[bool, int]:
+    """What the quarantine's check from ``params`` finds, and the entries of every index of
+    ``jobs`` it read."""
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute(pg.SQL_CLAIMING)
+        before = entries_read(con, "%")
+        [(found,)] = con.execute(FLOORED[DUE], params).fetchall()
+        return found, entries_read(con, "%") - before
+
+
+def entries_read(con: psycopg.Connection[Any], index: str = "jobs_by_status") -> int:
+    """The entries read of ``index`` (a LIKE pattern: their sum) of ``jobs``."""
     con.execute("SELECT pg_stat_force_next_flush()")  # (this session's counts, flushed now)
     con.execute("SELECT pg_stat_clear_snapshot()")
     [(read,)] = con.execute(
-        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'jobs_by_status'"
+        "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+        " WHERE relname = 'jobs' AND indexrelname LIKE %s",
+        (index,),
     ).fetchall()
     return int(read)

@@ -11,12 +11,12 @@ Rules of this module:
   steps again over the entries of every job claimed since, all at the front of its walk.
 * So a session's claim walks from a floor: pending jobs from the seq of the first job its
   last claim of that kind took (``seq >= from_seq``, an index condition); the quarantine's
-  check of deadlines and leases from the run's clock at its last check (a check that finds
-  a spent job is followed by the quarantine, which walks from the front).  The claim's
-  lapsed leases are read by its walks from the front only: a floor on a lease's end is no
-  index condition of ``jobs_by_status``, which a planner whose statistics count few leases
-  walks for them (58 ms a claim at 300,000 jobs under a held snapshot, against 0.3 ms
-  without that part).  The rows a walk finds are the statement's own, in its order, with
+  check of pending and leased jobs by deadline from the run's clock at its last check (a
+  check that finds a spent job is followed by the quarantine, which walks from the front).
+  The claim's lapsed leases are read by its walks from the front only: a floor on a lease's
+  end is no index condition of ``jobs_by_status``, which a planner whose statistics count
+  few leases walks for them (58 ms a claim at 300,000 jobs under a held snapshot, against
+  0.3 ms without that part).  The rows a walk finds are the statement's own, in its order, with
   its locks and every condition: a floor only says where the index scan starts, or that a
   part waits for the next walk from the front.
 * A claim from a floor that comes up short is read again from the front, in the same
@@ -50,11 +50,9 @@ LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk fro
 
 _PENDING = "WHERE status = ANY(ARRAY['pending']) AND "
 _EXPIRED = "WHERE status = 'leased' AND lease_until <= %(now)s AND deadline + 0 > %(now)s"
-_DUE_PENDING = "status = 'pending' AND deadline <= %(now)s)"
-_LEASED_SPENT = (
-    "SELECT FROM jobs WHERE status = 'leased' AND lease_until <= %(now)s AND deadline <= %(now)s"
-)
-_DUE_LEASED = f"EXISTS ({_LEASED_SPENT})"
+_DUE_PENDING = "status = 'pending' AND deadline <= %(now)s ORDER BY"
+_DUE_LEASED = "status = 'leased' AND lease_until <= %(now)s AND deadline <= %(now)s ORDER BY"
+_DUE_FROM = " AND deadline >= %(from_time)s ORDER BY"
 
 
 def _floored(text: str, old: str, new: str) -> str:
@@ -65,10 +63,12 @@ def _floored(text: str, old: str, new: str) -> str:
 
 # Each floored statement's text: the walking text with the floors as index conditions; the
 # claim's read of lapsed leases runs only on a walk from the front (``%(front)s``: a plan's
-# one-time filter, so a walk from a floor does not scan for them at all).  The check's read
-# of spent leases walks from its floor by the lease's end (the deadline a filter, ``+ 0``: no
-# plan walks every lapsed lease instead); a lease whose deadline passed after it lapsed
-# behind the floor waits for a check from the front.
+# one-time filter, so a walk from a floor does not scan for them at all).  The check reads
+# the first pending and the first leased job whose deadline passed, each in
+# ``jobs_by_deadline``'s order (``pg_sql``), from its floor: a lease ends by its job's
+# deadline (every lease and extension is ``least(..., deadline)``), so every spent lease is
+# there, and a walk of lapsed leases by their end (``+ 0``: no index condition) would step
+# over every lease taken since a held snapshot began.
 FLOORED = {
     w.SQL_NEXT_RECLAIMABLE: _floored(
         _floored(
@@ -84,12 +84,10 @@ FLOORED = {
         _floored(
             STATEMENTS[w.SQL_QUARANTINE_DUE_RECLAIMING],
             _DUE_PENDING,
-            "status = 'pending' AND deadline <= %(now)s AND deadline >= %(from_time)s)",
+            _DUE_PENDING.replace(" ORDER BY", _DUE_FROM),
         ),
         _DUE_LEASED,
-        "EXISTS ("
-        + _LEASED_SPENT.replace("deadline <=", "deadline + 0 <=")
-        + " AND lease_until >= %(from_time)s)",
+        _DUE_LEASED.replace("lease_until <=", "lease_until + 0 <=").replace(" ORDER BY", _DUE_FROM),
     ),
 }
 
