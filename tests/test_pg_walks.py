@@ -13,7 +13,7 @@ import pytest
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.store import pg
-from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, Walks
+from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, MOST_S, Walks
 
 from .conftest import T0
 from .pgdb import done_statistics, executed_plan, query
@@ -41,7 +41,8 @@ def row(seq: int, reclaim: bool = False) -> tuple[Any, ...]:
 
 
 def walk(walks: Walks, sql: str, params: dict[str, Any], rows: list[tuple[Any, ...]]):
-    """One statement's walk: the floors it was given."""
+    """One statement's walk, in a transaction of its own: the floors it was given."""
+    walks.begin()
     floored = walks.floored(sql, params)
     assert floored is not None
     walks.found(sql, floored[1], rows)
@@ -86,6 +87,7 @@ def test_every_walk_is_from_the_front_once_a_second_or_ten_times_its_own_time():
     clock.now += FULL_S * 0.9
     assert walk(walks, FRESH, fresh, [row(2)]) == (1, LOWEST)
     clock.now += FULL_S * 0.1
+    walks.begin()
     floored = walks.floored(FRESH, fresh)  # a walk from the front that takes 0.5 s
     assert floored is not None and floored[1]["from_seq"] == LOWEST
     clock.now += 0.5
@@ -104,6 +106,7 @@ def test_leases_are_read_by_the_walks_from_the_front_only():
     claim = {"now": T0, "n": 2, "losses": 3}
     fronts = []
     for now, rows in ((T0, [row(1), row(2)]), (T0 + 50, [row(3), row(4)]), (T0 + 60, [row(5)])):
+        walks.begin()
         floored = walks.floored(NEXT, {**claim, "now": now})
         assert floored is not None
         fronts.append(floored[1]["front"])
@@ -111,16 +114,49 @@ def test_leases_are_read_by_the_walks_from_the_front_only():
     assert fronts == [True, False, False] and again  # (short from a floor: read again,
     front = walks.again(NEXT, floored[1])  # leases and all)
     assert front["front"] and walks.found(NEXT, front, [row(5)]) is False
+    walks.begin()
     floored = walks.floored(NEXT, {**claim, "now": T0 + 70})  # (short from the front:
     assert floored is not None and floored[1]["front"]  # the next claim is too, once)
     walks.found(NEXT, floored[1], [row(6), row(7)])
+    walks.begin()
     assert walks.floored(NEXT, claim) == (
         FLOORED[NEXT],
         {**claim, "from_seq": 6, "from_time": LOWEST, "front": False},
     )
     clock.now += FULL_S
+    walks.begin()
     assert walks.floored(NEXT, claim)[1]["front"]  # type: ignore[index]
     assert NEXT not in walks.time  # (no floor on a lease's end)
+
+
+def test_a_statement_read_again_in_a_transaction_walks_from_its_first_reads_floors():
+    """A claim read again after the quarantine, in the same transaction, takes what its
+    first read took: from the front when that one was (with the lapsed leases it locked),
+    whatever floor the first read's jobs would have set."""
+    clock = Ticking()
+    walks = Walks(clock)
+    claim = {"now": T0, "n": 2, "losses": 3}
+    assert walk(walks, NEXT, claim, [row(1), row(2)]) == (LOWEST, LOWEST)  # (floor: 1)
+    clock.now += FULL_S
+    walks.begin()
+    first = walks.floored(NEXT, claim)
+    assert first is not None and first[1]["front"]
+    walks.found(NEXT, first[1], [row(3, reclaim=True), row(4)])  # (floor: 4)
+    again = walks.floored(NEXT, {**claim, "now": T0 + 1})  # (after the quarantine)
+    assert again is not None and again[1] == {**first[1], "now": T0 + 1}
+    walks.begin()  # (the next transaction: from the floor)
+    assert walks.floored(NEXT, claim)[1]["from_seq"] == 4  # type: ignore[index]
+
+
+def test_one_slow_walk_from_the_front_stretches_their_period_to_ten_seconds_at_most():
+    clock = Ticking()
+    walks = Walks(clock)
+    walks.begin()
+    floored = walks.floored(FRESH, {"now": T0, "n": 1})
+    assert floored is not None
+    clock.now += 30.0  # (a stalled event loop, a table lock)
+    walks.found(FRESH, floored[1], [row(1)])
+    assert walks.every[FRESH] == MOST_S == 10 * FULL_S
 
 
 def test_the_checks_floor_is_the_clock_of_the_last_check():
@@ -178,6 +214,27 @@ async def test_a_retry_behind_the_floor_is_claimed_by_the_next_walk_from_the_fro
         # a claim that comes up short: the next one walks from the front
         assert await cycle(q, T0 + 102, 10) == ["b6", "b7", "b8", "b9"]
         assert walks.seq[NEXT] == LOWEST
+
+
+async def test_a_lapsed_lease_is_reclaimed_while_the_quarantine_has_work_each_claim(url):
+    """With a job past its deadline at every claim, each claim is read again after the
+    quarantine, in its transaction; the walk from the front that found a lapsed lease (and
+    locked it) takes it in that second read too, behind a backlog that would fill a claim
+    from the floor."""
+    async with AsyncQueue.open(url) as q, AsyncQueue.open(url) as other:
+        clock = q._db.walks.clock = Ticking()
+        await fill(q, ["x", *(f"b{i:03}" for i in range(200))])
+        _, _, [lost], _ = await other.cycle([], [], "gone", T0, 50, 1, 0)
+        assert lost["id"] == "x"  # its lease lapses at T0 + 50, never finished
+        now, found = T0 + 100, []
+        for k in range(3):
+            await q.enqueue_many([({"id": f"d{k}", "qty": 1}, 1, 3)], now)  # (due at once)
+            clock.now += FULL_S
+            now += 10
+            found.append(await cycle(q, now, 2))
+        assert found[0] == ["x", "b000"], found
+        [(status, owner)] = query(url, "SELECT status, owner FROM jobs WHERE id = 'x'")
+        assert (status, owner) == ("leased", "me")
 
 
 async def test_a_claim_from_a_floor_that_comes_up_short_is_read_again_from_the_front(url):

@@ -383,6 +383,8 @@ async def asteps(
     reply: list[tuple[Any, ...]] | None = None
     count = 0
     flat = w.one_by_one(plan)
+    if begin and walks is not None:
+        walks.begin()  # (the transaction's floors: ``Walks.floored``)
     while True:
         try:
             step = flat.send(reply)
