@@ -263,3 +263,34 @@ async def test_bad_settings_are_refused_before_anything_is_claimed(queue, db, op
     with pytest.raises(ValueError):
         await Dispatcher(queue, SlowSend([0, 0]), owner="d1", **options).run(**run_options)
     assert rows(db) == before
+
+
+async def test_a_lapsed_lease_is_reclaimed_while_tickets_ahead_keep_every_coroutine_busy(queue, db):
+    """While the tickets claimed ahead keep every coroutine busy, none waits, and only the
+    claim for waiting coroutines takes a retry due or a lease that lapsed: such a job
+    waited behind every job never attempted, past its deadline.  At least once a second,
+    one ticket ahead is claimed as any job, the lowest seq first, and sent next."""
+    now = epoch_ms()
+    await queue.enqueue_many([({"id": "x", "qty": 1}, 2_500, 3)], now)  # (its deadline)
+    await fill(queue, 1600)  # (at least 4 s of sends: past x's deadline)
+    _, _, [lost], _ = await queue.cycle([], [], "gone", now, 300, 1, 0)
+    assert lost["id"] == "x"  # its lease lapses 300 ms on, never finished
+
+    events: list[str] = []  # sends started, and x's claim
+
+    async def send(event, token):
+        events.append(event["id"])
+        await asyncio.sleep(0.01)
+        return True
+
+    def trace(kind, ticket, now, status):
+        if kind == "claim" and ticket["id"] == "x":
+            events.append("claimed x")
+
+    dispatcher = Dispatcher(queue, send, owner="d", concurrency=4, trace=trace)
+    summary = await dispatcher.run(until_empty=True)
+    assert summary.done == 1601
+    claimed = events.index("claimed x")
+    assert events[claimed + 1] == "x", events[claimed - 2 : claimed + 6]  # (sent next)
+    [x] = [r for r in rows(db) if len(r) > 3 and r[1] == "x"]
+    assert x[3] == "done", x

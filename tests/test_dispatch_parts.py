@@ -6,7 +6,7 @@ import random
 
 from asnackq.core import worker as w
 from asnackq.dispatch.ledger import Due, Ledger
-from asnackq.dispatch.pacer import Pacer, Want
+from asnackq.dispatch.pacer import ANY_S, Pacer, Want
 from asnackq.dispatch.settings import Settings
 
 LEASE = 1000
@@ -74,6 +74,21 @@ def test_a_pacer_claims_for_waiters_and_ahead_within_the_budget():
     assert pacer.want(waiting=3, ready=2, budget=None) == Want(3, 3)
     assert pacer.want(waiting=3, ready=2, budget=4) == Want(3, 1)
     assert Pacer(settings(), lambda: 0.0).ahead() == 2, "a quarter of the concurrency at least"
+
+
+def test_while_no_coroutine_waits_one_ticket_ahead_a_second_is_of_any_job():
+    now = [100.0]
+    pacer = Pacer(settings(prefetch=5), lambda: now[0])
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
+    now[0] += ANY_S
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(1, 3)
+    assert pacer.want(waiting=0, ready=5, budget=None) == Want(0, 0)  # (none wanted)
+    assert pacer.want(waiting=2, ready=0, budget=None) == Want(2, 5)  # (waiters claim any)
+    pacer.found(Want(2, 5), 7)
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)  # (a second from now)
+    now[0] += ANY_S
+    pacer.found(Want(1, 3), 4)
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
 
 
 def test_a_dry_claim_waits_for_the_idle_poll():

@@ -390,7 +390,7 @@ class Committer:
         lost = self.ledger.kept(now, due, extended)
         self.summary.lost += lost
         self.summary.extended += len(due) - lost
-        self._claimed(now, tickets, slots)
+        self._claimed(now, tickets, slots, want.waiting)
         if self.phase is not Phase.CLAIMING:
             self._release_waiters()  # nothing more will be claimed for them
 
@@ -472,15 +472,26 @@ class Committer:
                 self.settings.trace("finish", finish.ticket, finish.now_ms, status)
             self.summary.count(status)
 
-    def _claimed(self, now: int, tickets: list[w.Ticket], slots: list[float]) -> None:
+    def _claimed(
+        self, now: int, tickets: list[w.Ticket], slots: list[float], first: int = 0
+    ) -> None:
+        """Hold and hand out a cycle's tickets; the ``first`` (claimed as any job, see
+        ``pacer``) that no coroutine waits for go before every ready ticket, unless paced
+        (``slots``: each ticket's send time)."""
         if self.budget is not None:
             self.budget -= len(tickets)
         self.summary.claimed += len(tickets)
-        for ticket, slot in zip(tickets, slots or [0.0] * len(tickets), strict=True):
+        ahead: list[Claimed] = []
+        paced = slots or [0.0] * len(tickets)
+        for n, (ticket, slot) in enumerate(zip(tickets, paced, strict=True)):
             self.ledger.hold(ticket)
             if self.settings.trace is not None:
                 self.settings.trace("claim", ticket, now, None)
-            self._hand_out(Claimed(ticket, now, slot))
+            if n < first and not slots and not self.waiters:
+                ahead.append(Claimed(ticket, now, slot))
+            else:
+                self._hand_out(Claimed(ticket, now, slot))
+        self.ready.extendleft(reversed(ahead))  # (sent next)
 
     def _unconfirmed(self, tickets: list[w.Ticket]) -> None:
         """Let go of the tickets a cycle of unknown outcome finished or extended (each job

@@ -6,6 +6,12 @@ Rules of this module:
   attempted: an unsent ticket lost with its worker costs a first attempt).  Ahead of demand
   is ``prefetch`` if given, else what the coroutines take in the time ready tickets must
   outlast (see ``ahead``).
+* While no coroutine waits, at least every ``ANY_S`` one of the tickets ahead is claimed as
+  for a waiting coroutine: any claimable job, the lowest seq first.  Only that claim takes a
+  retry that fell due or a lease another worker let lapse; while the tickets ahead keep
+  every coroutine busy, such a job waited behind every job never attempted, past its
+  deadline.  Such a ticket goes before every ready one (``committer``): at most one a
+  second waits unsent, for the next coroutine free, with an attempt spent on it.
 * A claim that came up short is not tried again before the idle poll (``dry``), unless
   something else starts a cycle.
 * Results gather for up to ``gather_s`` from the last cycle's start, never past the next
@@ -23,9 +29,10 @@ from typing import NamedTuple
 from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.settings import Settings
 
-__all__ = ["Pacer", "Want"]
+__all__ = ["ANY_S", "Pacer", "Want"]
 
 CLAIM_MAX = 1024  # the most tickets one cycle claims
+ANY_S = 1.0  # while no coroutine waits, a claim of any job at least this often (seconds)
 
 
 class Want(NamedTuple):
@@ -49,6 +56,7 @@ class Pacer:
         self.started = -math.inf  # the clock at the last cycle's start
         self.dry = False  # the last claim for waiting coroutines came up short
         self.dry_ahead = False  # the last claim ahead of demand did (no job never attempted)
+        self.any_at = clock()  # the clock at the last claim of any job (for waiting coroutines)
         # the sends let in flight: the concurrency, or (concurrency "auto") the gate's limit
         self.concurrency: Callable[[], int] = (
             (lambda: settings.concurrency) if gate is None else (lambda: gate.limit)
@@ -80,7 +88,10 @@ class Pacer:
         ``budget`` claims left to the run (None: no bound)."""
         budget = CLAIM_MAX if budget is None else min(budget, CLAIM_MAX)
         waiting = min(waiting, budget)  # (a waiter means no ticket is ready)
-        return Want(waiting, max(0, min(self.ahead() - ready, budget - waiting)))
+        ahead = max(0, min(self.ahead() - ready, budget - waiting))
+        if not waiting and ahead and self.clock() - self.any_at >= ANY_S:
+            return Want(1, ahead - 1)  # (one of them of any job: see the rules)
+        return Want(waiting, ahead)
 
     def claims(self, want: Want) -> bool:
         """Whether to cycle for claims: wanted, and not found short since the idle poll."""
@@ -90,6 +101,7 @@ class Pacer:
         """A cycle claimed ``claimed`` tickets for ``want``."""
         if want.waiting:
             self.dry = claimed < want.waiting
+            self.any_at = self.clock()
         if want.ahead:
             self.dry_ahead = claimed < sum(want)
 
