@@ -79,6 +79,7 @@ def test_a_pacer_claims_for_waiters_and_ahead_within_the_budget():
 def test_while_no_coroutine_waits_one_ticket_ahead_a_second_is_of_any_job():
     now = [100.0]
     pacer = Pacer(settings(prefetch=5), lambda: now[0])
+    pacer.found(Want(0, 4), 4)  # (jobs never attempted keep every coroutine busy)
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
     now[0] += ANY_S
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(1, 3)
@@ -88,6 +89,10 @@ def test_while_no_coroutine_waits_one_ticket_ahead_a_second_is_of_any_job():
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)  # (a second from now)
     now[0] += ANY_S
     pacer.found(Want(1, 3), 4)
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
+    now[0] += ANY_S
+    pacer.found(Want(0, 4), 2)  # (they ran short: coroutines come free and wait)
+    pacer.poll_again()
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
 
 

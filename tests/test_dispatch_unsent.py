@@ -12,6 +12,7 @@ from aiohttp import web
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
+from asnackq.dispatch.pacer import ANY_S
 from asnackq.lab import procs
 
 from .conftest import rows
@@ -119,6 +120,7 @@ async def test_tickets_kept_ahead_are_first_attempts_and_reclaims_go_to_waiting_
         )
         run = asyncio.ensure_future(dispatcher.run(follow=True))
         await asyncio.wait_for(asyncio.gather(sending.wait(), ahead.wait()), 30)
+        await asyncio.sleep(1.5 * ANY_S)  # (past the claim of any job a second: see pacer)
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
     again = {t["id"] for t in first} | {retried["id"]}

@@ -148,6 +148,23 @@ def test_a_statement_read_again_in_a_transaction_walks_from_its_first_reads_floo
     assert walks.floored(NEXT, claim)[1]["from_seq"] == 4  # type: ignore[index]
 
 
+def test_a_transaction_that_rolls_back_leaves_the_floors_as_it_found_them():
+    """Its plan run again (a conflict, a lost session) walks as the first try did: from the
+    front, with the lapsed leases that try found."""
+    clock = Ticking()
+    walks = Walks(clock)
+    claim = {"now": T0, "n": 2, "losses": 3}
+    walk(walks, NEXT, claim, [row(1), row(2)])
+    clock.now += FULL_S
+    walks.begin()
+    first = walks.floored(NEXT, claim)
+    assert first is not None and first[1]["front"]
+    walks.found(NEXT, first[1], [row(3, reclaim=True), row(4)])
+    walks.rollback()
+    walks.begin()
+    assert walks.floored(NEXT, claim) == first
+
+
 def test_one_slow_walk_from_the_front_stretches_their_period_to_ten_seconds_at_most():
     clock = Ticking()
     walks = Walks(clock)

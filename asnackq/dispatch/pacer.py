@@ -6,12 +6,14 @@ Rules of this module:
   attempted: an unsent ticket lost with its worker costs a first attempt).  Ahead of demand
   is ``prefetch`` if given, else what the coroutines take in the time ready tickets must
   outlast (see ``ahead``).
-* While no coroutine waits, at least every ``ANY_S`` one of the tickets ahead is claimed as
-  for a waiting coroutine: any claimable job, the lowest seq first.  Only that claim takes a
-  retry that fell due or a lease another worker let lapse; while the tickets ahead keep
-  every coroutine busy, such a job waited behind every job never attempted, past its
-  deadline.  Such a ticket goes before every ready one (``committer``): at most one a
-  second waits unsent, for the next coroutine free, with an attempt spent on it.
+* While no coroutine waits and the last claim ahead found all it asked (jobs never attempted
+  keep every coroutine busy), at least every ``ANY_S`` one of the tickets ahead is claimed
+  as for a waiting coroutine: any claimable job, the lowest seq first.  Only that claim
+  takes a retry that fell due or a lease another worker let lapse; such a job otherwise
+  waited behind every job never attempted, past its deadline.  Such a ticket goes before
+  every ready one (``committer``): at most one a second waits unsent, for the next
+  coroutine free, with an attempt spent on it.  Once the jobs never attempted run short,
+  coroutines come free and wait, and claims ahead take only those jobs again.
 * A claim that came up short is not tried again before the idle poll (``dry``), unless
   something else starts a cycle.
 * Results gather for up to ``gather_s`` from the last cycle's start, never past the next
@@ -57,6 +59,7 @@ class Pacer:
         self.dry = False  # the last claim for waiting coroutines came up short
         self.dry_ahead = False  # the last claim ahead of demand did (no job never attempted)
         self.any_at = clock()  # the clock at the last claim of any job (for waiting coroutines)
+        self.backlog = False  # the last claim ahead found all it asked (not reset by a poll)
         # the sends let in flight: the concurrency, or (concurrency "auto") the gate's limit
         self.concurrency: Callable[[], int] = (
             (lambda: settings.concurrency) if gate is None else (lambda: gate.limit)
@@ -89,7 +92,7 @@ class Pacer:
         budget = CLAIM_MAX if budget is None else min(budget, CLAIM_MAX)
         waiting = min(waiting, budget)  # (a waiter means no ticket is ready)
         ahead = max(0, min(self.ahead() - ready, budget - waiting))
-        if not waiting and ahead and self.clock() - self.any_at >= ANY_S:
+        if not waiting and ahead and self.backlog and self.clock() - self.any_at >= ANY_S:
             return Want(1, ahead - 1)  # (one of them of any job: see the rules)
         return Want(waiting, ahead)
 
@@ -104,6 +107,7 @@ class Pacer:
             self.any_at = self.clock()
         if want.ahead:
             self.dry_ahead = claimed < sum(want)
+            self.backlog = not self.dry_ahead
 
     def idle_wake(self, wake_ms: int | None) -> int | None:
         """When an idle run wakes: ``wake_ms`` (the next lease due), or sooner for the idle

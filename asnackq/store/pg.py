@@ -348,6 +348,8 @@ async def adrive(
             begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
         except BaseException as error:
+            if walks is not None:
+                walks.rollback()  # (a plan run again walks as this try did)
             if begun[0] is not None and con.closed:
                 raise CommitCut((begun[0], begun[1]), result, changed) from error
             await _arollback(con)

@@ -111,11 +111,25 @@ class Walks:
         self.every: dict[str, float] = {}  # the seconds from one walk from the front to the next
         self.within: dict[str, dict[str, Any]] = {}  # each statement's floors in this transaction
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
+        self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {})  # the floors at ``begin``
 
     def begin(self) -> None:
         """A transaction begins: its statements take their floors afresh."""
         self.within.clear()
         self.timed.clear()
+        self.before = (dict(self.seq), dict(self.time), dict(self.fronts), dict(self.every))
+
+    def rollback(self) -> None:
+        """The transaction rolled back (or its COMMIT's fate is unknown): the floors are as
+        it found them, so its plan run again walks as the first try did (lower floors only
+        ever read more)."""
+        seq, times, fronts, every = self.before
+        self.seq, self.time, self.fronts, self.every = (
+            dict(seq),
+            dict(times),
+            dict(fronts),
+            dict(every),
+        )
 
     def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
         """The statement's floored text and parameters, or None (not a floored statement).  A
