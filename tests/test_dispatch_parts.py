@@ -82,18 +82,38 @@ def test_while_no_coroutine_waits_one_ticket_ahead_a_second_is_of_any_job():
     pacer.found(Want(0, 4), 4)  # (jobs never attempted keep every coroutine busy)
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
     now[0] += ANY_S
-    assert pacer.want(waiting=0, ready=1, budget=None) == Want(1, 3)
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(1, 3, True)
     assert pacer.want(waiting=0, ready=5, budget=None) == Want(0, 0)  # (none wanted)
     assert pacer.want(waiting=2, ready=0, budget=None) == Want(2, 5)  # (waiters claim any)
     pacer.found(Want(2, 5), 7)
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)  # (a second from now)
     now[0] += ANY_S
-    pacer.found(Want(1, 3), 4)
+    pacer.found(Want(1, 3, True), 4)
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
     now[0] += ANY_S
     pacer.found(Want(0, 4), 2)  # (they ran short: coroutines come free and wait)
     pacer.poll_again()
     assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 4)
+
+
+def test_a_claim_of_any_job_ahead_is_governed_by_the_claims_ahead():
+    """The one ticket ahead claimed as any job is a claim ahead: a claim for waiting
+    coroutines that came up short does not hold it back, and its job poisoned (one short)
+    does not stop the claims ahead."""
+    now = [100.0]
+    pacer = Pacer(settings(prefetch=2), lambda: now[0])
+    pacer.found(Want(0, 2), 2)  # (jobs never attempted keep every coroutine busy)
+    pacer.found(Want(2, 0), 1)  # (a claim for waiting coroutines came up short)
+    now[0] += ANY_S
+    want = pacer.want(waiting=0, ready=1, budget=None)
+    assert want == Want(1, 0, True) and pacer.claims(want)
+    now[0] += ANY_S
+    pacer.found(Want(1, 3, True), 3)  # (one short: its job poisoned)
+    assert pacer.claims(Want(0, 4)) and pacer.idle_wake(None) == 20  # (dry: the earlier claim)
+    now[0] += ANY_S
+    pacer.found(Want(1, 3, True), 2)  # (two short: the jobs never attempted ran out)
+    assert not pacer.claims(Want(0, 4))
+    assert pacer.want(waiting=0, ready=1, budget=None) == Want(0, 1)  # (no backlog)
 
 
 def test_a_dry_claim_waits_for_the_idle_poll():

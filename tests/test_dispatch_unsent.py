@@ -83,8 +83,9 @@ def leases_ended(queue) -> bool:
 
 
 async def test_tickets_kept_ahead_are_first_attempts_and_reclaims_go_to_waiting_sends(db):
-    """Claims ahead of demand take only jobs never attempted; retried and expired jobs are
-    claimed for a coroutine that sends them at once."""
+    """Once the jobs never attempted run short, claims ahead of demand take only those;
+    retried and expired jobs are claimed for a coroutine that sends them at once, also after
+    the pacer's second for a claim of any job has passed."""
     async with AsyncQueue.open(db) as queue:
         events = [({"id": f"j-{i:02d}", "qty": 1}, 600_000, 5) for i in range(12)]
         now = epoch_ms()

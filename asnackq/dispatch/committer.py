@@ -431,7 +431,7 @@ class Committer:
         held tickets waiting for a new slot) take permits, and each ticket gets its send
         slot on the event loop's clock (``asnackq.core.rate``).  Permits cut short are
         not asked for again before the rate can grant one (``permits_at``)."""
-        claim = (self.settings.owner, now, self.settings.lease_ms, *want)
+        claim = (self.settings.owner, now, self.settings.lease_ms, want.waiting, want.ahead)
         rate = self.settings.rate
         if rate is None:
             return await self.queue.cycle(finishes, due, *claim, attempts=records), []

@@ -39,10 +39,12 @@ ANY_S = 1.0  # while no coroutine waits, a claim of any job at least this often 
 
 class Want(NamedTuple):
     """A cycle's claims: one per waiting coroutine (any job), and those kept ahead of demand
-    (jobs never attempted)."""
+    (jobs never attempted); ``anyjob``: the claim for waiting coroutines is one of the
+    tickets ahead (no coroutine waits), so the dryness of the claims ahead governs it."""
 
     waiting: int
     ahead: int
+    anyjob: bool = False
 
 
 class Pacer:
@@ -93,20 +95,25 @@ class Pacer:
         waiting = min(waiting, budget)  # (a waiter means no ticket is ready)
         ahead = max(0, min(self.ahead() - ready, budget - waiting))
         if not waiting and ahead and self.backlog and self.clock() - self.any_at >= ANY_S:
-            return Want(1, ahead - 1)  # (one of them of any job: see the rules)
+            return Want(1, ahead - 1, True)  # (one of them of any job: see the rules)
         return Want(waiting, ahead)
 
     def claims(self, want: Want) -> bool:
         """Whether to cycle for claims: wanted, and not found short since the idle poll."""
+        if want.anyjob:
+            return not self.dry_ahead
         return bool(want.waiting and not self.dry) or bool(want.ahead and not self.dry_ahead)
 
     def found(self, want: Want, claimed: int) -> None:
-        """A cycle claimed ``claimed`` tickets for ``want``."""
-        if want.waiting:
+        """A cycle claimed ``claimed`` tickets for ``want``.  A claim of any job among the
+        tickets ahead counts as one of them, short by one at most (its job poisoned, or no
+        job but those never attempted) before the claims ahead are dry."""
+        if want.waiting and not want.anyjob:
             self.dry = claimed < want.waiting
+        if want.waiting:
             self.any_at = self.clock()
-        if want.ahead:
-            self.dry_ahead = claimed < sum(want)
+        if want.ahead or want.anyjob:
+            self.dry_ahead = claimed < want.ahead + want.waiting - want.anyjob
             self.backlog = not self.dry_ahead
 
     def idle_wake(self, wake_ms: int | None) -> int | None:
