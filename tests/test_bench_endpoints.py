@@ -26,6 +26,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a benchmark's every scenario: on a busy machine, minutes)
 def test_the_endpoints_benchmark_runs_each_scenario_quickly(tmp_path: Path) -> None:
     done = run(tmp_path, "--quick", "--json")
     assert done.returncode == 0, done.stderr

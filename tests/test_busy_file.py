@@ -105,6 +105,7 @@ def test_enqueue_waits_its_turn_says_so_once_and_inserts(queue, how):
     assert jobs(queue) == {"a-1": "pending"}
 
 
+@pytest.mark.timeout(300)  # (a bound waited out in a CLI process: on a busy machine, more)
 def test_a_writer_gives_up_after_its_bound_in_one_line_and_writes_nothing(queue, tmp_path):
     """A lock held past the bound: the command ends with exit 1 and one more line naming
     the file and the bound; the file is unchanged."""

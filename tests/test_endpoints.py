@@ -337,6 +337,7 @@ def cli(*args: str, code: int = 0) -> Any:
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a dozen CLI processes: on a busy machine, minutes)
 def test_the_commands_show_a_new_secret_once(where: str, tmp_path: Path) -> None:
     cli("init", where)
     added = cli(
@@ -390,6 +391,7 @@ def secret_file(tmp_path: Path) -> str:
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (some thirty CLI processes: on a busy machine, minutes)
 def test_bad_input_is_a_usage_line_and_writes_nothing(where: str, tmp_path: Path) -> None:
     cli("init", where)
     cli("endpoint", "add", where, "orders", "--url", URL)

@@ -118,6 +118,7 @@ def test_mypy_strict_accepts_a_program_using_the_front_door(tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (mypy over the package: on a busy machine, minutes)
 def test_mypy_strict_accepts_a_receiving_program_using_asnackq_http_sink_alone(tmp_path):
     done = mypy(tmp_path, RECEIVING)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -173,6 +174,7 @@ def test_the_version_is_the_project_s_and_the_changelog_s_latest():
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (an install and mypy: on a busy machine, minutes)
 def test_an_editable_install_is_visible_to_mypy(tmp_path):
     """``pip install -e .`` puts a plain path on ``sys.path`` (no import hook), so mypy, run
     for another project's interpreter, type-checks against the package's own annotations."""

@@ -42,6 +42,7 @@ async def lab(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, object]]:
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a whole lab: on a busy machine, minutes)
 async def test_a_lab_run_with_every_endpoint_fault_finds_no_violation(tmp_path: Path) -> None:
     faults = [f"--endpoint-fault={name}:{fault}" for name, fault in EVERY_FAULT.items()]
     code, out, result = await lab(

@@ -178,6 +178,7 @@ async def test_a_source_db_is_a_queue_whose_endpoints_and_worker_open_it(tmp_pat
 
 
 @pytest.mark.process
+@pytest.mark.timeout(300)  # (a dozen CLI processes: on a busy machine, minutes)
 def test_the_commands_accept_orders_and_events_and_each_leaves_its_own_way(tmp_path):
     source = tmp_path / "source.db"
 

@@ -37,6 +37,7 @@ def run(seen, *args, code=0, **kwargs):
     return json.loads(done.stdout) if "--json" in args and code == 0 else done
 
 
+@pytest.mark.timeout(300)  # (every CLI command a process: on a busy machine, minutes)
 def test_every_queue_command_takes_a_url(url, seen, tmp_path):
     shown = url.replace(SECRET, "***")
     assert run(seen, "init", url, "--json") == {"queue": shown, "created": True, "jobs": 0}

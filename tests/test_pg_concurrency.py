@@ -13,6 +13,8 @@ import itertools
 import json
 import sys
 
+import pytest
+
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
 from asnackq.lab.procs import PIPE, sink_process, sink_stats, start, stop
@@ -67,6 +69,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.timeout(300)  # (four worker processes and two sinks: on a busy machine, minutes)
 def test_four_processes_of_eight_sessions_claim_without_overlap(pg_db):
     url = pg_db()
     qty = {f"c{i:04d}": i % 9 + 1 for i in range(600)}
