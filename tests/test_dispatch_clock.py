@@ -27,10 +27,20 @@ class SteppedClock:
     """The wall clock plus an offset that the test moves (a step back is a negative move)."""
 
     def __init__(self) -> None:
-        self.offset = 0
+        self.offset, self.last, self.back = 0, 0, 0
+
+    def step_back(self, ms: int) -> None:
+        """The next reading is ``ms`` before the last one, however long the run stalls
+        between the two (a fixed move could be hidden by a stall longer than itself)."""
+        self.back = ms
 
     def __call__(self) -> int:
-        return epoch_ms() + self.offset
+        now = epoch_ms() + self.offset
+        if self.back:
+            self.offset -= now - self.last + self.back
+            now, self.back = self.last - self.back, 0
+        self.last = now
+        return now
 
 
 class CountingSend:
@@ -84,7 +94,7 @@ async def test_a_step_back_mid_run_holds_the_runs_clock_and_every_job_ends_done(
             nonlocal calls
             calls += 1
             if calls == 100:
-                clock.offset -= step_ms
+                clock.step_back(step_ms)
             return await http(event, token)
 
         dispatcher = Dispatcher(queue, send, owner="d1", concurrency=16, lease_ms=5000, clock=clock)
@@ -195,11 +205,15 @@ def test_the_run_clock_holds_a_step_back_and_follows_a_step_forward():
 STEPPING_WORKER = """
 import sys, time
 from asnackq.cli import main
-real, calls = time.time_ns, 0
-def stepped():  # the host's wall clock, stepped back STEP ms after AFTER readings
-    global calls
-    calls += 1
-    return real() - (int(sys.argv[1]) * 1_000_000 if calls > int(sys.argv[2]) else 0)
+real, calls, last, back = time.time_ns, 0, 0, 0
+def stepped():  # the host's wall clock, stepped back after AFTER readings to STEP ms before
+    global calls, last, back  # the last reading (a fixed step from the wall clock would be
+    calls += 1  # hidden by a stall longer than the step between two readings: a busy host)
+    now = real()
+    if calls == int(sys.argv[2]) + 1:
+        back = now - last + int(sys.argv[1]) * 1_000_000
+    last = now
+    return now - back
 time.time_ns = stepped
 sys.exit(main(sys.argv[3:]))
 """
