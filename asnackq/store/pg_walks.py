@@ -123,13 +123,7 @@ class Walks:
         """The transaction rolled back (or its COMMIT's fate is unknown): the floors are as
         it found them, so its plan run again walks as the first try did (lower floors only
         ever read more)."""
-        seq, times, fronts, every = self.before
-        self.seq, self.time, self.fronts, self.every = (
-            dict(seq),
-            dict(times),
-            dict(fronts),
-            dict(every),
-        )
+        self.seq, self.time, self.fronts, self.every = (dict(kept) for kept in self.before)
 
     def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
         """The statement's floored text and parameters, or None (not a floored statement).  A
