@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from asnackq.cli.otel import FLUSH_S
 from asnackq.core import worker as w
 from asnackq.lab import procs
 from asnackq.lab.pg_server import free_port
@@ -207,19 +208,23 @@ def test_the_console_exporter_prints_spans_on_stderr_and_leaves_stdout_alone(tmp
 @pytest.mark.process
 def test_with_no_collector_listening_a_command_ends_within_its_flush_time(tmp_path: Path):
     """``enqueue --otel-exporter otlp`` with nothing on the endpoint's port enqueues, exits 0,
-    and gives its last spans ``FLUSH_S`` (2 s), not the exporter's retries (about 7 s)."""
+    and gives its last spans ``FLUSH_S`` (2 s), not the exporter's retries (about 7 s more):
+    timed against the same command exporting to the console, which starts as slowly on a
+    busy machine."""
     queue = tmp_path / "q.db"
     command = [sys.executable, "-m", "asnackq"]
     subprocess.run([*command, "init", str(queue)], check=True, capture_output=True, timeout=30)
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
-    args = ["enqueue", str(queue), "--id", "a", "--qty", "1", "--otel-exporter", "otlp"]
-    began = time.monotonic()
-    child = subprocess.run(
-        [*command, *args], env=env, capture_output=True, text=True, timeout=30, check=False
-    )
-    took = time.monotonic() - began
-    assert child.returncode == 0 and "inserted 1" in child.stdout, child.stderr
-    assert took < 5.0, took
+    took = {}
+    for job, exporter in (("b", "console"), ("a", "otlp")):
+        args = ["enqueue", str(queue), "--id", job, "--qty", "1", "--otel-exporter", exporter]
+        began = time.monotonic()
+        child = subprocess.run(
+            [*command, *args], env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+        took[exporter] = time.monotonic() - began
+        assert child.returncode == 0 and "inserted 1" in child.stdout, child.stderr
+    assert took["otlp"] - took["console"] < FLUSH_S + 2.5, took
     assert "Traceback" not in child.stderr and "already shutdown" not in child.stderr
 
 

@@ -29,8 +29,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from asnackq.core.inbox import (
     SINK_SCHEMA,
     Arrival,
@@ -45,7 +43,7 @@ from asnackq.store.effects import on_file
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import HEALTH_FIELDS, Health
 from asnackq.store.pg_sql import SQL_EARLIER_SINK
-from asnackq.store.sqlite_aio import SqliteStore, steps
+from asnackq.store.sqlite_aio import SqliteStore, connected, steps
 from asnackq.store.targets import is_url, shown
 
 __all__ = ["EARLIER_INBOX", "StockInbox", "open_sink_db"]
@@ -86,7 +84,7 @@ async def _earlier_file(path: Path) -> bool:
     except ValueError:  # not a file, or not SQLite: open_store refuses it, saying why
         return False
     with contextlib.suppress(sqlite3.Error, ValueError):
-        async with aiosqlite.connect(files.uris(path)[0], uri=True, timeout=5) as con:
+        async with connected(files.uris(path)[0], uri=True, timeout=5) as con:
             found, _ = await steps(con, files.plan_columns(), None)
         return "inbox" in found and "asnackq_webhook_inbox" not in found
     return False

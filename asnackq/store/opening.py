@@ -8,11 +8,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiosqlite
-
 from asnackq.core import worker as w
 from asnackq.store import files
-from asnackq.store.sqlite_aio import SqliteStore, call_fault, steps
+from asnackq.store.sqlite_aio import SqliteStore, call_fault, connected, steps
 from asnackq.store.targets import is_url
 
 __all__ = ["Store", "open_store"]
@@ -58,7 +56,7 @@ async def holds(path: Path, schema: tuple[str, ...]) -> bool:
         return False
     for n, uri in enumerate(files.uris(path)):
         try:
-            async with aiosqlite.connect(uri, uri=True, timeout=5) as con:
+            async with connected(uri, uri=True, timeout=5) as con:
                 found, _ = await steps(con, files.plan_columns(), None)
             return files.judged(path, schema, found)
         except sqlite3.DatabaseError as error:

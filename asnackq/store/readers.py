@@ -77,13 +77,14 @@ async def aread_only(
     path: str | Path, table: str, what: str = "queue", busy_s: float = 5.0
 ) -> AsyncIterator[aiosqlite.Connection]:
     """``read_only`` for a file in async code: an aiosqlite connection (``mode=ro``)."""
-    import aiosqlite  # (not on the command line's path: ``asnackq --help`` stays light)
+    # (not on the command line's path: ``asnackq --help`` stays light)
+    from asnackq.store.sqlite_aio import connected
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no {what} at {path}")
     uri = f"{path.resolve().as_uri()}?mode=ro"
-    async with aiosqlite.connect(uri, uri=True, timeout=busy_s) as con:
+    async with connected(uri, uri=True, timeout=busy_s) as con:
         try:
             found = await con.execute_fetchall(SQL_HAS_TABLE, (table,))
         except sqlite3.DatabaseError as error:

@@ -43,7 +43,7 @@ import contextlib
 import inspect
 import random
 import sqlite3
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -51,9 +51,47 @@ import aiosqlite
 from asnackq.core import worker as w
 from asnackq.store.outage import Health, StoreUnavailable
 
-__all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "steps"]
+__all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "connected", "steps"]
 
 T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connection]:
+    """``async with aiosqlite.connect(*args, **kwargs)`` that a cancel does not cut short.
+
+    aiosqlite answers each call from its connection's thread through the event loop; a
+    connect or close whose caller is cancelled goes on in that thread, and its answer to a
+    loop that has closed meanwhile (a command stopped by SIGTERM while sampling) is a
+    traceback on stderr.  Here a cancelled caller waits for the connect (then closes the
+    connection) or the close to end, then is cancelled."""
+
+    async def connect() -> aiosqlite.Connection:
+        return await aiosqlite.connect(*args, **kwargs)
+
+    con, cancel = await _to_the_end(asyncio.ensure_future(connect()))
+    if cancel is not None:
+        await _to_the_end(asyncio.ensure_future(con.close()))
+        raise cancel
+    try:
+        yield con
+    finally:
+        _, cancel = await _to_the_end(asyncio.ensure_future(con.close()))
+        if cancel is not None:
+            raise cancel
+
+
+async def _to_the_end(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledError | None]:
+    """``task``'s result, waited for to its end however often the caller is cancelled
+    meanwhile, and the caller's cancel (None: not cancelled)."""
+    cancel = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as error:
+            cancel = cancel or error
+    return task.result(), cancel
+
 
 # Hops per transaction, at most, whatever its batch.  A Dispatcher's cycle (finishes,
 # extensions and claims): BEGIN with the read of the finished and extended jobs (and the

@@ -1,0 +1,74 @@
+"""A cancel never leaves an aiosqlite connect or close running past its event loop.
+
+aiosqlite answers from its connection's thread through the loop; a connect cut by a cancel
+goes on in that thread, and its answer to a loop closed meanwhile is a traceback on stderr
+(a dashboard stopped by SIGTERM while it sampled wrote one).  ``sqlite_aio.connected``
+waits for the connect to end and closes the connection before the cancel goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from typing import Any
+
+import aiosqlite
+import pytest
+
+from asnackq.store.sqlite_aio import connected
+
+
+def cancelled_while_connecting(path: str, opener: Any) -> tuple[list[Any], list[Any]]:
+    """Open ``path`` with ``opener``, cancel while sqlite3 connects, wait for the cancelled
+    task and close the loop, let the connect end; returns the connections made and the
+    threads' uncaught exceptions."""
+    gate, entered = threading.Event(), threading.Event()
+    made: list[Any] = []
+
+    class Slow(sqlite3.Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            entered.set()
+            gate.wait(30)
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    async def use() -> None:
+        async with opener(path, factory=Slow) as con:
+            await con.execute("SELECT 1")
+
+    async def main() -> asyncio.Task[None]:
+        task = asyncio.create_task(use())
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()  # (then waited for, as a command's cleanup waits for its tasks)
+        threading.Timer(0.2, gate.set).start()  # (after this loop has closed, if it has)
+        await asyncio.gather(task, return_exceptions=True)
+        return task
+
+    raised: list[Any] = []
+    hook, threading.excepthook = threading.excepthook, raised.append
+    try:
+        task = asyncio.run(main())
+        gate.set()
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(10)
+    finally:
+        threading.excepthook = hook
+    assert task.cancelled()
+    return made, raised
+
+
+def test_a_cancel_while_connecting_waits_for_the_connect_and_closes_it(tmp_path):
+    made, raised = cancelled_while_connecting(str(tmp_path / "q.db"), connected)
+    assert raised == []
+    assert len(made) == 1
+    with pytest.raises(sqlite3.ProgrammingError):  # (closed)
+        made[0].execute("SELECT 1")
+
+
+def test_aiosqlite_alone_answers_a_closed_loop_so(tmp_path):
+    """The failure ``connected`` prevents, shown on aiosqlite itself."""
+    _, raised = cancelled_while_connecting(str(tmp_path / "q.db"), aiosqlite.connect)
+    assert raised and all(isinstance(r.exc_value, RuntimeError) for r in raised)
+    assert "Event loop is closed" in str(raised[0].exc_value)
