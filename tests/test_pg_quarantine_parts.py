@@ -9,8 +9,8 @@ quarantining at once end each job once.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
+from typing import Any
 
 import psycopg
 import pytest
@@ -176,6 +176,22 @@ def test_two_sessions_quarantining_at_once_end_each_spent_job_once(url):
             del held
 
 
+def settle(job: str, stale: bool) -> dict[str, Any]:
+    """A settle's row finishing ``job`` done, its fence stale or not."""
+    return {
+        "id": job,
+        "token": 2 if stale else 1,
+        "owner": "o",
+        "attempt": 1,
+        "lease_until": NOW + 5,
+        "status": "done",
+        "reason": None,
+        "available_at": None,
+        "new_owner": None,
+        "new_lease_until": None,
+    }
+
+
 def test_the_settles_is_true_fence_lands_where_the_plain_status_test_does(url):
     """``(status = 'leased') IS TRUE`` keeps the rows ``status = 'leased'`` kept: a
     settle naming a job of every status, with matching and stale fences, lands on the
@@ -193,27 +209,54 @@ def test_the_settles_is_true_fence_lands_where_the_plain_status_test_does(url):
             for stale in (False, True):
                 job = f"s{n}-{stale}"
                 con.execute(_INSERT, (job, status, 1, NOW + 10, "o", NOW + 5))
-                settles.append(
-                    {
-                        "id": job,
-                        "token": 2 if stale else 1,
-                        "owner": "o",
-                        "attempt": 1,
-                        "lease_until": NOW + 5,
-                        "status": "done",
-                        "reason": None,
-                        "available_at": None,
-                        "new_owner": None,
-                        "new_lease_until": None,
-                    }
-                )
+                settles.append(settle(job, stale))
         results = []
+        found = pg_sql.many(w.SQL_SETTLE, settles)
+        assert found is not None and found[0] == pg_sql.PG_SETTLE_SET
         for sql in (old, pg_sql.PG_SETTLE_SET):
             con.execute("BEGIN")
             try:
-                con.execute(sql, (json.dumps(settles),))
+                con.execute(sql, found[1])
                 results.append(con.execute(_STATE).fetchall())
             finally:
                 con.execute("ROLLBACK")
         assert results[0] == results[1]
         assert sum(row[1] == "done" for row in results[0]) == 3  # the done two, one settled
+
+
+def test_a_settle_as_one_set_lands_what_the_writes_row_by_row_land(url):
+    """A cycle's settle sent as one statement over its rows (``pg_sql.many``) leaves every
+    job as the core's fenced write run once per row leaves it: finishes, a retry, a death,
+    an extension, stale fences, NULLs and ids that JSON must escape."""
+    odd = ['q"uote', "back\\slash", "tab\tnew\nline", "caf\u00e9 \u2603 \U0001f600", "1e3"]
+    rows = []
+    with psycopg.connect(url, autocommit=True) as con:
+        for n, job in enumerate(odd + [f"j{n}" for n in range(8)]):
+            con.execute(_INSERT, (job, "leased", 1, NOW + 10, "o", NOW + 5))
+            row = settle(job, stale=n % 4 == 3)
+            if n % 4 == 1:  # a retry
+                row |= {"status": "pending", "reason": "5xx", "available_at": 2**62 + n}
+            elif n % 4 == 2:  # an extension
+                row |= {"status": "leased", "new_owner": "o", "new_lease_until": NOW + 9_000}
+            elif n % 8 == 7:  # a death
+                row |= {"status": "dead", "reason": "exhausted"}
+            rows.append(row)
+        found = pg_sql.many(w.SQL_SETTLE, rows)
+        assert found is not None and found[0] == pg_sql.PG_SETTLE_SET
+        state = "SELECT id, status, reason, available_at, owner, lease_until FROM jobs ORDER BY seq"
+        results = []
+        for set_at_once in (False, True):
+            con.execute("BEGIN")
+            try:
+                if set_at_once:
+                    changed = con.execute(*found).rowcount
+                else:
+                    with con.cursor() as cursor:
+                        cursor.executemany(pg_sql.text(w.SQL_SETTLE), rows)
+                        changed = cursor.rowcount
+                results.append((changed, con.execute(state).fetchall()))
+            finally:
+                con.execute("ROLLBACK")
+    assert results[0] == results[1]
+    assert results[1][0] == 10  # every row but the three stale ones
+    assert ("back\\slash", "pending", "5xx", 2**62 + 1, None, None) in results[1][1]

@@ -240,10 +240,26 @@ RETURNING seq"""
 # as an array (``id = ANY``): a join of the set to ``jobs`` alone may read the whole table
 # into a hash (the set's size is unknown to the planner, 100 rows by its default), and the
 # table grows with its dead versions: 65 ms a settle of 400 at 5,000 jobs, once analyzed.
+# Each row travels as an array of its values in ``SETTLE_FIELDS``' order, not as an object:
+# half the JSON to write and to parse (no names repeated in every row).
+SETTLE_FIELDS = (
+    "id",
+    "token",
+    "owner",
+    "attempt",
+    "lease_until",
+    "status",
+    "reason",
+    "available_at",
+    "new_owner",
+    "new_lease_until",
+)
 PG_SETTLE_SET = """
-WITH x AS (SELECT * FROM jsonb_to_recordset(%s::jsonb) AS x(id text, token bigint, owner text,
-  attempt bigint, lease_until bigint, status text, reason text, available_at bigint,
-  new_owner text, new_lease_until bigint))
+WITH x AS (SELECT r ->> 0 AS id, (r ->> 1)::bigint AS token, r ->> 2 AS owner,
+  (r ->> 3)::bigint AS attempt, (r ->> 4)::bigint AS lease_until, r ->> 5 AS status,
+  r ->> 6 AS reason, (r ->> 7)::bigint AS available_at, r ->> 8 AS new_owner,
+  (r ->> 9)::bigint AS new_lease_until
+  FROM jsonb_array_elements(%s::jsonb) AS r)
 UPDATE jobs SET status = x.status, reason = x.reason,
   available_at = coalesce(x.available_at, jobs.available_at),
   owner = x.new_owner, lease_until = x.new_lease_until
@@ -263,10 +279,11 @@ SELECT x.value->>0, (x.value->>1)::integer, 'pending', 0, (x.value->>2)::integer
   (x.value->>3)::bigint, (x.value->>4)::bigint, NULL, NULL, NULL
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(value, n)
 ORDER BY x.n"""
-# A core statement run for many rows -> one set statement, and each row's job.
-SETS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    w.SQL_SETTLE: (PG_SETTLE_SET, itemgetter("id")),
-    w.SQL_INSERT_JOB: (PG_INSERT_SET, itemgetter(0)),
+# A core statement run for many rows -> one set statement, each row's job, and each row
+# as its set's JSON holds it (None: as it is).
+SETS: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any] | None]] = {
+    w.SQL_SETTLE: (PG_SETTLE_SET, itemgetter("id"), itemgetter(*SETTLE_FIELDS)),
+    w.SQL_INSERT_JOB: (PG_INSERT_SET, itemgetter(0), None),
 }
 
 
@@ -277,10 +294,11 @@ def many(sql: str, params: list[Any]) -> tuple[str, tuple[str]] | None:
     found = SETS.get(sql)
     if found is None or len(params) < 2:
         return None
-    text, job = found
+    text, job, shape = found
     if len({job(row) for row in params}) < len(params):
         return None
-    return text, (json.dumps(params, separators=(",", ":")),)
+    rows = params if shape is None else list(map(shape, params))
+    return text, (json.dumps(rows, separators=(",", ":")),)
 
 
 # A set of one key: the key itself (``w.ONE``).
