@@ -72,3 +72,36 @@ def test_aiosqlite_alone_answers_a_closed_loop_so(tmp_path):
     _, raised = cancelled_while_connecting(str(tmp_path / "q.db"), aiosqlite.connect)
     assert raised and all(isinstance(r.exc_value, RuntimeError) for r in raised)
     assert "Event loop is closed" in str(raised[0].exc_value)
+
+
+def test_a_cancelled_caller_whose_connect_fails_is_cancelled_not_handed_the_failure(tmp_path):
+    """A caller that catches ``sqlite3.Error`` (as the open's schema check does) must not
+    go on after its cancel because the connect then failed."""
+    gate, entered = threading.Event(), threading.Event()
+
+    class Failing(sqlite3.Connection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            entered.set()
+            gate.wait(30)
+            raise sqlite3.OperationalError("unable to open database file")
+
+    went_on = []
+
+    async def use() -> None:
+        try:
+            async with connected(str(tmp_path / "q.db"), factory=Failing):
+                pass
+        except sqlite3.Error:
+            pass
+        went_on.append(True)
+
+    async def main() -> asyncio.Task[None]:
+        task = asyncio.create_task(use())
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        gate.set()
+        await asyncio.gather(task, return_exceptions=True)
+        return task
+
+    task = asyncio.run(main())
+    assert task.cancelled() and not went_on

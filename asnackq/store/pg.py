@@ -15,8 +15,10 @@ Rules of this module:
   round trip fewer for every transaction (an intake's is 4, not 5).  A plan's ``Batch``
   (a statement, then reads that need no reply of it) goes in one round trip, psycopg's
   pipeline mode, BEGIN with it when it comes first (``AtOnce``): a Dispatcher's cycle is
-  5 round trips, not 8, whatever its batch.  A statement that fails there fails the
-  ones after it, as one by one the transaction would, and is raised as it would be.
+  5 round trips, not 8 (a settle naming a job twice, an extension then another, goes
+  row by row, and its batch one statement at a time).  A statement that fails there
+  fails the ones after it, as one by one the transaction would, and is raised as it
+  would be (a session ended by the server says only that it closed).
   A failing ROLLBACK never hides the original error.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
 * The stores built on these drivers (the worker's and the sink's session that outlives its
@@ -426,32 +428,44 @@ async def asteps(
             call(fault, step.name)
 
 
+PIPELINE = psycopg.AsyncPipeline.is_supported()  # (libpq 14 on: the binary wheels')
+
+
 class AtOnce(NamedTuple):
     """A ``Batch`` that ``asteps`` sends in one round trip (psycopg's pipeline mode), with
-    each ``SqlMany``'s one set statement (``many``; None for a ``Sql``)."""
+    the one statement that runs each ``SqlMany`` (``_one_statement``; None for a ``Sql``)."""
 
     steps: tuple[w.Sql | w.SqlMany, ...]
-    sets: tuple[tuple[str, tuple[str]] | None, ...]
+    sets: tuple[tuple[str, Any] | None, ...]
 
 
 def _sent_at_once(plan: w.Plan[Any]) -> w.Plan[Any]:
     """``plan`` with each ``Batch`` of two or more statements that each go as one
-    statement (a set's rows as one, ``many``) given as ``AtOnce``; the rest as it was."""
+    statement (``_one_statement``) given as ``AtOnce`` (where psycopg's libpq has pipeline
+    mode); the rest as it was."""
     reply: w.Reply = None
     while True:
         try:
             step = plan.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-        if isinstance(step, w.Batch) and len(step.steps) > 1:
+        if PIPELINE and isinstance(step, w.Batch) and len(step.steps) > 1:
             sets = tuple(
-                None if isinstance(one, w.Sql) else many(one.sql, one.params) for one in step.steps
+                None if isinstance(one, w.Sql) else _one_statement(one) for one in step.steps
             )
             paired = zip(step.steps, sets, strict=True)
             if all(isinstance(one, w.Sql) or found for one, found in paired):
                 reply = yield AtOnce(step.steps, sets)  # type: ignore[misc]
                 continue
         reply = yield step
+
+
+def _one_statement(many_rows: w.SqlMany) -> tuple[str, Any] | None:
+    """The one statement that runs a ``SqlMany``: its set statement (``many``), or its own
+    text for its one row; None: it runs row by row (``executemany``)."""
+    if len(many_rows.params) == 1:
+        return text(many_rows.sql), many_rows.params[0]
+    return many(many_rows.sql, many_rows.params)
 
 
 async def _pipelined(

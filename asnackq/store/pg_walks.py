@@ -27,8 +27,8 @@ Rules of this module:
   at least every ``FULL_S`` (a second; when a walk from the front takes longer than a tenth
   of that, ten times as long as it took, so that those walks take at most a tenth of the
   session's time, but never more than ``MOST_S``, ten seconds: a walk's time includes any
-  stall of its event loop or wait for a lock), and whenever the run's clock is behind its
-  floor (a clock stepped back).
+  stall of its event loop or wait for a lock, and the statements sent at once with it,
+  ``pg.AtOnce``), and whenever the run's clock is behind its floor (a clock stepped back).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
   after the quarantine) walks from its first read's floors, so the second read takes the
   lapsed leases the first read found (and locked), never a fuller set from the floor.

@@ -64,7 +64,9 @@ async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connec
     connect or close whose caller is cancelled goes on in that thread, and its answer to a
     loop that has closed meanwhile (a command stopped by SIGTERM while sampling) is a
     traceback on stderr.  Here a cancelled caller waits for the connect (then closes the
-    connection) or the close to end, then is cancelled."""
+    connection) or the close to end, then is cancelled.  (A cancel of every task at once,
+    as ``asyncio.run`` makes when its main coroutine ends, reaches the connect itself: no
+    public call of aiosqlite waits for its thread then.)"""
 
     async def connect() -> aiosqlite.Connection:
         return await aiosqlite.connect(*args, **kwargs)
@@ -83,13 +85,16 @@ async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connec
 
 async def _to_the_end(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledError | None]:
     """``task``'s result, waited for to its end however often the caller is cancelled
-    meanwhile, and the caller's cancel (None: not cancelled)."""
+    meanwhile, and the caller's cancel (None: not cancelled).  A cancelled caller whose
+    task failed is cancelled (the failure its cause), never handed the failure instead."""
     cancel = None
     while not task.done():
         try:
-            await asyncio.shield(task)
+            await asyncio.wait({task})  # (its failure is not raised here; a cancel is)
         except asyncio.CancelledError as error:
             cancel = cancel or error
+    if cancel is not None and (task.cancelled() or task.exception() is not None):
+        raise cancel from None if task.cancelled() else task.exception()
     return task.result(), cancel
 
 
