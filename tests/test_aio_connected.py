@@ -74,23 +74,28 @@ def test_aiosqlite_alone_answers_a_closed_loop_so(tmp_path):
     assert "Event loop is closed" in str(raised[0].exc_value)
 
 
-def test_a_cancelled_caller_whose_connect_fails_is_cancelled_not_handed_the_failure(tmp_path):
-    """A caller that catches ``sqlite3.Error`` (as the open's schema check does) must not
-    go on after its cancel because the connect then failed."""
+def cancelled_caller(path: str, connect_fails: bool, inside: bool) -> tuple[bool, bool]:
+    """A caller catching ``sqlite3.Error`` around ``connected``, cancelled while sqlite3
+    connects (or, ``inside``, within the block): whether it ended cancelled, and whether it
+    went on past the block."""
     gate, entered = threading.Event(), threading.Event()
 
-    class Failing(sqlite3.Connection):
+    class Gated(sqlite3.Connection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             entered.set()
             gate.wait(30)
-            raise sqlite3.OperationalError("unable to open database file")
+            if connect_fails:
+                raise sqlite3.OperationalError("unable to open database file")
+            super().__init__(*args, **kwargs)
 
     went_on = []
+    within = asyncio.Event()
 
     async def use() -> None:
         try:
-            async with connected(str(tmp_path / "q.db"), factory=Failing):
-                pass
+            async with connected(path, factory=Gated):
+                within.set()
+                await asyncio.sleep(30)
         except sqlite3.Error:
             pass
         went_on.append(True)
@@ -98,10 +103,32 @@ def test_a_cancelled_caller_whose_connect_fails_is_cancelled_not_handed_the_fail
     async def main() -> asyncio.Task[None]:
         task = asyncio.create_task(use())
         assert await asyncio.to_thread(entered.wait, 30)
+        if inside:
+            gate.set()
+            await asyncio.wait_for(within.wait(), 30)
         task.cancel()
         gate.set()
         await asyncio.gather(task, return_exceptions=True)
         return task
 
-    task = asyncio.run(main())
-    assert task.cancelled() and not went_on
+    return asyncio.run(main()).cancelled(), bool(went_on)
+
+
+def test_a_cancelled_caller_whose_connect_fails_is_cancelled_not_handed_the_failure(tmp_path):
+    """A caller that catches ``sqlite3.Error`` (as the open's schema check does) must not
+    go on after its cancel because the connect then failed."""
+    assert cancelled_caller(str(tmp_path / "q.db"), True, False) == (True, False)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_cancelled_caller_whose_close_then_fails_is_cancelled(tmp_path, monkeypatch, inside):
+    """A cancel that lands while connecting or inside the block, then a close that fails:
+    the caller is cancelled (a caller catching ``sqlite3.Error`` would go on otherwise)."""
+    close = aiosqlite.Connection.close
+
+    async def failing_close(self: aiosqlite.Connection) -> None:
+        await close(self)
+        raise sqlite3.OperationalError("close failed")
+
+    monkeypatch.setattr(aiosqlite.Connection, "close", failing_close)
+    assert cancelled_caller(str(tmp_path / "q.db"), False, inside) == (True, False)

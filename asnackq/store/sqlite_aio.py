@@ -73,14 +73,24 @@ async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connec
 
     con, cancel = await _to_the_end(asyncio.ensure_future(connect()))
     if cancel is not None:
-        await _to_the_end(asyncio.ensure_future(con.close()))
+        with contextlib.suppress(Exception):  # (the cancel is what the caller gets)
+            await _to_the_end(asyncio.ensure_future(con.close()))
         raise cancel
     try:
         yield con
-    finally:
-        _, cancel = await _to_the_end(asyncio.ensure_future(con.close()))
-        if cancel is not None:
-            raise cancel
+    except BaseException:
+        with contextlib.suppress(Exception):  # (the body's failure or cancel goes on)
+            await _closed(con)
+        raise
+    await _closed(con)
+
+
+async def _closed(con: aiosqlite.Connection) -> None:
+    """``con`` closed, the close waited for to its end if the caller is cancelled meanwhile
+    (then cancelled, whatever came of the close)."""
+    _, cancel = await _to_the_end(asyncio.ensure_future(con.close()))
+    if cancel is not None:
+        raise cancel
 
 
 async def _to_the_end(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledError | None]:
