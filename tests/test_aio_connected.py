@@ -41,18 +41,21 @@ def cancelled_while_connecting(path: str, opener: Any) -> tuple[list[Any], list[
         task = asyncio.create_task(use())
         assert await asyncio.to_thread(entered.wait, 30)
         task.cancel()  # (then waited for, as a command's cleanup waits for its tasks)
-        threading.Timer(0.2, gate.set).start()  # (after this loop has closed, if it has)
+        # A task that ends while the connect is held ends before it (the gate opens after
+        # this loop has closed, whatever the machine's load); one still running waits for it.
+        if not (await asyncio.wait({task}, timeout=0.5))[0]:
+            gate.set()
         await asyncio.gather(task, return_exceptions=True)
         return task
 
     raised: list[Any] = []
     hook, threading.excepthook = threading.excepthook, raised.append
+    before = set(threading.enumerate())
     try:
         task = asyncio.run(main())
         gate.set()
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join(10)
+        for thread in set(threading.enumerate()) - before:  # (the connection's thread)
+            thread.join(30)
     finally:
         threading.excepthook = hook
     assert task.cancelled()
