@@ -14,7 +14,8 @@ reports per job, over the run only (from the moment the connected worker is told
   (SQLite: aiosqlite's connection thread) and the interpreter's other threads;
 * server CPU us (PostgreSQL): the server's processes' user + system time, summed from
   ``/proc/PID/stat`` over the postmaster and its children;
-* statements: SQLite statements stepped (the connection's trace callback: BEGIN and
+* statements: SQLite statements stepped (the connection's trace callback, in a run of
+  its own on a copy of the queue, as the callback costs CPU per statement: BEGIN and
   COMMIT count, an ``executemany`` counts each row), or PostgreSQL's
   ``pg_stat_statements`` calls (BEGIN and COMMIT count);
 * jobs per transaction: over SQLite's BEGINs, or PostgreSQL's ``xact_commit`` +
@@ -68,9 +69,11 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def worker(target: str, concurrency: int) -> None:
+async def worker(target: str, concurrency: int, traced_run: bool) -> None:
     """The measured child: connect, say ready, run on "go", report its own counts, and
-    keep its session (its server process's CPU) until told to end."""
+    keep its session (its server process's CPU) until told to end.  ``traced_run``: count
+    a SQLite connection's statements (its trace callback, which costs that connection's
+    thread CPU for each statement it steps)."""
 
     async def null(event: dict[str, Any], token: int) -> bool:
         return True
@@ -85,14 +88,14 @@ async def worker(target: str, concurrency: int) -> None:
         sqlite = getattr(queue._db, "db", None)  # (a file's aiosqlite connection)
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        if sqlite is not None:
+        if sqlite is not None and traced_run:
             await sqlite.set_trace_callback(traced)
         cpu, loop = cpu_s(), time.thread_time()
         summary = await Dispatcher(
             queue, null, owner="bench", concurrency=concurrency, lease_ms=10_000
         ).run(until_empty=True)
         cpu, loop = cpu_s() - cpu, time.thread_time() - loop
-        if sqlite is not None:
+        if sqlite is not None and traced_run:
             await sqlite.set_trace_callback(None)
         report = {
             "done": summary.done,
@@ -136,8 +139,25 @@ def run_worker(
     target: str, concurrency: int, data: Path | None, tree: str | None = None
 ) -> dict[str, float]:
     """One measured run: the child's report, with the server's share on PostgreSQL (the
-    child imports asnackq from ``tree``, if given, through the design card's names)."""
-    command = [sys.executable, __file__, "--worker", target, str(concurrency)]
+    child imports asnackq from ``tree``, if given, through the design card's names).  On
+    SQLite the statements are counted in a run of their own, on a copy of the queue: the
+    CPU figures come from a run without the trace callback."""
+    if data is not None:
+        return one_run(target, concurrency, data, tree, traced_run=True)
+    copy = copied(target, None)
+    try:
+        counted = one_run(copy, concurrency, None, tree, traced_run=True)
+    finally:
+        dropped(copy, None)
+    timed = one_run(target, concurrency, None, tree, traced_run=False)
+    return timed | {name: counted[name] for name in ("statements", "jobs per transaction")}
+
+
+def one_run(
+    target: str, concurrency: int, data: Path | None, tree: str | None, traced_run: bool
+) -> dict[str, float]:
+    """``run_worker``'s run of one child."""
+    command = [sys.executable, __file__, "--worker", target, str(concurrency), str(traced_run)]
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=tree_env(tree)
     )
@@ -220,7 +240,8 @@ def measured(
 def copied(target: str, data: Path | None) -> str:
     """A second queue with the same contents: a copy of the file, or of the database."""
     if data is None:
-        copy = target + ".copy"
+        fd, copy = tempfile.mkstemp(".db", dir=os.path.dirname(target))
+        os.close(fd)
         shutil.copyfile(target, copy)
         return copy
     name = urllib.parse.urlsplit(target).path.lstrip("/")
@@ -242,8 +263,8 @@ def dropped(copy: str, data: Path | None) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        asyncio.run(worker(sys.argv[2], int(sys.argv[3])))
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        asyncio.run(worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "True"))
         return
     # (here, not above: a child run with another tree imports the design card's names only)
     from pg_queue import database, fill

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
 
 import psycopg
 import pytest
@@ -18,8 +17,8 @@ import pytest
 from asnackq.core import worker as w
 from asnackq.store import pg, pg_sql
 
-from .conftest import T0
 from .pgdb import query
+from .settles import NOW, ODD_IDS, of_every_kind, settle
 
 _OLD_SPENT = """
   SELECT seq FROM jobs WHERE status IN ('pending', 'leased')
@@ -48,7 +47,6 @@ NEW = {
     "contract": (pg_sql.PG_QUARANTINE, pg_sql.PG_QUARANTINE_DUE),
     "reclaiming": (pg_sql.PG_QUARANTINE_RECLAIMING, pg_sql.PG_QUARANTINE_DUE_RECLAIMING),
 }
-NOW = T0 + 1_000
 _INSERT = """INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,
   deadline, owner, lease_until) VALUES (%s, 1, %s, %s, 3, 1, 0, %s, %s, %s)"""
 _STATE = "SELECT seq, status, reason, owner, lease_until FROM jobs ORDER BY seq"
@@ -176,22 +174,6 @@ def test_two_sessions_quarantining_at_once_end_each_spent_job_once(url):
             del held
 
 
-def settle(job: str, stale: bool) -> dict[str, Any]:
-    """A settle's row finishing ``job`` done, its fence stale or not."""
-    return {
-        "id": job,
-        "token": 2 if stale else 1,
-        "owner": "o",
-        "attempt": 1,
-        "lease_until": NOW + 5,
-        "status": "done",
-        "reason": None,
-        "available_at": None,
-        "new_owner": None,
-        "new_lease_until": None,
-    }
-
-
 def test_the_settles_is_true_fence_lands_where_the_plain_status_test_does(url):
     """``(status = 'leased') IS TRUE`` keeps the rows ``status = 'leased'`` kept: a
     settle naming a job of every status, with matching and stale fences, lands on the
@@ -228,19 +210,11 @@ def test_a_settle_as_one_set_lands_what_the_writes_row_by_row_land(url):
     """A cycle's settle sent as one statement over its rows (``pg_sql.many``) leaves every
     job as the core's fenced write run once per row leaves it: finishes, a retry, a death,
     an extension, stale fences, NULLs and ids that JSON must escape."""
-    odd = ['q"uote', "back\\slash", "tab\tnew\nline", "caf\u00e9 \u2603 \U0001f600", "1e3"]
-    rows = []
+    jobs = ODD_IDS + [f"j{n}" for n in range(7)]
+    rows = of_every_kind(jobs)
     with psycopg.connect(url, autocommit=True) as con:
-        for n, job in enumerate(odd + [f"j{n}" for n in range(8)]):
+        for job in jobs:
             con.execute(_INSERT, (job, "leased", 1, NOW + 10, "o", NOW + 5))
-            row = settle(job, stale=n % 4 == 3)
-            if n % 4 == 1:  # a retry
-                row |= {"status": "pending", "reason": "5xx", "available_at": 2**62 + n}
-            elif n % 4 == 2:  # an extension
-                row |= {"status": "leased", "new_owner": "o", "new_lease_until": NOW + 9_000}
-            elif n % 8 == 7:  # a death
-                row |= {"status": "dead", "reason": "exhausted"}
-            rows.append(row)
         found = pg_sql.many(w.SQL_SETTLE, rows)
         assert found is not None and found[0] == pg_sql.PG_SETTLE_SET
         state = "SELECT id, status, reason, available_at, owner, lease_until FROM jobs ORDER BY seq"

@@ -22,15 +22,15 @@ Rules of this module:
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from asnackq.core import endpoint_workers, endpoints, events, inbox, lanes, rate
 from asnackq.core import worker as w
 from asnackq.store import attempts, job_traces, reads, retention
+from asnackq.store.sets import SetText, as_set, settle_row
 
 __all__ = [
     "QUEUE",
@@ -240,20 +240,7 @@ RETURNING seq"""
 # as an array (``id = ANY``): a join of the set to ``jobs`` alone may read the whole table
 # into a hash (the set's size is unknown to the planner, 100 rows by its default), and the
 # table grows with its dead versions: 65 ms a settle of 400 at 5,000 jobs, once analyzed.
-# Each row travels as an array of its values in ``SETTLE_FIELDS``' order, not as an object:
-# half the JSON to write and to parse (no names repeated in every row).
-SETTLE_FIELDS = (
-    "id",
-    "token",
-    "owner",
-    "attempt",
-    "lease_until",
-    "status",
-    "reason",
-    "available_at",
-    "new_owner",
-    "new_lease_until",
-)
+# Each row travels as an array of its values (``sets.SETTLE_FIELDS``' order).
 PG_SETTLE_SET = """
 WITH x AS (SELECT r ->> 0 AS id, (r ->> 1)::bigint AS token, r ->> 2 AS owner,
   (r ->> 3)::bigint AS attempt, (r ->> 4)::bigint AS lease_until, r ->> 5 AS status,
@@ -279,26 +266,17 @@ SELECT x.value->>0, (x.value->>1)::integer, 'pending', 0, (x.value->>2)::integer
   (x.value->>3)::bigint, (x.value->>4)::bigint, NULL, NULL, NULL
 FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(value, n)
 ORDER BY x.n"""
-# A core statement run for many rows -> one set statement, each row's job, and each row
-# as its set's JSON holds it (None: as it is).
-SETS: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], Any] | None]] = {
-    w.SQL_SETTLE: (PG_SETTLE_SET, itemgetter("id"), itemgetter(*SETTLE_FIELDS)),
-    w.SQL_INSERT_JOB: (PG_INSERT_SET, itemgetter(0), None),
+# A core statement run for many rows -> its set statement (``sets.as_set``).
+SETS = {
+    w.SQL_SETTLE: SetText(PG_SETTLE_SET, itemgetter("id"), settle_row),
+    w.SQL_INSERT_JOB: SetText(PG_INSERT_SET, itemgetter(0), None),
 }
 
 
 def many(sql: str, params: list[Any]) -> tuple[str, tuple[str]] | None:
     """The one set statement (and its JSON parameter) that runs ``sql`` for every row of
-    ``params``, where there is one, for more than one row, each of another job; else None
-    (``executemany``)."""
-    found = SETS.get(sql)
-    if found is None or len(params) < 2:
-        return None
-    text, job, shape = found
-    if len({job(row) for row in params}) < len(params):
-        return None
-    rows = params if shape is None else list(map(shape, params))
-    return text, (json.dumps(rows, separators=(",", ":")),)
+    ``params`` on PostgreSQL, where there is one; else None (``executemany``)."""
+    return as_set(SETS, sql, params)
 
 
 # A set of one key: the key itself (``w.ONE``).

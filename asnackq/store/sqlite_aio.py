@@ -8,7 +8,8 @@ Rules of this module:
   wait for a reply is one hop to that thread and back through the event loop.
 * A transaction is ``BEGIN IMMEDIATE``, the plan's statements, ``COMMIT``; a plan's
   statements do not grow with its batch (sets are one JSON parameter, fenced writes one
-  ``executemany``), so neither do a transaction's hops (``HOPS``).
+  set statement, ``SETS``, or one ``executemany``), so neither do a transaction's hops
+  (``HOPS``).
 * Statements that need no reply of each other are sent at once, one hop for all (``sent``):
   a plan's ``Batch`` (a statement, then only reads), and a plan's first step, with BEGIN.
   A store's connection begins a transaction before any write (``isolation_level``
@@ -44,12 +45,14 @@ import inspect
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from asnackq.core import worker as w
 from asnackq.store.outage import Health, StoreUnavailable
+from asnackq.store.sets import SetText, as_set, settle_row
 
 __all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "connected", "steps"]
 
@@ -220,6 +223,26 @@ def busy(error: sqlite3.OperationalError) -> bool:
     return "locked" in str(error) or "busy" in str(error)
 
 
+# A cycle's finishes and extensions (``w.SQL_SETTLE``, one fenced write per job) as one
+# UPDATE over a JSON array of them (``sets``): SQLite plans the statement once, not once
+# per row (19 against 28 us a job).  The same fence and the same new values, row for row;
+# the rows were read under the same lock first.  Each job is found by its id, the array
+# read once from the front: the status test (``+``: no index condition) could otherwise
+# take ``jobs_by_status`` and read every leased job once per row of the array.
+SQLITE_SETTLE_SET = """
+UPDATE jobs SET status = x.status, reason = x.reason,
+  available_at = coalesce(x.available_at, jobs.available_at),
+  owner = x.new_owner, lease_until = x.new_lease_until
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS token, value ->> 2 AS owner,
+  value ->> 3 AS attempt, value ->> 4 AS lease_until, value ->> 5 AS status,
+  value ->> 6 AS reason, value ->> 7 AS available_at, value ->> 8 AS new_owner,
+  value ->> 9 AS new_lease_until FROM json_each(?)) AS x
+WHERE jobs.id = x.id AND +jobs.status = 'leased' AND jobs.token = x.token
+  AND jobs.owner = x.owner AND jobs.attempts = x.attempt
+  AND jobs.lease_until = x.lease_until"""
+SETS = {w.SQL_SETTLE: SetText(SQLITE_SETTLE_SET, itemgetter("id"), settle_row)}
+
+
 async def steps(
     db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault, reply: w.Reply = None
 ) -> tuple[T, bool]:
@@ -246,7 +269,9 @@ async def run_step(db: aiosqlite.Connection, step: w.Step, fault: w.Fault) -> w.
 async def statement(db: aiosqlite.Connection, step: w.Sql | w.SqlMany) -> list[Any]:
     """A statement's rows, or (``SqlMany``) ``[(rowcount,)]``."""
     if isinstance(step, w.SqlMany):
-        return [((await db.executemany(step.sql, step.params)).rowcount,)]
+        one = as_set(SETS, step.sql, step.params)
+        cursor = await (db.execute(*one) if one else db.executemany(step.sql, step.params))
+        return [(cursor.rowcount,)]
     return [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
 
 

@@ -1,0 +1,57 @@
+"""A core statement run for many rows as one set statement, for the drivers that have one.
+
+A plan's ``SqlMany`` is one fenced write per row (``executemany``).  Where a driver has a
+set text for it, the rows travel as one JSON array and the database plans and runs one
+statement: the same fence and the same new values, row for row.  A set naming one job
+twice runs row by row (one UPDATE changes a row once); so does a set of one row (its own
+statement costs less than reading an array of one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+__all__ = ["SETTLE_FIELDS", "SetText", "as_set", "settle_row"]
+
+
+class SetText(NamedTuple):
+    """A set statement for a core statement, and how its rows travel."""
+
+    text: str  # the statement; its one parameter is the rows' JSON array
+    job: Callable[[Any], Any]  # a row's job
+    shape: Callable[[Any], Any] | None  # a row as the array holds it (None: as it is)
+
+
+# A settle's row (``worker.SQL_SETTLE``'s named parameters) travels as an array of its
+# values in this order, not as an object: half the JSON to write and to parse.
+SETTLE_FIELDS = (
+    "id",
+    "token",
+    "owner",
+    "attempt",
+    "lease_until",
+    "status",
+    "reason",
+    "available_at",
+    "new_owner",
+    "new_lease_until",
+)
+settle_row = itemgetter(*SETTLE_FIELDS)
+
+
+def as_set(
+    sets: Mapping[str, SetText], sql: str, params: list[Any]
+) -> tuple[str, tuple[str]] | None:
+    """The one set statement of ``sets`` (and its JSON parameter) that runs ``sql`` for
+    every row of ``params``, where there is one, for more than one row, each of another
+    job; else None (``executemany``)."""
+    found = sets.get(sql)
+    if found is None or len(params) < 2:
+        return None
+    if len({found.job(row) for row in params}) < len(params):
+        return None
+    rows = params if found.shape is None else list(map(found.shape, params))
+    return found.text, (json.dumps(rows, separators=(",", ":")),)
