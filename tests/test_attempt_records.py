@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from asnackq.aio import AsyncQueue, Dispatcher
+from asnackq.core.worker import epoch_ms
 from asnackq.dispatch.breaker import BreakerPolicy
 from asnackq.ops.watcher import Watcher
 from asnackq.store import attempts
@@ -240,3 +241,27 @@ def test_work_keeps_the_requests_unless_told_not_to(tmp_path: Path) -> None:
             )  # fmt: skip
         assert run.returncode == 0, run.stderr
         assert len(kept(db, "j0") + kept(db, "j1")) == kept_rows
+
+
+@pytest.mark.parametrize("count", [0, 1])
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+async def test_a_cycles_rows_are_kept_in_order_with_their_characters(
+    db: Path, pg_db, store: str, count: int
+) -> None:
+    """One cycle's rows, written alone (nothing else to do) or with the claims' reads: a
+    job's two requests and another's, bound as they are on SQLite and sent as one JSON
+    array to PostgreSQL, come back in order, each answer as the excerpt made it."""
+    target = str(db) if store == "sqlite" else pg_db()
+    odd = attempts.excerpt(b'\x00"\\\n\t\\u0041\xff' + "é😀\u2028".encode() + b'}{][,"')
+    rows = [
+        attempts.Record("j1", 1, 1, 1_000, 503, 7, "away", odd),
+        attempts.Record("j2", 1, 1, 1_001, None, 0, "timing_out", "no answer in 0.5 s"),
+        attempts.Record("j1", 1, 1, 1_002, 200, 3, "ok", ""),
+    ]
+    async with AsyncQueue.open(target) as queue:
+        await queue.keep_attempts()
+        await queue.enqueue_many([({"id": "j3", "qty": 1}, 60_000, 3)])
+        _, _, claimed, _ = await queue.cycle([], [], "d1", epoch_ms(), 1_000, count, attempts=rows)
+        assert len(claimed) == count
+    assert kept(target, "j1") == [tuple(rows[0][1:]), tuple(rows[2][1:])]
+    assert kept(target, "j2") == [tuple(rows[1][1:])]

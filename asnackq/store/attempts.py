@@ -7,21 +7,21 @@ Rules of this module:
   lease is a request of its own), in the order made. A run that keeps them creates the table
   when it starts.
 * The rows of a cycle's requests are written in the cycle's own transaction, before the
-  core's plan and sent with its first read, in one statement (a JSON array), so keeping
-  them adds no transaction, no commit and (on SQLite) no hop; a cycle that commits nothing
-  keeps its rows for the next.
+  core's plan and sent with its first read, in one statement (on SQLite an ``executemany``
+  of one insert, the rows bound as they are; on PostgreSQL one insert over a JSON array of
+  them, ``PG_RECORD_SET``), so keeping them adds no transaction, no commit and no round
+  trip; a cycle that commits nothing keeps its rows for the next.
 * What is kept of an answer: its status (none when no answer came), the request's latency,
   a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
   ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
   ``EXCERPT_BYTES`` of its body, as text (undecodable bytes and NUL replaced by U+FFFD:
-  PostgreSQL's text holds no NUL, SQLite's ``->>`` ends at one). Headers are not kept.
+  PostgreSQL's text holds no NUL). Headers are not kept.
 * A claim records at most ``PER_CLAIM`` requests (its first ones): a receiver answering 429
   for an hour does not grow the table by the hour.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -69,9 +69,7 @@ SQL_CREATE = (
 SQL_LOCK = "SELECT 1"
 SQL_RECORD = """INSERT INTO asnackq_attempts
   (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
-SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5,
-  value ->> 6, value ->> 7
-FROM json_each(?)"""
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)"""
 SQL_OF_JOB = """SELECT token, attempt, at_ms, status, latency_ms, verdict, answer
 FROM asnackq_attempts WHERE id = ? ORDER BY seq"""
 # The PostgreSQL texts (``asnackq.store.pg_sql``).
@@ -82,13 +80,15 @@ PG_TEXTS = {
   latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
     SQL_CREATE[1]: SQL_CREATE[1],
     SQL_LOCK: "SELECT pg_advisory_xact_lock(1634626401, 1)",  # (pg_sql.SQL_LOCK_SCHEMA's)
-    SQL_RECORD: """INSERT INTO asnackq_attempts
+    SQL_RECORD: SQL_RECORD.replace("?", "%s"),
+    SQL_OF_JOB: SQL_OF_JOB.replace("?", "%s"),
+}
+# A cycle's rows on PostgreSQL: one INSERT over a JSON array of them (``pg_sql.SETS``).
+PG_RECORD_SET = """INSERT INTO asnackq_attempts
   (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
 SELECT r ->> 0, (r ->> 1)::bigint, (r ->> 2)::int, (r ->> 3)::bigint, (r ->> 4)::int,
   (r ->> 5)::int, r ->> 6, r ->> 7
-FROM jsonb_array_elements(%s::jsonb) AS r""",
-    SQL_OF_JOB: SQL_OF_JOB.replace("?", "%s"),
-}
+FROM jsonb_array_elements(%s::jsonb) AS r"""
 
 
 class Record(NamedTuple):
@@ -135,7 +135,7 @@ def recorded(plan: w.Plan[T], rows: Sequence[Record]) -> w.Plan[T]:
     cycle's first step: the insert is sent with BEGIN and that read, no hop of its own)."""
     if not rows:
         return (yield from plan)
-    insert = w.Sql(SQL_RECORD, (json.dumps(rows, separators=(",", ":")),))
+    insert = w.SqlMany(SQL_RECORD, list(rows))
     try:
         step = plan.send(None)
     except StopIteration as stop:

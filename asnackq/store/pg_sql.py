@@ -270,6 +270,7 @@ ORDER BY x.n"""
 SETS = {
     w.SQL_SETTLE: SetText(PG_SETTLE_SET, itemgetter("id"), settle_row),
     w.SQL_INSERT_JOB: SetText(PG_INSERT_SET, itemgetter(0), None),
+    attempts.SQL_RECORD: SetText(attempts.PG_RECORD_SET, None, None),
 }
 
 

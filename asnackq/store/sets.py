@@ -2,9 +2,9 @@
 
 A plan's ``SqlMany`` is one fenced write per row (``executemany``).  Where a driver has a
 set text for it, the rows travel as one JSON array and the database plans and runs one
-statement: the same fence and the same new values, row for row.  A set naming one job
-twice runs row by row (one UPDATE changes a row once); so does a set of one row (its own
-statement costs less than reading an array of one).
+statement: the same fence and the same new values, row for row.  An update's set naming
+one job twice runs row by row (one UPDATE changes a row once); so does a set of one row
+(its own statement costs less than reading an array of one).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class SetText(NamedTuple):
     """A set statement for a core statement, and how its rows travel."""
 
     text: str  # the statement; its one parameter is the rows' JSON array
-    job: Callable[[Any], Any]  # a row's job
+    job: Callable[[Any], Any] | None  # a row's job (None: an insert, a job may recur)
     shape: Callable[[Any], Any] | None  # a row as the array holds it (None: as it is)
 
 
@@ -51,7 +51,7 @@ def as_set(
     found = sets.get(sql)
     if found is None or len(params) < 2:
         return None
-    if len({found.job(row) for row in params}) < len(params):
+    if found.job is not None and len({found.job(row) for row in params}) < len(params):
         return None
     rows = params if found.shape is None else list(map(found.shape, params))
     return found.text, (json.dumps(rows, separators=(",", ":")),)
