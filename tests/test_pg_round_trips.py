@@ -14,7 +14,7 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from asnackq.core import worker as w
-from asnackq.store import pg
+from asnackq.store import attempts, pg
 
 
 def round_trips(trace: str) -> int:
@@ -196,5 +196,34 @@ async def test_a_failing_statement_sent_at_once_leaves_no_transaction_open(pg_db
         ids = await (await con.execute("SELECT id FROM jobs ORDER BY seq")).fetchall()
         assert ids == [("b",)]
         assert await pg.adrive(con, w.plan_enqueue({"id": "c", "qty": 1}, 1_000, 60_000))
+    finally:
+        await con.close()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("rows", [1, 3])
+async def test_a_cycles_kept_requests_go_with_begin(pg_db, monkeypatch, rows, pipeline) -> None:
+    """A cycle's kept requests are its first statement: sent with BEGIN, alone (a cycle with
+    nothing else to write: 3 round trips) or, without a pipeline, before the claims' reads
+    (6; pipelined with them, 4); one row or a set, in order."""
+    monkeypatch.setattr(pg, "PIPELINE", pipeline)
+    kept = [
+        attempts.Record(f"j{n % 2}", 1, 1, 1_000 + n, None if n else 503, n, "away", "x" * 900)
+        for n in range(rows)
+    ]
+    con = await pg.aconnect(pg_db())
+    try:
+        await pg.adrive(con, attempts.plan_create())
+        assert await pg.adrive(con, w.plan_enqueue({"id": "a", "qty": 1}, 1_000, 60_000))
+        for count, expected in ((0, 3), (1, 4 if pipeline else 6)):
+            cycle = w.plan_cycle([], [], "w1", 2_000, 5_000, count, limits=w.PRODUCT)
+            (_, _, claimed, _), trace = await traced(con, attempts.recorded(cycle, kept))
+            assert round_trips(trace) == expected, trace
+            assert len(claimed) == count
+        got = await (
+            await con.execute("SELECT id, at_ms, status FROM asnackq_attempts ORDER BY seq")
+        ).fetchall()
+        assert got == [(r.id, r.at_ms, r.status) for r in kept] * 2
+        assert con.info.transaction_status == TransactionStatus.IDLE
     finally:
         await con.close()

@@ -386,8 +386,9 @@ async def asteps(
     walks: Walks | None = None,
 ) -> tuple[Any, bool]:
     """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin),
-    or (``begin``) that they begin: BEGIN goes with the plan's first statement, in one
-    round trip (``begun``), or alone before a first step of another kind (or none)."""
+    or (``begin``) that they begin: BEGIN goes with the plan's first statement (or the one
+    statement of its first ``SqlMany``: ``_one_statement``), in one round trip (``begun``),
+    or alone before a first step of another kind (or none)."""
     reply: Any = None
     count = 0
     flat = w.one_by_one(_sent_at_once(plan))
@@ -404,6 +405,13 @@ async def asteps(
             reply, count = await _pipelined(con, step, begin, walks)
             begin = False
             continue
+        if isinstance(step, w.SqlMany) and (one := _one_statement(step)) is not None:
+            if begin:  # (with BEGIN, as a first statement is: a cycle's kept requests alone)
+                begin, cursor = False, await begun(con, *one)
+            else:
+                cursor = await con.execute(*one)
+            reply = [(cursor.rowcount,)]
+            continue
         if begin and not isinstance(step, w.Sql):
             begin = False
             await con.execute("BEGIN")
@@ -417,8 +425,6 @@ async def asteps(
             else:
                 cursor = await con.execute(sql, params)
             reply, count = await _walked(con, walks, step.sql, sql, floored, cursor)
-        elif isinstance(step, w.SqlMany) and (one := many(step.sql, step.params)):
-            reply = [((await con.execute(*one)).rowcount,)]
         elif isinstance(step, w.SqlMany):
             async with con.cursor() as cursor:
                 await cursor.executemany(text(step.sql), step.params)

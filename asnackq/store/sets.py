@@ -1,10 +1,11 @@
 """A core statement run for many rows as one set statement, for the drivers that have one.
 
-A plan's ``SqlMany`` is one fenced write per row (``executemany``).  Where a driver has a
-set text for it, the rows travel as one JSON array and the database plans and runs one
-statement: the same fence and the same new values, row for row.  An update's set naming
-one job twice runs row by row (one UPDATE changes a row once); so does a set of one row
-(its own statement costs less than reading an array of one).
+A plan's ``SqlMany`` is one statement per row (``executemany``): a fenced write, or an
+insert.  Where a driver has a set text for it, the rows travel as one JSON array and the
+database plans and runs one statement: the same fence and the same new values (or the same
+rows inserted, in order), row for row.  An update's set naming one job twice runs row by
+row (one UPDATE changes a row once); so does a set of one row (its own statement costs
+less than reading an array of one).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def as_set(
     sets: Mapping[str, SetText], sql: str, params: list[Any]
 ) -> tuple[str, tuple[str]] | None:
     """The one set statement of ``sets`` (and its JSON parameter) that runs ``sql`` for
-    every row of ``params``, where there is one, for more than one row, each of another
-    job; else None (``executemany``)."""
+    every row of ``params``, where there is one, for more than one row (of an update, each
+    of another job); else None (``executemany``)."""
     found = sets.get(sql)
     if found is None or len(params) < 2:
         return None
