@@ -10,7 +10,8 @@ Rules of this module:
   core's plan and sent with its first read, in one statement (on SQLite an ``executemany``
   of one insert, the rows bound as they are; on PostgreSQL one insert over a JSON array of
   them, ``PG_RECORD_SET``), so keeping them adds no transaction, no commit and no round
-  trip; a cycle that commits nothing keeps its rows for the next.
+  trip (on PostgreSQL, where libpq has pipeline mode: without it, one); a cycle that
+  commits nothing keeps its rows for the next.
 * What is kept of an answer: its status (none when no answer came), the request's latency,
   a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
   ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
