@@ -7,6 +7,7 @@ jobs for every row of the array would make a settle of n jobs cost n times the l
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,10 @@ def test_the_set_settle_reads_its_array_once_and_finds_each_job_by_id(tmp_path):
 
     def plan() -> list[str]:
         explained = con.execute("EXPLAIN QUERY PLAN " + sqlite_aio.SQLITE_SETTLE_SET, ("[]",))
-        return [row[3] for row in explained]
+        # (the array's scan: its virtual table's index number is SQLite's own business)
+        return [re.sub(r" VIRTUAL TABLE INDEX .*", "", row[3]) for row in explained]
 
-    expected = [
-        "SCAN json_each VIRTUAL TABLE INDEX 1:",
-        "SEARCH jobs USING INDEX sqlite_autoindex_jobs_1 (id=?)",
-    ]
+    expected = ["SCAN json_each", "SEARCH jobs USING INDEX sqlite_autoindex_jobs_1 (id=?)"]
     assert plan() == expected
     con.execute("ANALYZE")
     assert plan() == expected

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from asnackq.core import endpoint_workers, endpoints, events, inbox, lanes, rate
 from asnackq.core import worker as w
 from asnackq.store import attempts, job_traces, reads, retention
-from asnackq.store.sets import SetText, as_set, settle_row
+from asnackq.store.sets import SetText, as_set, settle_set
 
 __all__ = [
     "QUEUE",
@@ -268,7 +268,7 @@ FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(value, n)
 ORDER BY x.n"""
 # A core statement run for many rows -> its set statement (``sets.as_set``).
 SETS = {
-    w.SQL_SETTLE: SetText(PG_SETTLE_SET, itemgetter("id"), settle_row),
+    w.SQL_SETTLE: settle_set(PG_SETTLE_SET),
     w.SQL_INSERT_JOB: SetText(PG_INSERT_SET, itemgetter(0), None),
     attempts.SQL_RECORD: SetText(attempts.PG_RECORD_SET, None, None),
 }

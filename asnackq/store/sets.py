@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-__all__ = ["SETTLE_FIELDS", "SetText", "as_set", "settle_row"]
+__all__ = ["SETTLE_FIELDS", "SetText", "as_set", "settle_set"]
 
 
 class SetText(NamedTuple):
@@ -40,7 +40,12 @@ SETTLE_FIELDS = (
     "new_owner",
     "new_lease_until",
 )
-settle_row = itemgetter(*SETTLE_FIELDS)
+
+
+def settle_set(text: str) -> SetText:
+    """A driver's set statement for ``worker.SQL_SETTLE``: one row per job, as arrays in
+    ``SETTLE_FIELDS``' order."""
+    return SetText(text, itemgetter("id"), itemgetter(*SETTLE_FIELDS))
 
 
 def as_set(

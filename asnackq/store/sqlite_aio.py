@@ -45,14 +45,13 @@ import inspect
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable
-from operator import itemgetter
 from typing import Any, TypeVar
 
 import aiosqlite
 
 from asnackq.core import worker as w
 from asnackq.store.outage import Health, StoreUnavailable
-from asnackq.store.sets import SetText, as_set, settle_row
+from asnackq.store.sets import as_set, settle_set
 
 __all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "connected", "steps"]
 
@@ -244,7 +243,7 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS t
 WHERE jobs.id = x.id AND +jobs.status = 'leased' AND jobs.token = x.token
   AND jobs.owner = x.owner AND jobs.attempts = x.attempt
   AND jobs.lease_until = x.lease_until"""
-SETS = {w.SQL_SETTLE: SetText(SQLITE_SETTLE_SET, itemgetter("id"), settle_row)}
+SETS = {w.SQL_SETTLE: settle_set(SQLITE_SETTLE_SET)}
 
 
 async def steps(
