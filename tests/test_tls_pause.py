@@ -74,8 +74,8 @@ async def test_a_tls_failure_pauses_with_its_cause_and_spends_no_attempt(tmp_pat
                     if any(event.name == "paused" for event in events):
                         break
                     await asyncio.sleep(0.1)
-                # two and a half leases' worth of the pause (a lease of 1 s: extended at
-                # its half, it outlasts the stalls of a busy machine; 300 ms did not)
+                # two and a half leases' worth of the pause (a lease of 1 s, extended at
+                # its half, outlasts a busy machine's stalls; one of 300 ms may lapse)
                 await asyncio.sleep(2.5)
                 dispatcher.stop()
                 summary = await asyncio.wait_for(run, 60)
@@ -106,7 +106,7 @@ def test_a_peer_stopped_mid_handshake_closes_that_connection(tmp_path):
         assert raw.recv(65536)  # the peer's answer: it is in the handshake, waiting for ours
     with raw:
         try:
-            closed = raw.recv(65536) == b""  # (before: nothing came, the read timed out)
+            closed = raw.recv(65536) == b""  # (left open: nothing comes, the read times out)
         except ConnectionResetError:
             closed = True
     assert closed
