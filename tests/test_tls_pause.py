@@ -104,12 +104,12 @@ def test_a_peer_stopped_mid_handshake_closes_that_connection(tmp_path):
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
         raw.sendall(hello.read())
         assert raw.recv(65536)  # the peer's answer: it is in the handshake, waiting for ours
-    with raw:
+    with raw:  # closed by the peer as it stopped (left open, a read times out: TimeoutError)
         try:
-            closed = raw.recv(65536) == b""  # (left open: nothing comes, the read times out)
+            while raw.recv(65536):  # (the rest of its answer, had it come in parts)
+                pass
         except ConnectionResetError:
-            closed = True
-    assert closed
+            pass  # (a reset closes it too)
     gc.collect()  # (an unclosed transport would warn here: warnings fail the test)
 
 
