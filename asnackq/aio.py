@@ -286,16 +286,12 @@ class AsyncQueue:
         """
         if self.lane is not None:
             make = partial(lane_plan, make, self.lane)
-        built = [make()]  # the first try runs the plan validated here
+        again = prebuilt(make)  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
         if self.lane is not None and self.lane.endpoint is not None and not intake and not fault:
             joined: T = await self._joint.run(make)  # endpoints' lanes share transactions
             return joined
-
-        def again() -> w.Plan[T]:
-            return built.pop() if built else make()
-
         return await self._shielded(again, fault)
 
     async def _shielded(self, make: Callable[[], w.Plan[T]], fault: w.Fault = None) -> T:
@@ -368,8 +364,7 @@ class AsyncQueue:
         if self.intakes_only:  # in the application's transaction: that is the one
             results: list[bool | w.Conflict] = await self._run(make, intake=True)
             return results
-        make()  # validated here, before any I/O
-        results = await self._intakes.run(make)
+        results = await self._intakes.run(prebuilt(make))  # validated here, before any I/O
         return results
 
     async def publish(
@@ -695,6 +690,17 @@ class AsyncQueue:
         outcome, delay = await classify(send, mine, jitter)
         now = w.second_reading(clock, first, self.limits)
         return w.delivery_result(mine, await self.finish(mine.copy(), outcome, now, delay))
+
+
+def prebuilt(make: Callable[[], w.Plan[T]]) -> Callable[[], w.Plan[T]]:
+    """``make``'s plan built (validated) now, then ``make`` again for each try after the first
+    (a store builds it again to retry a transaction): a plan is validated once per try."""
+    built = [make()]
+
+    def again() -> w.Plan[T]:
+        return built.pop() if built else make()
+
+    return again
 
 
 def lane_plan(make: Callable[[], w.Plan[T]], lane: lanes.Lane) -> w.Plan[T]:

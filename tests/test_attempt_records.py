@@ -249,8 +249,8 @@ async def test_a_cycles_rows_are_kept_in_order_with_their_characters(
     db: Path, pg_db, store: str, count: int
 ) -> None:
     """One cycle's rows, written alone (nothing else to do) or with the claims' reads: a
-    job's two requests and another's, bound as they are on SQLite and sent as one JSON
-    array to PostgreSQL, come back in order, each answer as the excerpt made it."""
+    job's two requests and another's, sent as one JSON array to SQLite and to PostgreSQL,
+    come back in order, each answer as the excerpt made it."""
     target = str(db) if store == "sqlite" else pg_db()
     odd = attempts.excerpt(b'\x00"\\\n\t\\u0041\xff' + "é😀\u2028".encode() + b'}{][,"')
     rows = [

@@ -7,11 +7,11 @@ Rules of this module:
   lease is a request of its own), in the order made. A run that keeps them creates the table
   when it starts.
 * The rows of a cycle's requests are written in the cycle's own transaction, before the
-  core's plan and sent with its first read, in one statement (on SQLite an ``executemany``
-  of one insert, the rows bound as they are; on PostgreSQL one insert over a JSON array of
-  them, ``PG_RECORD_SET``), so keeping them adds no transaction, no commit and no round
-  trip (on PostgreSQL, where libpq has pipeline mode: without it, one); a cycle that
-  commits nothing keeps its rows for the next.
+  core's plan and sent with its first read, in one statement (one insert over a JSON array
+  of them: ``SQLITE_RECORD_SET``, ``PG_RECORD_SET``; a row alone is bound as it is), so
+  keeping them adds no transaction, no commit and no round trip (on PostgreSQL, where
+  libpq has pipeline mode: without it, one); a cycle that commits nothing keeps its rows
+  for the next.
 * What is kept of an answer: its status (none when no answer came), the request's latency,
   a verdict (what the sender made of it: ``ok``, ``retry``, ``permanent``, ``bad_ack``,
   ``away``, ``timing_out``, ``tls``, ``overloaded``, ``gone``, ``error``) and the first
@@ -90,6 +90,15 @@ PG_RECORD_SET = """INSERT INTO asnackq_attempts
 SELECT r ->> 0, (r ->> 1)::bigint, (r ->> 2)::int, (r ->> 3)::bigint, (r ->> 4)::int,
   (r ->> 5)::int, r ->> 6, r ->> 7
 FROM jsonb_array_elements(%s::jsonb) AS r"""
+# The same on SQLite (``sqlite_aio.SETS``), in the array's order (``key``): the rows keep the
+# order of the cycle's requests in ``seq``.  No text kept holds a NUL (``excerpt``), which
+# ``json_extract`` would end the text at.
+SQLITE_RECORD_SET = """INSERT INTO asnackq_attempts
+  (id, token, attempt, at_ms, status, latency_ms, verdict, answer)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+  json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+  json_extract(value, '$[6]'), json_extract(value, '$[7]')
+FROM json_each(?) ORDER BY key"""
 
 
 class Record(NamedTuple):
