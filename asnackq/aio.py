@@ -14,6 +14,8 @@ Rules of this layer:
 2. **One connection and one ``asyncio.Lock`` per queue**: two coroutines' transactions
    never interleave.  A transaction runs in its own task under ``asyncio.shield``: a
    cancelled caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
+   On a file, the intakes waiting for the lock when a transaction of the queue's own ends
+   ride it: their plans run after its plan, before its COMMIT (``store.joint.Riders``).
 3. **No transaction is open across a network await.**  Delivery coroutines never touch
    the queue: each takes a claimed ticket, sends it (``await send(event, token)``; aiohttp
    in ``asnackq.wire.send``), and hands back what it saw; the committer finishes it.
@@ -73,7 +75,7 @@ from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
-from asnackq.store.joint import Joint
+from asnackq.store.joint import ADOPTED, Joint, Riders
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -147,7 +149,8 @@ class AsyncQueue:
         self._event_tables = False  # made by an event's intake on this connection
         self._workers_table = False  # made by this connection's first ``note_endpoints``
         self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
-        self._joint = Joint(self._shielded)  # the lanes' transactions (``in_lane``)
+        self._joint = Joint(partial(self._shielded, host=True))  # the lanes' (``in_lane``)
+        self._riders: Riders | None = None  # a file's intakes, riding other transactions
         # called with the endpoints given deliveries by an intake of this queue, once
         # committed (a fleet on the same queue looks for them at once: ``Fleet.wake``)
         self.published: list[Callable[[set[str]], object]] = []
@@ -190,6 +193,8 @@ class AsyncQueue:
         )
         if is_url(target):  # intakes on a session of their own, beside the cycles
             queue._intakes.own(partial(open_store, target, w.SCHEMA, busy_s, attempts))
+        else:  # intakes on the queue's connection, riding its transactions
+            queue._riders = Riders(queue._shielded)
         return queue
 
     @classmethod
@@ -256,6 +261,8 @@ class AsyncQueue:
     async def close(self) -> None:
         """Close the queue's connection (on the application's connection: nothing)."""
         await self._intakes.close()
+        if self._riders is not None:
+            await self._riders.drained()
         async with self._lock:
             await self._db.close()
 
@@ -289,16 +296,32 @@ class AsyncQueue:
         again = prebuilt(make)  # the first try runs the plan validated here
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
+        if intake and not fault and self._riders is not None:
+            ridden: T = await self._riders.run(again)  # on the next transaction to end
+            return ridden
         if self.lane is not None and self.lane.endpoint is not None and not intake and not fault:
             joined: T = await self._joint.run(make)  # endpoints' lanes share transactions
             return joined
-        return await self._shielded(again, fault)
+        return await self._shielded(again, fault, host=not intake and not fault)
 
-    async def _shielded(self, make: Callable[[], w.Plan[T]], fault: w.Fault = None) -> T:
-        """``make``'s plan in a transaction of its own, under the lock, shielded."""
+    async def _shielded(
+        self,
+        make: Callable[[], w.Plan[T]],
+        fault: w.Fault = None,
+        host: bool = False,
+        skip: Callable[[], bool] | None = None,
+    ) -> T:
+        """``make``'s plan in a transaction of its own, under the lock, shielded (``host``:
+        the intakes waiting for the lock when it ends ride it; ``skip``: no transaction if
+        it says so once the lock is held, ``ADOPTED`` returned)."""
 
         async def locked() -> T:
             async with self._lock:
+                if skip is not None and skip():
+                    adopted: T = ADOPTED
+                    return adopted
+                if host and self._riders is not None:
+                    return await self._hosting(make, self._riders)
                 result: T = await self._db.run(make, fault)
                 return result
 
@@ -308,6 +331,48 @@ class AsyncQueue:
         except asyncio.CancelledError:
             await asyncio.wait([task])  # let COMMIT or ROLLBACK land, then re-raise
             raise
+
+    async def _hosting(self, make: Callable[[], w.Plan[T]], riders: Riders) -> T:
+        """``make``'s plan, then the plans of the intakes waiting for the lock as it ends, in
+        one transaction (under the lock); each rider gets its own fate."""
+        taken: list[Any] = []
+
+        def plan() -> w.Plan[tuple[T, list[Any]]]:
+            result, changed = yield from make()
+            if not taken:  # (a plan made again runs the same riders)
+                taken.extend(riders.adopt())
+            found = []
+            for call in taken:
+                one, wrote = yield from call.make()
+                found.append(one)
+                changed = changed or wrote
+            return (result, found), changed
+
+        try:
+            hosted: tuple[T, list[Any]] = await self._db.run(plan)
+        except StoreUnavailable as error:
+            for call in taken:
+                call.settle(error)
+            raise
+        except Exception:
+            if not taken:
+                raise
+            for call in taken:  # each alone, then the host: each its own fate
+                try:
+                    call.settle(await self._db.run(call.make))
+                except Exception as error:
+                    call.settle(error)
+            again: T = await self._db.run(make)
+            return again
+        else:
+            result, found = hosted
+            for call, one in zip(taken, found, strict=True):
+                call.settle(one)
+            return result
+        finally:
+            for call in taken:  # cancelled before its fate was known: never an endless wait
+                if not call.future.done():
+                    call.future.cancel()
 
     async def read(
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()

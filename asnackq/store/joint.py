@@ -32,9 +32,10 @@ from typing import Any, Generic, TypeVar
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
-__all__ = ["Gathering", "Joint", "Waiter", "settle"]
+__all__ = ["Gathering", "Joint", "Riders", "Waiter", "settle"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
+ADOPTED: Any = object()  # a batch's result when another transaction ran its calls
 
 
 class Waiter:
@@ -68,12 +69,13 @@ class _Batch(Generic[CallT]):
     def __init__(self) -> None:
         self.calls: list[CallT] = []
         self.taken: list[CallT] | None = None
+        self.adopted = False  # run in another transaction (``Riders.adopt``)
 
 
 class Gathering(Generic[CallT]):
     """Calls gathered into the next shared transaction, each given its own fate (rules 2
-    and 3 of the module; ``Joint`` here and ``asnackq.store.intakes.Intakes`` are its two
-    kinds).  A kind says how its calls run together (``_together``), how one runs alone
+    and 3 of the module; ``Joint`` and ``Riders`` here and ``asnackq.store.intakes.Intakes``
+    are its kinds).  A kind says how its calls run together (``_together``), how one runs alone
     (``_alone``) and where a transaction runs (``_transact``)."""
 
     def __init__(self) -> None:
@@ -88,6 +90,11 @@ class Gathering(Generic[CallT]):
 
     async def _transact(self, make: w.Make) -> Any:
         raise NotImplementedError
+
+    async def _transact_batch(self, make: w.Make, batch: _Batch[CallT]) -> Any:
+        """``batch``'s transaction (its plan ``make``): ``_transact``'s, unless a kind
+        says otherwise (``Riders``: none, once another transaction took the batch)."""
+        return await self._transact(make)
 
     async def _join(self, call: CallT) -> Any:
         """``call``'s result, from the next shared transaction."""
@@ -111,7 +118,11 @@ class Gathering(Generic[CallT]):
             return (yield from self._together(batch.taken))
 
         try:
-            results = await self._transact(plan)
+            results = await self._transact_batch(plan, batch)
+            if results is ADOPTED:  # each call settled by the transaction that ran it
+                for call in batch.taken or ():
+                    call.future.cancel()  # (none is left: a safety net, never an endless wait)
+                return
         except StoreUnavailable as error:
             for call in self._closed(batch):
                 call.settle(error)
@@ -186,3 +197,46 @@ class Joint(Gathering[_Call]):
 
     async def _transact(self, make: w.Make) -> Any:
         return await self._run(make)
+
+
+class Riders(Joint):
+    """A file's intakes, riding the queue's own transactions: one COMMIT for both.
+
+    On a file, intakes and the queue's transactions (a Dispatcher's cycles) take turns on
+    one connection, each paying its own durable COMMIT: a producer's transactions of 128
+    events held the lock half the time beside a Dispatcher at 64.  Here the intakes'
+    transactions gather as a ``Joint``'s do, and a transaction of the queue's own that ends
+    while they wait for the lock takes them (``adopt``; ``AsyncQueue._hosting``):
+
+    1. **Each plan runs as if alone.**  The riders' plans run after the host's plan, before
+       its COMMIT, in arrival order, each exactly the statements it runs alone: what they
+       read is what they would read right after the host's COMMIT, where they would have
+       run next, and the host's plan never reads what they write.
+    2. **Each caller gets its own fate.**  A store outage (``StoreUnavailable``) reaches the
+       host and every rider, as it would have reached each alone.  Any other failure of a
+       transaction with riders rolls it back, then runs each rider alone and the host
+       alone after them, each its own fate.
+    3. **No wait is added.**  A rider runs in the transaction that holds the lock as it
+       waits, or else in its own once it takes the lock; a batch taken by a host opens no
+       transaction of its own when its turn at the lock comes.
+    4. **Hosts** are the queue's transactions that are no intake and have no fault hook (a
+       hook's test sees the host's statements alone), a fleet's joint ones too; a rider
+       never hosts.
+    """
+
+    def __init__(self, run: Callable[..., Awaitable[Any]]) -> None:
+        super().__init__(run)
+        self._turn = run  # runs a plan under the lock, unless ``skip()`` says it is taken
+
+    async def _transact_batch(self, make: w.Make, batch: _Batch[_Call]) -> Any:
+        return await self._turn(make, skip=lambda: batch.adopted)
+
+    def adopt(self) -> list[_Call]:
+        """The calls of the batch waiting for the lock, taken to run at the end of the
+        transaction that holds it (which gives each its fate); none when none waits."""
+        batch = self._open
+        if batch is None or batch.taken is not None or not batch.calls:
+            return []
+        batch.taken, batch.adopted = list(batch.calls), True
+        self._open = None
+        return batch.taken
