@@ -14,8 +14,9 @@ Rules of this layer:
 2. **One connection and one ``asyncio.Lock`` per queue**: two coroutines' transactions
    never interleave.  A transaction runs in its own task under ``asyncio.shield``: a
    cancelled caller waits for the COMMIT or ROLLBACK, then re-raises - never a split write.
-   On a file, the intakes waiting for the lock when a transaction of the queue's own ends
-   ride it: their plans run after its plan, before its COMMIT (``store.joint.Riders``).
+   On a file, the intakes waiting for the lock when a transaction of the queue's own has
+   run its statements ride it: their plans run then, before its COMMIT; one that comes
+   during the COMMIT runs in its own or rides the next (``store.joint.Riders``).
 3. **No transaction is open across a network await.**  Delivery coroutines never touch
    the queue: each takes a claimed ticket, sends it (``await send(event, token)``; aiohttp
    in ``asnackq.wire.send``), and hands back what it saw; the committer finishes it.
@@ -311,16 +312,16 @@ class AsyncQueue:
         host: bool = False,
         skip: Callable[[], bool] | None = None,
     ) -> T:
-        """``make``'s plan in a transaction of its own, under the lock, shielded (``host``:
-        the intakes waiting for the lock when it ends ride it; ``skip``: no transaction if
-        it says so once the lock is held, ``ADOPTED`` returned)."""
+        """``make``'s plan in a transaction of its own, under the lock, shielded (``host``,
+        without ``fault``: the intakes waiting for the lock when its plan ends ride it;
+        ``skip``: no transaction if it says so once the lock is held, ``ADOPTED`` returned)."""
 
         async def locked() -> T:
             async with self._lock:
                 if skip is not None and skip():
                     adopted: T = ADOPTED
                     return adopted
-                if host and self._riders is not None:
+                if host and not fault and self._riders is not None:
                     return await self._hosting(make, self._riders)
                 result: T = await self._db.run(make, fault)
                 return result

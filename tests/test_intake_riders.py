@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asnackq.aio import AsyncQueue, QueueBusy
+from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
@@ -258,3 +260,51 @@ async def test_riders_whose_fate_is_cut_short_are_cancelled_never_left_waiting(t
         q._db.run = run  # type: ignore[method-assign]
     assert adopted == [2]
     assert jobs(path) == [("k", 2, "pending", 0)]
+
+
+def lane_row(name: str, fails: bool = False) -> w.Plan[str]:
+    """A lane's plan writing one row (then raising, if ``fails``)."""
+    yield w.Sql("CREATE TABLE IF NOT EXISTS lane_rows (name TEXT PRIMARY KEY)")
+    yield w.Sql("INSERT INTO lane_rows (name) VALUES (?)", (name,))
+    if fails:
+        raise RuntimeError(f"{name}'s own")
+    return name, True
+
+
+@pytest.mark.parametrize("rider_fails", [False, True])
+async def test_a_fleets_joint_transaction_hosts_the_riders(tmp_path, rider_fails):
+    """Two endpoints' lanes joined in one transaction, and an intake waiting behind them:
+    one BEGIN for all; a rider that fails gets its error alone, its run alone first, then
+    the joint again whole, every lane's row and the other rider's job landing once."""
+
+    def failing() -> w.Plan[None]:
+        yield w.Read("SELECT 1")
+        raise RuntimeError("this rider's own")
+
+    path = tmp_path / "q.db"
+    async with AsyncQueue.open(path) as q:
+        views = [q.in_lane(lanes.Lane(f"e{i}")) for i in range(2)]
+        seen: list[str] = []
+        await q._db.db.set_trace_callback(seen.append)
+        riders = [lambda: q.enqueue_many([{"id": "n", "qty": 1}], NOW)]
+        if rider_fails:
+            riders.insert(0, lambda: q._run(failing, intake=True))
+        hosting, riding, adopted = await lined_up(
+            q,
+            lambda: asyncio.gather(
+                *(v._run(partial(lane_row, f"r{i}")) for i, v in enumerate(views))
+            ),
+            *riders,
+        )
+        assert await hosting == ["r0", "r1"]
+        if rider_fails:
+            with pytest.raises(RuntimeError, match="this rider's own"):
+                await riding[0]
+        assert await riding[-1] == [True]
+        await q._db.db.set_trace_callback(None)
+    assert adopted == [len(riders)]
+    assert traced(seen, "BEGIN") == (4 if rider_fails else 1)  # shared, then each alone
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT name FROM lane_rows ORDER BY name").fetchall() == [("r0",), ("r1",)]
+    con.close()
+    assert jobs(path) == [("n", 1, "pending", 0)]

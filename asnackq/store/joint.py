@@ -1,5 +1,5 @@
 """The transactions of one queue's lanes share one while they wait: group commit across
-endpoints.
+endpoints (and, on a file, the intakes ride the queue's transactions: ``Riders``).
 
 A fleet (``asnackq.dispatch.fleet``) runs a Dispatcher per endpoint on one ``AsyncQueue``:
 one connection, one lock.  Each Dispatcher's committer batches its own endpoint's claims
@@ -17,7 +17,8 @@ Rules of this module:
    than the store's (``StoreUnavailable``, ``CommitUnknown``: every caller's, as it would
    have been each one's alone) is rolled back and its plans run again one per
    transaction, so an error that belongs to one plan reaches that caller only (a plan is
-   made again for each try, as the store makes it again for a re-run).
+   made again for each try, as the store makes it again for a re-run).  When a rider
+   (``Riders``) failed it, the riders run alone and the joint runs again whole first.
 3. **No wait is added.**  A plan that finds no transaction waiting starts one at once; the
    joint closes when its transaction takes the lock.  A caller that is cancelled waits
    for its transaction to end, then re-raises (as ``AsyncQueue``'s transactions do).
@@ -216,8 +217,9 @@ class Riders(Joint):
        host and every rider, as it would have reached each alone.  Any other failure of a
        transaction with riders rolls it back, then runs each rider alone and the host
        alone after them, each its own fate.
-    3. **No wait is added.**  A rider runs in the transaction that holds the lock as it
-       waits, or else in its own once it takes the lock; a batch taken by a host opens no
+    3. **No wait is added.**  A rider waiting when a host's plan ends runs in that host's
+       transaction; one that comes later (during the host's COMMIT) runs in its own once
+       it takes the lock, or in the next host's; a batch taken by a host opens no
        transaction of its own when its turn at the lock comes.
     4. **Hosts** are the queue's transactions that are no intake and have no fault hook (a
        hook's test sees the host's statements alone), a fleet's joint ones too; a rider
