@@ -298,7 +298,7 @@ class AsyncQueue:
         if self.intakes_only and not intake:
             raise ValueError(NOT_AN_INTAKE)
         if intake and not fault and self._riders is not None:
-            ridden: T = await self._riders.run(again)  # on the next transaction to end
+            ridden: T = await self._riders.run(again)  # riding a transaction of the queue's
             return ridden
         if self.lane is not None and self.lane.endpoint is not None and not intake and not fault:
             joined: T = await self._joint.run(make)  # endpoints' lanes share transactions
