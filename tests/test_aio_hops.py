@@ -113,7 +113,8 @@ async def test_a_dispatcher_s_cycle_takes_its_hops_with_claims_ahead_and_records
 
 async def test_an_inbox_batch_of_one_and_of_three_hundred_take_the_same_awaits(tmp_path):
     """The sink's batch: BEGIN, the new rows, the read of the rows that were there, their
-    count, the stock's two statements, COMMIT (five without repeats), whatever its size."""
+    count, the stock's two statements (sent at once), COMMIT (three hops without repeats),
+    whatever its size."""
     store = await SqliteStore.open(tmp_path / "sink.db", SINK_SCHEMA, 1.0)
     counting = Counting(store.db)
     store.db = counting  # type: ignore[assignment]

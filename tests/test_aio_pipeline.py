@@ -1,8 +1,9 @@
 """Statements sent together on the aiosqlite connection (``sqlite_aio.sent``), and failing.
 
-A plan's ``Batch`` (a statement, then reads) and a first step that reads (with BEGIN) go to
-the connection's thread at once.  The failures are SQLite's own: a statement interrupted by
-the connection's progress handler (an interrupted write ends the whole transaction, as a
+A plan's ``Batch`` (on a store's connection any statements, on an application's a
+statement, then reads) and a plan's first step (with BEGIN) go to the connection's thread
+at once.  The failures are SQLite's own: a statement interrupted by the connection's
+progress handler (an interrupted write ends the whole transaction, as a
 full disk or an I/O error does), a lock another connection or process holds, a caller
 cancelled.  Whatever fails, nothing of the transaction stays, no write runs outside it, and
 COMMIT is never sent after a failure.
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import PIPE
 
+import aiosqlite
 import pytest
 
 from asnackq.aio import AsyncQueue, QueueBusy
@@ -112,21 +114,62 @@ async def test_a_statement_failing_mid_batch_leaves_nothing_and_no_commit_follow
     assert statuses == ["done"] * 4 and len(tickets) == 5
 
 
-async def test_a_batch_with_a_write_after_its_first_statement_is_refused_unsent(db):
-    def two_writes() -> w.Plan[None]:
-        yield w.Batch((w.Sql("UPDATE jobs SET qty = 2"), w.Sql("UPDATE jobs SET qty = 3")))
-        return None, True
+def two_writes() -> w.Plan[None]:
+    yield w.Batch((w.Sql("UPDATE jobs SET qty = 2"), w.Sql("UPDATE jobs SET qty = 3")))
+    return None, True
 
+
+@pytest.mark.parametrize("trips", ["qty = 2", "qty = 3"], ids=["first", "second"])
+async def test_a_store_sends_a_batch_of_writes_at_once_and_a_failure_leaves_nothing(db, trips):
+    """A store's connection begins a transaction before any write: a batch's writes go at
+    once.  An interrupted write ends the transaction (SQLite's rule): the second, sent with
+    an interrupted first, runs in a transaction of its own that is rolled back; the second
+    interrupted takes the first with it.  Nothing stays, no COMMIT follows, and the batch
+    lands whole after."""
     queue, store = await opened(db)
     try:
         await held_jobs(queue)
         before = rows(db)
-        with pytest.raises(TypeError, match="reads only after its first statement"):
+        wire = Tripwire(lambda sql: trips in sql)
+        await wire.arm(store)
+        with pytest.raises(sqlite3.OperationalError, match="interrupt"):
             await store.run(two_writes)
         assert not queue.in_transaction
+        assert rows(db) == before
+        assert "COMMIT" not in wire.after()
+        if trips == "qty = 2":  # (sent with the first: it ran, in a transaction of its own)
+            begun = wire.after().index("BEGIN IMMEDIATE")
+            alone = ["BEGIN IMMEDIATE", "UPDATE jobs SET qty = 3", "ROLLBACK"]
+            assert wire.after()[begun:] == alone
+        await store.db.set_progress_handler(None, 1)
+        await store.run(two_writes)
     finally:
         await queue.close()
-    assert rows(db) == before
+    assert {row[2] for row in rows(db) if len(row) > 3} == {3}
+
+
+async def test_a_batch_of_writes_goes_one_by_one_on_an_application_s_connection(db):
+    """On a connection that does not begin a transaction before a write (an application's,
+    ``isolation_level`` None) a write sent after a failure could land outside any
+    transaction: the batch goes one statement at a time, and the second never runs."""
+    queue, _ = await opened(db)
+    try:
+        await held_jobs(queue)
+    finally:
+        await queue.close()
+    before = rows(db)
+    wire = Tripwire(lambda sql: "qty = 2" in sql)
+    async with aiosqlite.connect(db, isolation_level=None) as con:
+        await con.set_trace_callback(wire.trace)
+        await con.set_progress_handler(wire.progress, 1)
+        with pytest.raises(sqlite3.OperationalError, match="interrupt"):
+            await adrive(con, two_writes())
+        assert not con.in_transaction
+        await con.set_progress_handler(None, 1)
+        assert not any("qty = 3" in sql for sql in wire.seen)
+        await adrive(con, two_writes())
+    assert rows(db) != before
+    assert {row[2] for row in rows(db) if len(row) > 3} == {3}
 
 
 @pytest.mark.parametrize("first", ["write", "read"])

@@ -32,7 +32,17 @@ import re
 from collections.abc import Callable, Generator
 from typing import NamedTuple
 
-from asnackq.core.worker import MAX_NOW, Plan, Reply, Sql, SqlMany, Step, check_int, json_set
+from asnackq.core.worker import (
+    MAX_NOW,
+    Batch,
+    Plan,
+    Reply,
+    Sql,
+    SqlMany,
+    Step,
+    check_int,
+    json_set,
+)
 
 __all__ = [
     "MAX_BATCH",
@@ -200,6 +210,6 @@ def event_digest(event_id: str, qty: int) -> str:
 
 
 def plan_stock(moves: list[tuple[str, int]]) -> Generator[Step, Reply, None]:
-    """The sink's effect for its applied events ``(id, qty)``: each move kept, stock += qty."""
-    yield SqlMany(SQL_MOVE, moves)
-    yield Sql(SQL_ADD_STOCK, (sum(qty for _, qty in moves),))
+    """The sink's effect for its applied events ``(id, qty)``: each move kept, stock += qty
+    (one step: a driver may send both at once)."""
+    yield Batch((SqlMany(SQL_MOVE, moves), Sql(SQL_ADD_STOCK, (sum(qty for _, qty in moves),))))

@@ -222,6 +222,8 @@ async def read_within(
     a 408 or 400 that closes the connection.  It spoils the rest: the body is marked ended,
     so that aiohttp does not drain it after the answer (nor log its error a second time)."""
     try:
+        if timeout_s is None:  # (a body already in: no timer to set and cancel)
+            return await read()
         async with asyncio.timeout(timeout_s):
             return await read()
     except TimeoutError:

@@ -13,7 +13,7 @@ Rules of this module:
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.  The
   async driver sends BEGIN with a plan's first statement, as one query (``begun``): a
   round trip fewer for every transaction (an intake's is 4, not 5).  A plan's ``Batch``
-  (a statement, then reads that need no reply of it) goes in one round trip, psycopg's
+  (statements that need no reply of each other) goes in one round trip, psycopg's
   pipeline mode, BEGIN with it when it comes first (``AtOnce``): a Dispatcher's cycle is
   5 round trips, not 8 (a settle naming a job twice, an extension then another, goes
   row by row, and its batch one statement at a time).  A statement that fails there

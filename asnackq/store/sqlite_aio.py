@@ -11,7 +11,8 @@ Rules of this module:
   inserts one set statement, ``SETS``, or one ``executemany``), so neither do a
   transaction's hops (``HOPS``).
 * Statements that need no reply of each other are sent at once, one hop for all (``sent``):
-  a plan's ``Batch`` (a statement, then only reads), and a plan's first step, with BEGIN.
+  a plan's ``Batch`` (``at_once``: on another connection than a store's, a statement, then
+  only reads), and a plan's first step, with BEGIN.
   A store's connection begins a transaction before any write (``isolation_level``
   ``IMMEDIATE``: sqlite3 sends ``BEGIN IMMEDIATE`` before a write outside one), so a write
   never runs outside a transaction: one sent with a BEGIN that was refused, or after a
@@ -119,8 +120,9 @@ async def _to_the_end(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledErro
 # never attempted); the lease; COMMIT.  One more when the quarantine has work (it runs with
 # the claims' reads again).  A cycle paced by a shared rate (``core.rate``): two more, the
 # rate row's read and write.  An intake: BEGIN with the read of the jobs, the insert, COMMIT.
-# An inbox batch (``core.inbox``): BEGIN with its rows' insert, the moves, the stock, COMMIT.
-HOPS = {"cycle": 4, "quarantine": 1, "records": 0, "paced cycle": 6, "enqueue": 3, "inbox": 4}
+# An inbox batch (``core.inbox``): BEGIN with its rows' insert, the moves and the stock (one
+# ``Batch``), COMMIT.
+HOPS = {"cycle": 4, "quarantine": 1, "records": 0, "paced cycle": 6, "enqueue": 3, "inbox": 3}
 # A busy BEGIN is tried again after a tenth of the time it has waited so far (jittered),
 # within these bounds: a freed lock is taken within about a tenth of the wait, and a wait of
 # a second costs some 60 tries.
@@ -279,7 +281,9 @@ async def steps(
 async def run_step(db: aiosqlite.Connection, step: w.Step, fault: w.Fault) -> w.Reply:
     """One step of a plan: a statement, a batch of them (one hop), or a hook point."""
     if isinstance(step, w.Batch):
-        return replied(await sent([statement(db, one) for one in checked(step)]))
+        if at_once(db, step.steps):
+            return replied(await sent([statement(db, one) for one in step.steps]))
+        return [await statement(db, one) for one in step.steps]
     if isinstance(step, w.Hook):
         call_fault(fault, step.name)
         return None
@@ -358,11 +362,13 @@ def replied(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def checked(batch: w.Batch) -> tuple[w.Sql | w.SqlMany, ...]:
-    """A batch's statements: a statement, then reads only (``TypeError`` for any other)."""
-    if not all(isinstance(read, w.Read) for read in batch.steps[1:]):
-        raise TypeError(f"a batch has reads only after its first statement: {batch!r}")
-    return batch.steps
+def at_once(db: aiosqlite.Connection, statements: tuple[w.Sql | w.SqlMany, ...]) -> bool:
+    """Whether ``statements`` (a batch's, in order) may be sent at once: each after the
+    first only reads, or ``db`` begins a transaction before any write (``isolation_level``
+    set: a write sent after a statement that failed and ended the transaction runs in a
+    transaction of its own, rolled back with the rest).  Else a write could land outside
+    the transaction, in autocommit: such a batch goes one statement at a time."""
+    return db.isolation_level is not None or all(isinstance(one, w.Read) for one in statements[1:])
 
 
 def with_begin(db: aiosqlite.Connection, step: w.Step | None) -> tuple[w.Sql | w.SqlMany, ...]:
@@ -370,7 +376,7 @@ def with_begin(db: aiosqlite.Connection, step: w.Step | None) -> tuple[w.Sql | w
     that begins a transaction before a write (``isolation_level`` set), else only those of
     a step that reads; () for a hook."""
     if isinstance(step, w.Batch):
-        statements = checked(step)
+        statements = step.steps
     elif isinstance(step, (w.Sql, w.SqlMany)):
         statements = (step,)
     else:
