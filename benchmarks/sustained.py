@@ -2,7 +2,7 @@
 
     python benchmarks/sustained.py [--store pg|sqlite] [--minutes 10] [--depth 4000]
                                    [--concurrency 64] [--send-ms 1] [--hold-xmin]
-                                   [--keep-done SECONDS]
+                                   [--keep-done SECONDS] [--shared-buffers SIZE]
 
 One process runs a Dispatcher (its send waits ``--send-ms`` and answers True) and, on a
 connection of its own, a producer that keeps ``--depth`` jobs waiting: every 50 ms it
@@ -10,7 +10,9 @@ enqueues what the Dispatcher finished since. PostgreSQL is a throwaway local ser
 (``fsync=on``, ``synchronous_commit=on``, autovacuum at its defaults); SQLite a file
 (journal DELETE, ``synchronous=FULL``). ``--hold-xmin`` (PostgreSQL): another session holds
 one REPEATABLE READ transaction open for the whole run, so no dead row can be removed
-(the xmin horizon stays where it began).  ``--keep-done S``: every ``S / 2`` seconds the
+(the xmin horizon stays where it began).  ``--shared-buffers SIZE`` (PostgreSQL): the
+server's ``shared_buffers`` (its default, 128MB, is a small machine's: the docs suggest a
+quarter of a dedicated server's memory).  ``--keep-done S``: every ``S / 2`` seconds the
 process purges the done jobs that finished more than ``S`` seconds ago (``asnackq purge``'s
 ``ops.purge``, on a connection of its own).
 
@@ -168,20 +170,25 @@ def main() -> None:
     parser.add_argument("--send-ms", type=float, default=1.0)
     parser.add_argument("--hold-xmin", action="store_true")
     parser.add_argument("--keep-done", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--shared-buffers", metavar="SIZE", help="PostgreSQL's, e.g. 4GB")
     args = parser.parse_args()
-    if args.hold_xmin and args.store != "pg":
-        parser.error("--hold-xmin goes with --store pg")
+    if (args.hold_xmin or args.shared_buffers) and args.store != "pg":
+        parser.error("--hold-xmin and --shared-buffers go with --store pg")
     print(
         f"{args.store}, depth {args.depth}, concurrency {args.concurrency}, sends of "
         f"{args.send_ms:g} ms"
         + (", xmin held" if args.hold_xmin else "")
-        + (f", done jobs kept {args.keep_done:g} s" if args.keep_done else ""),
+        + (f", done jobs kept {args.keep_done:g} s" if args.keep_done else "")
+        + (f", shared_buffers {args.shared_buffers}" if args.shared_buffers else ""),
         flush=True,
     )
     if args.store == "pg":
-        from asnackq.lab.pg_server import local_server
+        from asnackq.lab.pg_server import DURABLE, local_server
 
-        with local_server() as server:
+        settings = dict(DURABLE)
+        if args.shared_buffers:
+            settings["shared_buffers"] = args.shared_buffers
+        with local_server(settings) as server:
             url = server.url()
             minutes = asyncio.run(run(url, args, lambda: table_pg(url)))
     else:
