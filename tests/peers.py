@@ -156,9 +156,19 @@ def threaded_aiohttp(app: web.Application, tls: ssl.SSLContext | None) -> Iterat
         # client that gave up, whose close this loop has not read yet) is asyncio's alone,
         # which on Python 3.11 does not close it with its server (3.13: abort_clients):
         # left open, it would be collected unclosed during a later test
-        for transport in list(loop._transports.values()):  # type: ignore[attr-defined]
-            transport.abort()  # (one closed already: nothing to do)
-        await asyncio.sleep(0)  # (an abort closes its socket on the loop's next pass)
+        # A connection accepted just before the close is still a task of the loop's (its
+        # TLS transport is made when that task runs): sweep until no task but this one is
+        # left and every transport is closing (bounded: each pass aborts what the last let in)
+        this = asyncio.current_task()
+        for _ in range(100):
+            for transport in list(loop._transports.values()):  # type: ignore[attr-defined]
+                transport.abort()  # (one closed already: nothing to do)
+            await asyncio.sleep(0)  # (an abort closes its socket on the loop's next pass)
+            if all(task is this for task in asyncio.all_tasks()) and all(
+                transport.is_closing()
+                for transport in list(loop._transports.values())  # type: ignore[attr-defined]
+            ):
+                break
 
     thread = threading.Thread(target=loop.run_forever)
     thread.start()

@@ -15,6 +15,7 @@ import asyncio
 import sqlite3
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from subprocess import PIPE
 
@@ -114,18 +115,24 @@ async def test_a_statement_failing_mid_batch_leaves_nothing_and_no_commit_follow
     assert statuses == ["done"] * 4 and len(tickets) == 5
 
 
-def two_writes() -> w.Plan[None]:
+def two_writes(after_a_read: bool = False) -> w.Plan[None]:
+    if after_a_read:  # (then the batch is no first step, sent with BEGIN, but one after it)
+        yield w.Read("SELECT count(*) FROM jobs")
     yield w.Batch((w.Sql("UPDATE jobs SET qty = 2"), w.Sql("UPDATE jobs SET qty = 3")))
     return None, True
 
 
+@pytest.mark.parametrize("after_a_read", [False, True], ids=["with-begin", "after-a-read"])
 @pytest.mark.parametrize("trips", ["qty = 2", "qty = 3"], ids=["first", "second"])
-async def test_a_store_sends_a_batch_of_writes_at_once_and_a_failure_leaves_nothing(db, trips):
+async def test_a_store_sends_a_batch_of_writes_at_once_and_a_failure_leaves_nothing(
+    db, trips, after_a_read
+):
     """A store's connection begins a transaction before any write: a batch's writes go at
-    once.  An interrupted write ends the transaction (SQLite's rule): the second, sent with
-    an interrupted first, runs in a transaction of its own that is rolled back; the second
-    interrupted takes the first with it.  Nothing stays, no COMMIT follows, and the batch
-    lands whole after."""
+    once, with BEGIN or after it.  An interrupted write ends the transaction (SQLite's
+    rule): the second, sent with an interrupted first, runs in a transaction of its own
+    that is rolled back; the second interrupted takes the first with it.  Nothing stays, no
+    COMMIT follows, and the batch lands whole after."""
+    make = partial(two_writes, after_a_read)
     queue, store = await opened(db)
     try:
         await held_jobs(queue)
@@ -133,7 +140,7 @@ async def test_a_store_sends_a_batch_of_writes_at_once_and_a_failure_leaves_noth
         wire = Tripwire(lambda sql: trips in sql)
         await wire.arm(store)
         with pytest.raises(sqlite3.OperationalError, match="interrupt"):
-            await store.run(two_writes)
+            await store.run(make)
         assert not queue.in_transaction
         assert rows(db) == before
         assert "COMMIT" not in wire.after()
@@ -142,16 +149,18 @@ async def test_a_store_sends_a_batch_of_writes_at_once_and_a_failure_leaves_noth
             alone = ["BEGIN IMMEDIATE", "UPDATE jobs SET qty = 3", "ROLLBACK"]
             assert wire.after()[begun:] == alone
         await store.db.set_progress_handler(None, 1)
-        await store.run(two_writes)
+        await store.run(make)
     finally:
         await queue.close()
     assert {row[2] for row in rows(db) if len(row) > 3} == {3}
 
 
-async def test_a_batch_of_writes_goes_one_by_one_on_an_application_s_connection(db):
-    """On a connection that does not begin a transaction before a write (an application's,
-    ``isolation_level`` None) a write sent after a failure could land outside any
-    transaction: the batch goes one statement at a time, and the second never runs."""
+@pytest.mark.parametrize("isolation", [None, "DEFERRED"])
+async def test_a_batch_of_writes_goes_one_by_one_on_an_application_s_connection(db, isolation):
+    """On an application's connection a write sent after a failure could land outside any
+    transaction (``isolation_level`` None), or in one its caller does not end (set): only
+    a store's own transaction sends a batch's writes at once.  Here the batch goes one
+    statement at a time, and the second never runs."""
     queue, _ = await opened(db)
     try:
         await held_jobs(queue)
@@ -159,7 +168,7 @@ async def test_a_batch_of_writes_goes_one_by_one_on_an_application_s_connection(
         await queue.close()
     before = rows(db)
     wire = Tripwire(lambda sql: "qty = 2" in sql)
-    async with aiosqlite.connect(db, isolation_level=None) as con:
+    async with aiosqlite.connect(db, isolation_level=isolation) as con:
         await con.set_trace_callback(wire.trace)
         await con.set_progress_handler(wire.progress, 1)
         with pytest.raises(sqlite3.OperationalError, match="interrupt"):

@@ -192,7 +192,7 @@ async def on_file(store: SqliteStore, make: Callable[[], Decisions]) -> list[str
     if db.in_transaction or db.isolation_level != "IMMEDIATE":
         raise ValueError("on_file runs on a store's own idle connection (SqliteStore.open)")
     try:
-        statuses, _ = await steps(db, make(), None)
+        statuses, _ = await steps(db, make(), None, own=True)
         await db.commit()
     except sqlite3.OperationalError as error:
         await rollback(db)

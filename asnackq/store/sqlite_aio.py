@@ -11,8 +11,8 @@ Rules of this module:
   inserts one set statement, ``SETS``, or one ``executemany``), so neither do a
   transaction's hops (``HOPS``).
 * Statements that need no reply of each other are sent at once, one hop for all (``sent``):
-  a plan's ``Batch`` (``at_once``: on another connection than a store's, a statement, then
-  only reads), and a plan's first step, with BEGIN.
+  a plan's ``Batch`` (``at_once``: in a transaction other than a store's own, a statement,
+  then only reads), and a plan's first step, with BEGIN.
   A store's connection begins a transaction before any write (``isolation_level``
   ``IMMEDIATE``: sqlite3 sends ``BEGIN IMMEDIATE`` before a write outside one), so a write
   never runs outside a transaction: one sent with a BEGIN that was refused, or after a
@@ -266,22 +266,29 @@ SETS = {
 
 
 async def steps(
-    db: aiosqlite.Connection, plan: w.Plan[T], fault: w.Fault, reply: w.Reply = None
+    db: aiosqlite.Connection,
+    plan: w.Plan[T],
+    fault: w.Fault,
+    reply: w.Reply = None,
+    own: bool = False,
 ) -> tuple[T, bool]:
     """The plan's steps, in the caller's transaction: each step is one hop (a ``Batch``
-    too); returns ``(result, changed)``.  ``reply``: the reply to its step last taken."""
+    too); returns ``(result, changed)``.  ``reply``: the reply to its step last taken;
+    ``own``: see ``at_once``."""
     while True:
         try:
             step = plan.send(reply)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-        reply = await run_step(db, step, fault)
+        reply = await run_step(db, step, fault, own)
 
 
-async def run_step(db: aiosqlite.Connection, step: w.Step, fault: w.Fault) -> w.Reply:
+async def run_step(
+    db: aiosqlite.Connection, step: w.Step, fault: w.Fault, own: bool = False
+) -> w.Reply:
     """One step of a plan: a statement, a batch of them (one hop), or a hook point."""
     if isinstance(step, w.Batch):
-        if at_once(db, step.steps):
+        if at_once(step.steps, own):
             return replied(await sent([statement(db, one) for one in step.steps]))
         return [await statement(db, one) for one in step.steps]
     if isinstance(step, w.Hook):
@@ -362,13 +369,15 @@ def replied(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def at_once(db: aiosqlite.Connection, statements: tuple[w.Sql | w.SqlMany, ...]) -> bool:
+def at_once(statements: tuple[w.Sql | w.SqlMany, ...], own: bool) -> bool:
     """Whether ``statements`` (a batch's, in order) may be sent at once: each after the
-    first only reads, or ``db`` begins a transaction before any write (``isolation_level``
-    set: a write sent after a statement that failed and ended the transaction runs in a
-    transaction of its own, rolled back with the rest).  Else a write could land outside
-    the transaction, in autocommit: such a batch goes one statement at a time."""
-    return db.isolation_level is not None or all(isinstance(one, w.Read) for one in statements[1:])
+    first only reads, or the transaction is ``own``: a store's, on its own connection,
+    which begins a transaction before any write (``isolation_level`` ``IMMEDIATE``), so a
+    write sent after a statement that failed and ended the transaction runs in one of its
+    own, rolled back with the rest.  On any other connection (an application's, whose
+    transaction the caller may not end) such a write could land outside the transaction:
+    that batch goes one statement at a time."""
+    return own or all(isinstance(one, w.Read) for one in statements[1:])
 
 
 def with_begin(db: aiosqlite.Connection, step: w.Step | None) -> tuple[w.Sql | w.SqlMany, ...]:
@@ -399,9 +408,11 @@ async def adrive(
     fault: w.Fault = None,
     attempts: int = 8,
     busy_ms: int | None = None,
+    own: bool = False,
 ) -> T:
     """Run ``plan`` in one BEGIN IMMEDIATE transaction: COMMIT, or ROLLBACK and re-raise
-    (``busy_ms``: see ``begin``; the plan's first step is sent with BEGIN: ``with_begin``)."""
+    (``busy_ms``: see ``begin``; the plan's first step is sent with BEGIN: ``with_begin``;
+    ``own``: a store's transaction on its own connection, see ``at_once``)."""
     done: tuple[T, bool]
     try:
         step: w.Step | None = plan.send(None)  # (before BEGIN: a plan does no I/O)
@@ -416,8 +427,8 @@ async def adrive(
                 got = replied(replies)
                 reply: w.Reply = got if isinstance(step, w.Batch) else got[0]
             else:
-                reply = await run_step(db, step, fault)
-            done = await steps(db, plan, fault, reply)
+                reply = await run_step(db, step, fault, own)
+            done = await steps(db, plan, fault, reply, own)
         result, changed = done
         await db.commit()
     except sqlite3.OperationalError as error:
@@ -483,7 +494,7 @@ class SqliteStore:
         """Run ``make()``'s plan in one transaction (made once: SQLite serialises writers,
         so a plan never meets a concurrent one)."""
         try:
-            result = await adrive(self.db, make(), fault, self.attempts, self.busy_ms)
+            result = await adrive(self.db, make(), fault, self.attempts, self.busy_ms, own=True)
         except QueueBusy as error:
             error.retry_in_s = self.health.failed()
             raise
