@@ -629,9 +629,9 @@ class SqlMany(NamedTuple):
 class Batch(NamedTuple):
     """Statements a driver may send at once, in order.  A ``Read`` after the first may
     always go with it; a write only where one that follows a failure cannot land (a
-    transaction that a failure aborts, or a connection that begins one before any write),
-    else the driver sends the batch one by one.  The reply is the list of their replies (a
-    driver sending them one by one sends back the same)."""
+    transaction that a failure aborts, or the driver's own on a connection that begins one
+    before any write), else the driver sends the batch one by one.  The reply is the list of
+    their replies (a driver sending them one by one sends back the same)."""
 
     steps: tuple[Sql | SqlMany, ...]
 
