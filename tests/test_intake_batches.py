@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -134,6 +135,16 @@ async def test_calls_made_together_share_transactions_on_postgresql(pg_db):
     assert transactions is not None and transactions[0] <= 3  # 50 calls, not 50 COMMITs
 
 
+def ticking(readings: list[int]) -> Callable[[], int]:
+    """A clock whose every reading is a new millisecond, kept in ``readings``."""
+
+    def clock() -> int:
+        readings.append(T0 + 1_000 + len(readings))
+        return readings[-1]
+
+    return clock
+
+
 async def test_calls_that_name_no_instant_take_their_transactions_clock_reading(targets):
     """The queue's clock is read as a shared transaction's plan is made, once for the calls
     that name no instant; a call that names one keeps it.  Each reading here is a new
@@ -141,10 +152,7 @@ async def test_calls_that_name_no_instant_take_their_transactions_clock_reading(
     _, fresh = targets
     target = fresh()
     readings: list[int] = []
-
-    def clock() -> int:
-        readings.append(T0 + 1_000 + len(readings))
-        return readings[-1]
+    clock = ticking(readings)
 
     async with AsyncQueue.open(target, clock=clock) as q:
         await q.enqueue({"id": "warm", "qty": 1}, T0)
@@ -158,6 +166,37 @@ async def test_calls_that_name_no_instant_take_their_transactions_clock_reading(
     assert len(instants) <= 3  # one reading per transaction: 30 calls, not 30 readings
     for i in range(30):
         assert rows[f"u{i}"][7] == rows[f"u{i}"][6] + 60_000
+
+
+async def test_handlers_that_enqueue_again_at_once_keep_sharing_one_transaction(targets):
+    """Eight handlers, each enqueuing one event after another: the transaction after one
+    that gave results waits for its callers to come back, so all eight share each
+    transaction.  One handler starts a transaction alone and the other seven gather into
+    the next while it runs: taken as soon as the lock was free, that next one would leave
+    the first handler behind, and the two groups would alternate (20 transactions, not 11).
+    Each transaction's calls share one clock reading, a new one each time here."""
+    _, fresh = targets
+    target = fresh()
+    readings: list[int] = []
+    clock = ticking(readings)
+
+    async def handler(q: AsyncQueue, i: int) -> None:
+        for k in range(10):
+            assert await q.enqueue({"id": f"h{i}-{k}", "qty": 1})
+
+    async with AsyncQueue.open(target, clock=clock) as q:
+        await q.enqueue({"id": "warm", "qty": 1}, T0)
+        first = asyncio.ensure_future(handler(q, 0))
+        for _ in range(10_000):  # until its transaction has taken its one call
+            batch = q._intakes._open
+            if batch is not None and batch.taken is not None:
+                break
+            await asyncio.sleep(0)
+        assert batch is not None and batch.taken is not None
+        await asyncio.gather(first, *(handler(q, i) for i in range(1, 8)))
+    rows = [row for row in table(target) if row[0] != "warm"]
+    assert len(rows) == 80
+    assert len({row[6] for row in rows}) == 11  # its first alone, then all eight ten times
 
 
 @pytest.mark.process

@@ -29,13 +29,19 @@ Rules of this module:
    Dispatcher's cycles instead of taking turns with them on the queue's one connection
    (the server orders concurrent transactions by its row locks, as for two workers).  On a
    file the intakes keep the queue's connection and lock: one writer per file.
-4. **No wait is added.**  A call that finds no transaction waiting starts one at once; the
-   batch closes when its transaction takes the lock.  A caller that is cancelled waits for
-   its transaction to end, then re-raises (as ``AsyncQueue``'s transactions do).
+4. **No wait for time.**  A call that finds no transaction waiting starts one at once; the
+   batch closes when its transaction takes the lock.  A batch takes the lock only once the
+   batch before it has given its callers their results and the event loop has made one
+   more pass, so a caller that enqueues again at once (a handler's loop) joins it rather
+   than the one after (which would leave that caller alone in a transaction of its own:
+   sixteen such handlers beside a Dispatcher had their transactions alternate between one
+   call and fifteen).  A caller that is cancelled waits for its transaction to end, then
+   re-raises (as ``AsyncQueue``'s transactions do).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 from itertools import groupby
@@ -66,6 +72,7 @@ class Intakes(Gathering[_Call]):
         super().__init__()
         self._run, self._limits = run, limits
         self._own: Session | None = None  # a session of their own (``own``), or None
+        self._last: asyncio.Future[Any] | None = None  # the latest batch's landing task
 
     def own(self, opener: Opener) -> None:
         """Run the intakes on a session of their own, opened by ``opener`` at the first one
@@ -120,3 +127,14 @@ class Intakes(Gathering[_Call]):
 
     async def _transact(self, make: w.Make) -> Any:
         return await self.run(make)
+
+    async def _transact_batch(self, make: w.Make, batch: object) -> Any:
+        """The batch's transaction, once the one before it has landed (rule 4).  Waiting
+        for that landing takes as many passes of the event loop as its callers take to
+        resume with their results (through ``_join``'s shield); the one more pass leaves
+        room for a caller that awaits through a task of its own."""
+        previous, self._last = self._last, asyncio.current_task()
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])
+            await asyncio.sleep(0)
+        return await self._transact(make)
