@@ -16,6 +16,9 @@ from psycopg.pq import TransactionStatus
 from asnackq.core import worker as w
 from asnackq.store import attempts, pg
 
+from .pgdb import query
+from .slow_commit import in_commit
+
 
 def round_trips(trace: str) -> int:
     """The queries a libpq trace shows answered: one ReadyForQuery each."""
@@ -33,17 +36,52 @@ async def traced_intake(con: psycopg.AsyncConnection, job_id: str) -> str:
         return out.read()
 
 
-async def test_an_intake_is_four_round_trips_its_read_sent_with_begin(pg_db) -> None:
+async def test_an_intake_is_three_round_trips_its_read_sent_with_begin(pg_db) -> None:
     con = await pg.aconnect(pg_db())
     try:
         trace = await traced_intake(con, "j1")
-        # BEGIN with the read of the id, the INSERT, the transaction's id, COMMIT
-        assert round_trips(trace) == 4, trace
+        # BEGIN with the read of the id, the INSERT with the read of the transaction's id
+        # (which the INSERT gave it), COMMIT
+        assert round_trips(trace) == 3, trace
+        sent = [line for line in trace.splitlines() if "\tF\t" in line]
+        assert sum("pg_current_xact_id_if_assigned" in line for line in sent) == 1
         first = trace.split("\tQuery\t", 1)[1]
         assert first.lstrip(' "').startswith("BEGIN;") and "FROM jobs WHERE id = 'j1'" in first
         assert con.info.transaction_status == TransactionStatus.IDLE
         rows = await (await con.execute("SELECT id, status FROM jobs")).fetchall()
         assert rows == [("j1", "pending")]
+    finally:
+        await con.close()
+
+
+async def test_an_intake_cut_in_its_commit_names_the_transaction_its_insert_gave(pg_db):
+    """The transaction's id comes back with the INSERT, in its round trip: a session cut
+    while its COMMIT is on the way raises ``CommitCut`` naming that transaction, which the
+    server then reports aborted (a deferred trigger holds the COMMIT a second)."""
+    url = pg_db()
+    con = await pg.aconnect(url)
+    try:
+        query(
+            url,
+            """CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$""",
+        )
+        query(
+            url,
+            """CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON jobs DEFERRABLE
+            INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()""",
+        )
+        pid = con.info.backend_pid
+        plan = w.plan_enqueue({"id": "j1", "qty": 1}, 1_000, 60_000)
+        running = asyncio.ensure_future(pg.adrive(con, plan))
+        await in_commit(url, pid)
+        query(url, "SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(pg.CommitCut) as cut:
+            await asyncio.wait_for(running, 30)
+        assert cut.value.result is True
+        status = query(url, "SELECT pg_xact_status(%s::xid8)", (cut.value.begun[0],))
+        assert status == [("aborted",)]
+        assert query(url, "SELECT count(*) FROM jobs") == [(0,)]
     finally:
         await con.close()
 
@@ -75,16 +113,36 @@ async def test_a_first_statements_parameters_arrive_as_sent(pg_db, value) -> Non
         await con.close()
 
 
-async def test_a_failing_first_statement_leaves_no_transaction_open(pg_db) -> None:
+FAILING = {  # (a change that makes the statement fail, its undoing, the server's error)
+    "the first statement": (
+        "ALTER TABLE jobs RENAME TO jobs_away",
+        "ALTER TABLE jobs_away RENAME TO jobs",
+        psycopg.errors.UndefinedTable,
+    ),
+    "the INSERT sent with the read of the id": (
+        "ALTER TABLE jobs ADD CONSTRAINT small CHECK (qty < 1)",
+        "ALTER TABLE jobs DROP CONSTRAINT small",
+        psycopg.errors.CheckViolation,
+    ),
+}
+
+
+@pytest.mark.parametrize("failing", list(FAILING))
+async def test_a_failing_statement_leaves_no_transaction_open(pg_db, failing) -> None:
+    """A statement that fails in its round trip (with BEGIN; with the read of the
+    transaction's id) raises the server's error, nothing lands, and the session goes on
+    the same way."""
+    change, undo, error = FAILING[failing]
     con = await pg.aconnect(pg_db())
     try:
-        await con.execute("ALTER TABLE jobs RENAME TO jobs_away")
-        with pytest.raises(psycopg.errors.UndefinedTable):
+        await con.execute(change)
+        with pytest.raises(error):
             await pg.adrive(con, w.plan_enqueue({"id": "j1", "qty": 1}, 1_000, 60_000))
         assert con.info.transaction_status == TransactionStatus.IDLE
-        await con.execute("ALTER TABLE jobs_away RENAME TO jobs")
+        await con.execute(undo)
+        assert await (await con.execute("SELECT count(*) FROM jobs")).fetchall() == [(0,)]
         trace = await traced_intake(con, "j1")  # the session goes on, the same way
-        assert round_trips(trace) == 4
+        assert round_trips(trace) == 3
     finally:
         await con.close()
 
@@ -127,8 +185,8 @@ async def traced(con: psycopg.AsyncConnection, plan: w.Plan[Any]) -> tuple[Any, 
 
 async def test_a_cycles_settle_and_claims_go_in_one_round_trip(pg_db) -> None:
     """A Dispatcher's cycle sends its settle and its claims' reads at once (a pipeline):
-    BEGIN with the read of the finished jobs, then settle and reads, the lease, the
-    transaction's id, COMMIT - 5 round trips, not 8 - and lands as before."""
+    BEGIN with the read of the finished jobs, then settle and reads with the transaction's
+    id (the settle's), the lease, COMMIT - 4 round trips, not 8 - and lands as before."""
     con = await pg.aconnect(pg_db())
     try:
         for n in range(6):
@@ -140,14 +198,14 @@ async def test_a_cycles_settle_and_claims_go_in_one_round_trip(pg_db) -> None:
         results = [(held[0], "ok", 2_100, 0), (held[1], "retry", 2_100, 50)]
         cycle = w.plan_cycle(results, [], "w1", 2_100, 5_000, 1, limits=w.PRODUCT)
         (statuses, _, more, _), trace = await traced(con, cycle)
-        assert round_trips(trace) == 5, trace
+        assert round_trips(trace) == 4, trace
         assert statuses == ["done", "pending"]
         assert [t["id"] for t in more] == ["j4"]
         # one job's settle (its own statement, not a set) goes with the reads too
         one = [(held[2], "ok", 2_200, 0)]
         cycle = w.plan_cycle(one, [], "w1", 2_200, 5_000, 1, limits=w.PRODUCT)
         (statuses, _, more, _), trace = await traced(con, cycle)
-        assert round_trips(trace) == 5, trace
+        assert round_trips(trace) == 4, trace
         assert statuses == ["done"] and [t["id"] for t in more] == ["j1"]  # (its retry, due)
         assert con.info.transaction_status == TransactionStatus.IDLE
         rows = await (await con.execute("SELECT id, status FROM jobs ORDER BY seq")).fetchall()
@@ -205,7 +263,7 @@ async def test_a_failing_statement_sent_at_once_leaves_no_transaction_open(pg_db
 async def test_a_cycles_kept_requests_go_with_begin(pg_db, monkeypatch, rows, pipeline) -> None:
     """A cycle's kept requests are its first statement: sent with BEGIN, alone (a cycle with
     nothing else to write: 3 round trips) or, without a pipeline, before the claims' reads
-    (6; pipelined with them, 4); one row or a set, in order."""
+    (6; pipelined with them and the transaction's id, 3); one row or a set, in order."""
     monkeypatch.setattr(pg, "PIPELINE", pipeline)
     kept = [
         attempts.Record(f"j{n % 2}", 1, 1, 1_000 + n, None if n else 503, n, "away", "x" * 900)
@@ -215,7 +273,7 @@ async def test_a_cycles_kept_requests_go_with_begin(pg_db, monkeypatch, rows, pi
     try:
         await pg.adrive(con, attempts.plan_create())
         assert await pg.adrive(con, w.plan_enqueue({"id": "a", "qty": 1}, 1_000, 60_000))
-        for count, expected in ((0, 3), (1, 4 if pipeline else 6)):
+        for count, expected in ((0, 3), (1, 3 if pipeline else 6)):
             cycle = w.plan_cycle([], [], "w1", 2_000, 5_000, count, limits=w.PRODUCT)
             (_, _, claimed, _), trace = await traced(con, attempts.recorded(cycle, kept))
             assert round_trips(trace) == expected, trace

@@ -12,14 +12,19 @@ Rules of this module:
   rolled-back try run again.
 * Connections are in autocommit mode: the drivers write BEGIN and COMMIT themselves.  The
   async driver sends BEGIN with a plan's first statement, as one query (``begun``): a
-  round trip fewer for every transaction (an intake's is 4, not 5).  A plan's ``Batch``
-  (statements that need no reply of each other) goes in one round trip, psycopg's
-  pipeline mode, BEGIN with it when it comes first (``AtOnce``): a Dispatcher's cycle is
-  5 round trips, not 8 (a settle naming a job twice, an extension then another, goes
-  row by row, and its batch one statement at a time).  A statement that fails there
-  fails the ones after it, as one by one the transaction would, and is raised as it
-  would be (a session ended by the server says only that it closed).
+  round trip fewer for every transaction.  A plan's ``Batch`` (statements that need no
+  reply of each other) goes in one round trip, psycopg's pipeline mode, BEGIN with it
+  when it comes first (``AtOnce``; a settle naming a job twice, an extension then
+  another, goes row by row, and its batch one statement at a time).  A statement that
+  fails there fails the ones after it, as one by one the transaction would, and is
+  raised as it would be (a session ended by the server says only that it closed).
   A failing ROLLBACK never hides the original error.
+* The transaction's id (``SQL_XACT``, for a COMMIT whose answer is lost: ``CommitCut``)
+  goes in the pipeline of a ``Batch``, or of a set's INSERT, while it is not known yet;
+  once a write gave the transaction an id, no round trip of its own reads it before the
+  COMMIT.  An intake is 3 round trips (BEGIN with its read, its INSERT, COMMIT), a
+  Dispatcher's cycle 4 (BEGIN with its first read, its settle and reads, its lease,
+  COMMIT), where each took one more.
 * A session checks (or creates) its schema when it opens (``pg_sql.plan_open``).
 * The stores built on these drivers (the worker's and the sink's session that outlives its
   connections, an application's borrowed session) are in ``asnackq.store.pg_session``.
@@ -348,10 +353,16 @@ async def adrive(
     call = call or call_plain
     for attempt in range(attempts):
         begun: tuple[str | None, str] = (None, "")
+        xact: list[tuple[str | None, str]] = []
         try:
-            result, changed = await asteps(con, plan, fault, call, begin=True, walks=walks)
-            cursor = await con.execute(SQL_XACT)
-            begun = await cursor.fetchone() or begun
+            result, changed = await asteps(
+                con, plan, fault, call, begin=True, walks=walks, xact=xact
+            )
+            if xact:
+                begun = xact[0]
+            else:
+                cursor = await con.execute(SQL_XACT)
+                begun = await cursor.fetchone() or begun
             await con.execute("COMMIT")
         except BaseException as error:
             if walks is not None:
@@ -384,11 +395,13 @@ async def asteps(
     *,
     begin: bool = False,
     walks: Walks | None = None,
+    xact: list[tuple[str | None, str]] | None = None,
 ) -> tuple[Any, bool]:
     """The plan's steps on ``con`` inside a transaction the caller holds (``_steps``' twin),
     or (``begin``) that they begin: BEGIN goes with the plan's first statement (or the one
     statement of its first ``SqlMany``: ``_one_statement``), in one round trip (``begun``),
-    or alone before a first step of another kind (or none)."""
+    or alone before a first step of another kind (or none).  ``xact``: empty until a
+    statement's round trip brought the transaction's id (see the module), then that id."""
     reply: Any = None
     count = 0
     flat = w.one_by_one(_sent_at_once(plan))
@@ -402,12 +415,14 @@ async def asteps(
                 await con.execute("BEGIN")
             return stop.value  # type: ignore[no-any-return]
         if isinstance(step, AtOnce):
-            reply, count = await _pipelined(con, step, begin, walks)
+            reply, count = await _pipelined(con, step, begin, walks, xact)
             begin = False
             continue
         if isinstance(step, w.SqlMany) and (one := _one_statement(step)) is not None:
             if begin:  # (with BEGIN, as a first statement is: a cycle's kept requests alone)
                 begin, cursor = False, await begun(con, *one)
+            elif xact is not None and not xact and PIPELINE:
+                cursor = await _with_xact(con, one[0], one[1], xact)
             else:
                 cursor = await con.execute(*one)
             reply = [(cursor.rowcount,)]
@@ -475,7 +490,11 @@ def _one_statement(many_rows: w.SqlMany) -> tuple[str, Any] | None:
 
 
 async def _pipelined(
-    con: psycopg.AsyncConnection[Any], batch: AtOnce, begin: bool, walks: Walks | None
+    con: psycopg.AsyncConnection[Any],
+    batch: AtOnce,
+    begin: bool,
+    walks: Walks | None,
+    xact: list[tuple[str | None, str]] | None = None,
 ) -> tuple[list[list[tuple[Any, ...]]], int]:
     """A ``Batch``'s statements (after BEGIN, if ``begin``) sent at once and answered in
     order: their replies, and the last one's row count.  A floored read that comes up short
@@ -494,6 +513,9 @@ async def _pipelined(
         if begin:
             await con.execute("BEGIN")
         cursors = [await con.execute(sql, params) for sql, params, _ in sent]
+        ids = await con.execute(SQL_XACT) if xact is not None and not xact else None
+    if ids is not None:
+        _note_xact(await ids.fetchone(), xact)
     replies: list[list[tuple[Any, ...]]] = []
     count = 0
     for one, cursor, (sql, _, floored) in zip(batch.steps, cursors, sent, strict=True):
@@ -504,6 +526,23 @@ async def _pipelined(
         reply, count = await _walked(con, walks, one.sql, sql, floored, cursor)
         replies.append(reply)
     return replies, count
+
+
+async def _with_xact(
+    con: psycopg.AsyncConnection[Any], sql: str, params: Any, xact: list[tuple[str | None, str]]
+) -> psycopg.AsyncCursor[Any]:
+    """One statement, and the read of the transaction's id after it, in one round trip."""
+    async with con.pipeline():
+        cursor = await con.execute(sql, params)
+        ids = await con.execute(SQL_XACT)
+    _note_xact(await ids.fetchone(), xact)
+    return cursor
+
+
+def _note_xact(row: Any, xact: list[tuple[str | None, str]] | None) -> None:
+    """Keep the transaction's id read with a statement, once a write has given it one."""
+    if xact is not None and row is not None and row[0] is not None:
+        xact.append((row[0], row[1]))
 
 
 async def _walked(

@@ -56,8 +56,10 @@ LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk fro
 
 _PENDING = "WHERE status = ANY(ARRAY['pending']) AND "
 _EXPIRED = "WHERE status = 'leased' AND lease_until <= %(now)s AND deadline + 0 > %(now)s"
-_DUE_PENDING = "status = 'pending' AND deadline <= %(now)s ORDER BY"
-_DUE_LEASED = "status = 'leased' AND lease_until <= %(now)s AND deadline <= %(now)s ORDER BY"
+_DUE_PENDING = "status = (SELECT 'pending'::text) AND deadline <= %(now)s ORDER BY"
+_DUE_LEASED = (
+    "status = (SELECT 'leased'::text) AND lease_until <= %(now)s AND deadline <= %(now)s ORDER BY"
+)
 _DUE_FROM = " AND deadline >= %(from_time)s ORDER BY"
 
 
