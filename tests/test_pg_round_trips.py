@@ -258,6 +258,53 @@ async def test_a_failing_statement_sent_at_once_leaves_no_transaction_open(pg_db
         await con.close()
 
 
+@pytest.mark.parametrize("ran", range(1, 7))
+@pytest.mark.parametrize("batch", [True, False])
+async def test_a_statement_failing_in_a_pipeline_leaves_no_later_one_unusable(
+    pg_db, batch, ran
+) -> None:
+    """psycopg prepares a statement at its sixth run; in a pipeline whose first statement
+    fails, the server never parses the ones after it.  Were they prepared there, psycopg
+    would take them as prepared and every later run on the session would fail
+    (``InvalidSqlStatementName``): a batch's read, an intake's read of its transaction id.
+    The failing run comes after ``ran`` good ones (one of them is the sixth run of the read
+    after the INSERT, whatever else on the session ran it)."""
+    url = pg_db()
+    con = await pg.aconnect(url)
+
+    def plan(n: int) -> w.Plan[int]:
+        if not batch:
+            results = yield from w.plan_enqueue({"id": f"j{n}", "qty": 1}, 1_000, 60_000)
+            return results
+        row = (f"j{n}", 1, 3, 0, 60_000)
+        _, found = yield w.Batch(
+            (w.SqlMany(w.SQL_INSERT_JOB, [row]), w.Read(w.SQL_JOB, (f"j{n}",)))
+        )
+        return len(found), True
+
+    try:
+        # rolled back seven times first: psycopg prepares ROLLBACK too, and once it has, a
+        # ROLLBACK no longer makes it forget the statements it prepared
+        assert await pg.adrive(con, w.plan_enqueue({"id": "c", "qty": 1}, 1_000, 60_000))
+        for _ in range(7):
+            with pytest.raises(w.Conflict):
+                await pg.adrive(con, w.plan_enqueue({"id": "c", "qty": 2}, 1_000, 60_000))
+        for n in range(ran):
+            assert await pg.adrive(con, plan(n))
+        # (from another session: psycopg forgets its prepared statements after an ALTER)
+        query(url, "ALTER TABLE jobs ADD CONSTRAINT small CHECK (qty < 1) NOT VALID")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            await pg.adrive(con, plan(ran))
+        query(url, "ALTER TABLE jobs DROP CONSTRAINT small")
+        for n in range(ran + 1, ran + 4):
+            assert await pg.adrive(con, plan(n))
+        ids = await (await con.execute("SELECT id FROM jobs ORDER BY seq")).fetchall()
+        kept = [*range(ran), *range(ran + 1, ran + 4)]
+        assert [i for (i,) in ids] == ["c", *(f"j{n}" for n in kept)]
+    finally:
+        await con.close()
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("rows", [1, 3])
 async def test_a_cycles_kept_requests_go_with_begin(pg_db, monkeypatch, rows, pipeline) -> None:

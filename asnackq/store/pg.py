@@ -19,6 +19,11 @@ Rules of this module:
   fails there fails the ones after it, as one by one the transaction would, and is
   raised as it would be (a session ended by the server says only that it closed).
   A failing ROLLBACK never hides the original error.
+* Statements sent in a pipeline are never prepared (``prepare=False``): a statement that
+  fails there aborts the rest of the pipeline, so the server never parses them, yet psycopg
+  would count one it prepared there as prepared, and every later run of it on the session
+  would fail (``InvalidSqlStatementName``).  A set statement runs for hundreds of jobs, so
+  its parse is no cost that shows.
 * The transaction's id (``SQL_XACT``, for a COMMIT whose answer is lost: ``CommitCut``)
   goes in the pipeline of a ``Batch``, or of a set's INSERT, while it is not known yet;
   once a write gave the transaction an id, no round trip of its own reads it before the
@@ -511,9 +516,9 @@ async def _pipelined(
         sent.append((sql, params, floored))
     async with con.pipeline():  # (its end sends the one Sync and reads every reply)
         if begin:
-            await con.execute("BEGIN")
-        cursors = [await con.execute(sql, params) for sql, params, _ in sent]
-        ids = await con.execute(SQL_XACT) if xact is not None and not xact else None
+            await con.execute("BEGIN", prepare=False)
+        cursors = [await con.execute(sql, params, prepare=False) for sql, params, _ in sent]
+        ids = await _read_xact(con) if xact is not None and not xact else None
     if ids is not None:
         _note_xact(await ids.fetchone(), xact)
     replies: list[list[tuple[Any, ...]]] = []
@@ -533,10 +538,15 @@ async def _with_xact(
 ) -> psycopg.AsyncCursor[Any]:
     """One statement, and the read of the transaction's id after it, in one round trip."""
     async with con.pipeline():
-        cursor = await con.execute(sql, params)
-        ids = await con.execute(SQL_XACT)
+        cursor = await con.execute(sql, params, prepare=False)
+        ids = await _read_xact(con)
     _note_xact(await ids.fetchone(), xact)
     return cursor
+
+
+async def _read_xact(con: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    """The read of the transaction's id in a pipeline (unprepared: see the module)."""
+    return await con.execute(SQL_XACT, prepare=False)
 
 
 def _note_xact(row: Any, xact: list[tuple[str | None, str]] | None) -> None:
