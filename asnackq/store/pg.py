@@ -426,8 +426,9 @@ async def asteps(
         if isinstance(step, w.SqlMany) and (one := _one_statement(step)) is not None:
             if begin:  # (with BEGIN, as a first statement is: a cycle's kept requests alone)
                 begin, cursor = False, await begun(con, *one)
-            elif xact is not None and not xact and PIPELINE:
-                cursor = await _with_xact(con, one[0], one[1], xact)
+            elif xact is not None and not xact and PIPELINE:  # (with the read of the id)
+                [reply], _ = await _pipelined(con, AtOnce((step,), (one,)), False, None, xact)
+                continue
             else:
                 cursor = await con.execute(*one)
             reply = [(cursor.rowcount,)]
@@ -531,17 +532,6 @@ async def _pipelined(
         reply, count = await _walked(con, walks, one.sql, sql, floored, cursor)
         replies.append(reply)
     return replies, count
-
-
-async def _with_xact(
-    con: psycopg.AsyncConnection[Any], sql: str, params: Any, xact: list[tuple[str | None, str]]
-) -> psycopg.AsyncCursor[Any]:
-    """One statement, and the read of the transaction's id after it, in one round trip."""
-    async with con.pipeline():
-        cursor = await con.execute(sql, params, prepare=False)
-        ids = await _read_xact(con)
-    _note_xact(await ids.fetchone(), xact)
-    return cursor
 
 
 async def _read_xact(con: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
