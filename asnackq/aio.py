@@ -91,6 +91,7 @@ __all__ = [
     "Event",
     "Fleet",
     "QueueBusy",
+    "QueueClosed",
     "Summary",
     "default_owner",
 ]
@@ -102,6 +103,14 @@ NOT_AN_INTAKE = (
     "on the application's connection a queue only enqueues: claims, finishes and the "
     "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
 )
+
+
+class QueueClosed(ValueError):
+    """A call made to a queue once its ``close()`` began: refused, nothing done (the calls
+    made before it are answered before the connection closes)."""
+
+    def __init__(self) -> None:
+        super().__init__("the queue is closed (its close() was called): nothing was done")
 
 
 def check_async_fault(fault: object) -> w.Fault:
@@ -149,7 +158,9 @@ class AsyncQueue:
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
         self._workers_table = False  # made by this connection's first ``note_endpoints``
-        self._intakes = Intakes(partial(self._run, intake=True), limits)  # one tx, many calls
+        self._closing = False  # once ``close()`` began: every new call is refused
+        # one transaction, many calls (admitted: the calls it carries came before close())
+        self._intakes = Intakes(partial(self._run, intake=True, admitted=True), limits)
         self._joint = Joint(partial(self._shielded, host=True))  # the lanes' (``in_lane``)
         self._riders: Riders | None = None  # a file's intakes, riding other transactions
         # called with the endpoints given deliveries by an intake of this queue, once
@@ -260,7 +271,10 @@ class AsyncQueue:
         )
 
     async def close(self) -> None:
-        """Close the queue's connection (on the application's connection: nothing)."""
+        """Answer the calls made so far, then close the queue's connection (on the
+        application's connection: nothing).  A call made once ``close()`` began raises
+        ``QueueClosed`` and does nothing, on every store (no session is opened again)."""
+        self._closing = True
         await self._intakes.close()
         if self._riders is not None:
             await self._riders.drained()
@@ -284,14 +298,26 @@ class AsyncQueue:
         by another program (None on the application's connection)."""
         return getattr(self._db, "health", None)
 
+    def _admit(self) -> None:
+        """Refuse a call made once ``close()`` began (``QueueClosed``)."""
+        if self._closing:
+            raise QueueClosed
+
     async def _run(
-        self, make: Callable[[], w.Plan[T]], fault: w.Fault = None, intake: bool = False
+        self,
+        make: Callable[[], w.Plan[T]],
+        fault: w.Fault = None,
+        intake: bool = False,
+        admitted: bool = False,
     ) -> T:
         """Run one plan under the lock, shielded: cancellation never splits the transaction.
 
         ``make`` builds the plan, validating it before any I/O (a store may build it again
-        to retry a transaction that met a concurrent one).
+        to retry a transaction that met a concurrent one).  ``admitted``: the transaction
+        of calls made before ``close()`` began (the intakes'), run even while it closes.
         """
+        if not admitted:
+            self._admit()
         if self.lane is not None:
             make = partial(lane_plan, make, self.lane)
         again = prebuilt(make)  # the first try runs the plan validated here
@@ -379,6 +405,7 @@ class AsyncQueue:
         self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
     ) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
+        self._admit()
         if self.lane is not None:
             sql, params = lanes.text(self.lane, sql, params)
         async with self._lock:
@@ -400,6 +427,7 @@ class AsyncQueue:
         """Enqueue ``event`` (True inserted, False already there); None: the queue's clock
         and budget.  An event with ``data`` is fanned out to the queue's endpoints
         (``publish``; ``to``: to those named)."""
+        self._admit()
         if ev.is_event(event):
             return (await self.publish(event, now_ms, ttl_ms, max_attempts, to=to)).created
         if to is not None:
@@ -420,6 +448,7 @@ class AsyncQueue:
         """Enqueue plain events (the queue's budget) or ``(event, ttl_ms, max_attempts)``
         triples, mixed as needed, in one transaction; events with ``data`` among them are
         fanned out (``publish``), each a True or False here."""
+        self._admit()
         triples = intakes(items, self.budget)
         if to is not None or any(ev.is_event(event) for event, _, _ in triples):
             found = await self._publish(triples, now_ms, to)

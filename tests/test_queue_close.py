@@ -1,0 +1,148 @@
+"""``AsyncQueue.close()``: the calls made before it are answered, every call made once it
+began raises ``QueueClosed`` and does nothing, the same on a file and on PostgreSQL (where
+no session is opened again) - with real files, a real server and real concurrent callers."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from asnackq.aio import AsyncQueue, Dispatcher, QueueClosed
+
+from .conftest import T0
+from .test_intake_batches import table, targets  # noqa: F401 (the fixture, by its name)
+
+LATE_CALLS = {  # (the queue, a ticket it gave before closing)
+    "enqueue": lambda q, _: q.enqueue({"id": "late", "qty": 1}),
+    "enqueue_many": lambda q, _: q.enqueue_many([{"id": "late", "qty": 1}]),
+    "publish": lambda q, _: q.publish({"id": "late", "type": "order.paid", "data": {}}),
+    "claim": lambda q, _: q.claim("w", T0 + 1),
+    "finish": lambda q, ticket: q.finish(ticket, "ACK", T0 + 1),
+    "read": lambda q, _: q.read("SELECT count(*) FROM jobs"),
+}
+
+
+def sessions(url: str) -> int:
+    """Sessions other than this one connected to ``url``'s database."""
+    with psycopg.connect(url) as con:
+        sql = """SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+        row = con.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("call", LATE_CALLS)
+async def test_a_call_after_close_raises_queue_closed_and_changes_nothing(targets, call):  # noqa: F811
+    kind, fresh = targets
+    target = fresh()
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue_many([{"id": "warm", "qty": 1}, {"id": "next", "qty": 1}], T0)
+    ticket = await queue.claim("w", T0, 60_000)
+    await queue.close()
+    before = table(target)
+    with pytest.raises(QueueClosed, match="the queue is closed"):
+        await LATE_CALLS[call](queue, ticket)
+    assert table(target) == before
+    if kind == "pg":
+        assert sessions(target) == 0  # neither the queue's session nor the intakes' reopened
+    await queue.close()  # closing again is harmless
+
+
+async def test_handlers_enqueuing_while_the_queue_closes_each_get_a_result_or_queue_closed(
+    targets,  # noqa: F811
+):
+    """Eight handlers enqueue in a loop; the queue closes meanwhile.  Every call made before
+    ``close()`` returned True and its job is in the table; every call made after raised
+    ``QueueClosed`` and wrote nothing; nothing else was raised."""
+    kind, fresh = targets
+    target = fresh()
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue({"id": "warm", "qty": 1}, T0)
+    closing = False
+    outcomes: Counter[tuple[bool, str]] = Counter()  # (made once close began, outcome)
+    inserted: list[str] = []
+    enough = asyncio.Event()
+
+    async def handler(h: int) -> None:
+        for k in range(100_000):
+            late, job_id = closing, f"h{h}-{k}"
+            try:
+                assert await queue.enqueue({"id": job_id, "qty": 1}) is True
+            except Exception as error:
+                outcomes[late, type(error).__name__] += 1
+                return
+            outcomes[late, "True"] += 1
+            inserted.append(job_id)
+            if len(inserted) >= 200:
+                enough.set()
+
+    handlers = [asyncio.ensure_future(handler(h)) for h in range(8)]
+    await asyncio.wait_for(enough.wait(), 60)
+    closing = True
+    await asyncio.wait_for(queue.close(), 60)
+    await asyncio.wait_for(asyncio.gather(*handlers), 60)
+    assert set(outcomes) <= {(False, "True"), (True, "QueueClosed")}, outcomes
+    assert outcomes[True, "QueueClosed"] == 8  # each handler's loop ended on a refusal
+    assert sorted(row[0] for row in table(target)) == sorted([*inserted, "warm"])
+    if kind == "pg":
+        assert sessions(target) == 0
+
+
+async def test_a_dispatcher_whose_queue_closes_under_it_stops_with_queue_closed(tmp_path):
+    target = str(tmp_path / "q.db")
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue_many([{"id": f"e{i}", "qty": 1} for i in range(500)])  # (wall time)
+    sent = asyncio.Event()
+
+    async def send(event: dict[str, Any], token: int) -> str:
+        sent.set()
+        await asyncio.sleep(0)
+        return "ACK"
+
+    run = asyncio.ensure_future(Dispatcher(queue, send, concurrency=4).run(follow=True))
+    await asyncio.wait_for(sent.wait(), 60)
+    await queue.close()
+    with pytest.raises(QueueClosed):
+        await asyncio.wait_for(run, 60)
+
+
+async def test_a_transaction_of_calls_made_before_close_runs_even_once_it_began(tmp_path):
+    """On a file: call A's transaction is under way (held inside its INSERT by a function of
+    the test's), call B waits behind it in a transaction of its own, then ``close()``
+    begins.  B was made before ``close()``: its transaction runs, B gets True and its row
+    stays; only calls made after ``close()`` began are refused."""
+    target = str(tmp_path / "q.db")
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue({"id": "warm", "qty": 1})
+    loop = asyncio.get_running_loop()
+    inside, release = asyncio.Event(), threading.Event()
+
+    def hold() -> int:  # (in aiosqlite's thread, inside A's INSERT)
+        loop.call_soon_threadsafe(inside.set)
+        return int(release.wait(60))
+
+    await queue._db.db.create_function("hold", 0, hold)
+    with sqlite3.connect(target) as con:
+        con.execute(
+            "CREATE TRIGGER held BEFORE INSERT ON jobs WHEN NEW.id = 'a' BEGIN SELECT hold(); END"
+        )
+    a = asyncio.ensure_future(queue.enqueue({"id": "a", "qty": 1}))
+    await asyncio.wait_for(inside.wait(), 60)
+    b = asyncio.ensure_future(queue.enqueue({"id": "b", "qty": 1}))
+    for _ in range(10):  # (b joins a transaction of its own, waiting for a's)
+        await asyncio.sleep(0)
+    closing = asyncio.ensure_future(queue.close())
+    await asyncio.sleep(0)
+    with pytest.raises(QueueClosed):
+        await queue.enqueue({"id": "c", "qty": 1})
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(a, b), 60) == [True, True]
+    await asyncio.wait_for(closing, 60)
+    assert [row[0] for row in table(target)] == ["a", "b", "warm"]
