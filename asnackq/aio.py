@@ -76,7 +76,7 @@ from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
-from asnackq.store.joint import ADOPTED, Joint, Riders
+from asnackq.store.joint import ADOPTED, Gathering, Joint, Riders
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -103,6 +103,16 @@ NOT_AN_INTAKE = (
     "on the application's connection a queue only enqueues: claims, finishes and the "
     "Dispatcher are the queue's own transactions (open it with AsyncQueue.connect)"
 )
+
+
+class _Closing:
+    """Whether a queue's ``close()`` began - shared by the queue and its views (``in_lane``),
+    which share its connection - and its transactions under way, which ``close()`` waits
+    for: each was admitted before it began."""
+
+    def __init__(self) -> None:
+        self.begun = False
+        self.running: set[asyncio.Future[Any]] = set()
 
 
 class QueueClosed(ValueError):
@@ -158,7 +168,7 @@ class AsyncQueue:
         self.lane: lanes.Lane | None = None  # None: claims take any job (see ``in_lane``)
         self._event_tables = False  # made by an event's intake on this connection
         self._workers_table = False  # made by this connection's first ``note_endpoints``
-        self._closing = False  # once ``close()`` began: every new call is refused
+        self._closing = _Closing()  # once ``close()`` began: every new call is refused
         # one transaction, many calls (admitted: the calls it carries came before close())
         self._intakes = Intakes(partial(self._run, intake=True, admitted=True), limits)
         self._joint = Joint(partial(self._shielded, host=True))  # the lanes' (``in_lane``)
@@ -273,13 +283,25 @@ class AsyncQueue:
     async def close(self) -> None:
         """Answer the calls made so far, then close the queue's connection (on the
         application's connection: nothing).  A call made once ``close()`` began raises
-        ``QueueClosed`` and does nothing, on every store (no session is opened again)."""
-        self._closing = True
+        ``QueueClosed`` and does nothing, on every store (no session is opened again).  A
+        view (``in_lane``) shares its queue's connection: closing either closes both."""
+        closing = self._closing
+        closing.begun = True
+        gatherings: list[Gathering[Any]] = [self._intakes, self._joint]
+        gatherings += [self._riders] if self._riders is not None else []
+        while closing.running or any(gathering.busy for gathering in gatherings):
+            for gathering in gatherings:
+                await gathering.drained()
+            if closing.running:
+                await asyncio.wait(list(closing.running))
         await self._intakes.close()
-        if self._riders is not None:
-            await self._riders.drained()
         async with self._lock:
             await self._db.close()
+
+    @property
+    def closing(self) -> bool:
+        """Whether ``close()`` began (on this queue or a view of it): calls are refused."""
+        return self._closing.begun
 
     @property
     def in_transaction(self) -> bool:
@@ -300,7 +322,7 @@ class AsyncQueue:
 
     def _admit(self) -> None:
         """Refuse a call made once ``close()`` began (``QueueClosed``)."""
-        if self._closing:
+        if self._closing.begun:
             raise QueueClosed
 
     async def _run(
@@ -353,6 +375,9 @@ class AsyncQueue:
                 return result
 
         task = asyncio.ensure_future(locked())
+        running = self._closing.running  # (``close()`` waits for it)
+        running.add(task)
+        task.add_done_callback(running.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -406,10 +431,15 @@ class AsyncQueue:
     ) -> list[tuple[Any, ...]]:
         """A read-only query outside any write transaction."""
         self._admit()
+        async with self._lock:  # (taken at once, or queued before ``close()``'s turn)
+            return await self._read_locked(sql, params)
+
+    async def _read_locked(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
         if self.lane is not None:
             sql, params = lanes.text(self.lane, sql, params)
-        async with self._lock:
-            return await self._db.read(sql, params)
+        return await self._db.read(sql, params)
 
     def _now(self, now_ms: int | None = None) -> int:
         """``now_ms``, or the queue's clock's reading when it is None."""
@@ -636,17 +666,20 @@ class AsyncQueue:
         return rate
 
     async def _read(self, plan: w.Plan[T]) -> T:
-        """A read plan's result, each statement read outside any write transaction."""
+        """A read plan's result, its statements read outside any write transaction, one
+        after the other under the lock (``close()`` never comes between them)."""
+        self._admit()
         reply: w.Reply = None
-        while True:
-            try:
-                step = plan.send(reply)
-            except StopIteration as stop:
-                result: T = stop.value[0]
-                return result
-            if not isinstance(step, w.Sql):
-                raise TypeError(f"a read plan yields statements only: {step!r}")
-            reply = await self.read(step.sql, step.params)
+        async with self._lock:
+            while True:
+                try:
+                    step = plan.send(reply)
+                except StopIteration as stop:
+                    result: T = stop.value[0]
+                    return result
+                if not isinstance(step, w.Sql):
+                    raise TypeError(f"a read plan yields statements only: {step!r}")
+                reply = await self._read_locked(step.sql, step.params)
 
     async def clear_rate(self) -> bool:
         """Remove the queue's shared send rate (every worker's claims go unpaced, also
@@ -1447,6 +1480,8 @@ class Fleet:
         if now - self._noted_at < fl.NOTE_S:
             return
         self._noted_at = now
+        if self.queue.closing:  # (closed under the run: nothing to say, nowhere)
+            return
         rows = [(name, *fl.seen(running.dispatcher)) for name, running in self.running.items()]
         with contextlib.suppress(StoreUnavailable):  # (the next one says it)
             await self.queue.note_endpoints(self.owner, rows)

@@ -13,9 +13,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from asnackq.aio import AsyncQueue, Dispatcher, QueueClosed
+from asnackq.aio import AsyncQueue, Dispatcher, Fleet, QueueClosed
+from asnackq.core import lanes
+from asnackq.core.endpoints import Endpoint
+from asnackq.wire import webhooks as wh
 
 from .conftest import T0
+from .test_endpoints import where  # noqa: F401 (the fixture, by its name)
+from .test_event_deliveries import hooks
 from .test_intake_batches import table, targets  # noqa: F401 (the fixture, by its name)
 
 LATE_CALLS = {  # (the queue, a ticket it gave before closing)
@@ -95,10 +100,10 @@ async def test_handlers_enqueuing_while_the_queue_closes_each_get_a_result_or_qu
         assert sessions(target) == 0
 
 
-async def test_a_dispatcher_whose_queue_closes_under_it_stops_with_queue_closed(tmp_path):
-    target = str(tmp_path / "q.db")
-    queue = await AsyncQueue.connect(target)
-    await queue.enqueue_many([{"id": f"e{i}", "qty": 1} for i in range(500)])  # (wall time)
+async def delivering(queue: AsyncQueue, jobs: int) -> asyncio.Future[Any]:
+    """A Dispatcher's run on ``queue`` (following it) over ``jobs`` new jobs, once it has
+    sent the first."""
+    await queue.enqueue_many([{"id": f"e{i}", "qty": 1} for i in range(jobs)])  # (wall time)
     sent = asyncio.Event()
 
     async def send(event: dict[str, Any], token: int) -> str:
@@ -108,6 +113,12 @@ async def test_a_dispatcher_whose_queue_closes_under_it_stops_with_queue_closed(
 
     run = asyncio.ensure_future(Dispatcher(queue, send, concurrency=4).run(follow=True))
     await asyncio.wait_for(sent.wait(), 60)
+    return run
+
+
+async def test_a_dispatcher_whose_queue_closes_under_it_stops_with_queue_closed(tmp_path):
+    queue = await AsyncQueue.connect(str(tmp_path / "q.db"))
+    run = await delivering(queue, 500)
     await queue.close()
     with pytest.raises(QueueClosed):
         await asyncio.wait_for(run, 60)
@@ -146,3 +157,84 @@ async def test_a_transaction_of_calls_made_before_close_runs_even_once_it_began(
     assert await asyncio.wait_for(asyncio.gather(a, b), 60) == [True, True]
     await asyncio.wait_for(closing, 60)
     assert [row[0] for row in table(target)] == ["a", "b", "warm"]
+
+
+MADE_BEFORE = {  # calls made just before close(), each waiting for its transaction's turn
+    "claim": lambda q: q.claim("w", T0 + 1, 60_000),
+    "enqueue_many": lambda q: q.enqueue_many([{"id": "made-before", "qty": 1}], T0),
+    "publish": lambda q: q.publish({"id": "made-before", "type": "t", "data": {}}, T0),
+    "clear_rate": lambda q: q.clear_rate(),
+    "endpoints": lambda q: q.endpoints(),  # (two statements: the table looked for, then read)
+}
+
+
+@pytest.mark.parametrize("call", MADE_BEFORE)
+async def test_a_call_made_just_before_close_is_answered_and_leaves_no_session(targets, call):  # noqa: F811
+    """The call's transaction has not yet asked for the queue's lock when ``close()`` runs
+    (made in the same ``gather``): it still runs whole, and ``close()`` returns after it."""
+    kind, fresh = targets
+    target = fresh()
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue({"id": "warm", "qty": 1}, T0)
+    result, _ = await asyncio.wait_for(asyncio.gather(MADE_BEFORE[call](queue), queue.close()), 60)
+    assert not isinstance(result, BaseException)
+    if call == "claim":
+        assert result is not None and result["id"] == "warm"
+    if call == "enqueue_many":
+        assert result == [True] and "made-before" in [row[0] for row in table(target)]
+    if call == "publish":
+        assert result.created is True  # (stored; no endpoint: no delivery)
+    if kind == "pg":
+        assert sessions(target) == 0
+
+
+async def test_a_view_and_its_queue_close_together(targets):  # noqa: F811
+    """A view (``in_lane``) shares its queue's connection: closing either refuses calls on
+    both, and neither opens a session again."""
+    kind, fresh = targets
+    for closed_first in ("queue", "view"):
+        target = fresh()
+        queue = await AsyncQueue.connect(target)
+        await queue.enqueue({"id": "warm", "qty": 1}, T0)
+        view = queue.in_lane(lanes.PLAIN)
+        await (queue if closed_first == "queue" else view).close()
+        assert queue.closing and view.closing
+        for q in (queue, view):
+            with pytest.raises(QueueClosed):
+                await q.claim("w", T0 + 1, 60_000)
+            with pytest.raises(QueueClosed):
+                await q.enqueue({"id": "late", "qty": 1})
+        assert [row[0] for row in table(target)] == ["warm"]
+        if kind == "pg":
+            assert sessions(target) == 0
+
+
+@pytest.mark.process
+async def test_a_dispatcher_on_a_view_stops_when_its_queue_closes_on_postgresql(pg_db):
+    url = pg_db()
+    queue = await AsyncQueue.connect(url)
+    run = await delivering(queue.in_lane(lanes.PLAIN), 2_000)
+    await queue.close()
+    with pytest.raises(QueueClosed):
+        await asyncio.wait_for(run, 60)
+    assert sessions(url) == 0
+
+
+async def test_a_fleet_cancelled_as_its_queue_closes_ends_cancelled(where: str) -> None:  # noqa: F811
+    """The fleet's last note of its endpoints (on its way out) finds the queue closing and
+    says nothing: the run ends with its cancellation, not ``QueueClosed``."""
+    secret = wh.new_secret()
+    async with hooks(secret) as (_, url):
+        queue = await AsyncQueue.connect(where)
+        await queue.add_endpoint(Endpoint("ok", url, secrets=(secret,)))
+        fleet = Fleet(queue, owner="fleet", refresh_s=0.05)
+        task = asyncio.ensure_future(fleet.run())
+        for _ in range(3_000):  # (60 s at most)
+            if "ok" in fleet.running:
+                break
+            await asyncio.sleep(0.02)
+        assert "ok" in fleet.running
+        task.cancel()
+        await asyncio.wait_for(queue.close(), 60)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)

@@ -160,6 +160,11 @@ class Gathering(Generic[CallT]):
             call.future.cancel()
             raise
 
+    @property
+    def busy(self) -> bool:
+        """Whether a transaction is under way (or a batch waits for one)."""
+        return bool(self._landing)
+
     async def drained(self) -> None:
         """Wait for the transactions under way."""
         if self._landing:

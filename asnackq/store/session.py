@@ -39,10 +39,13 @@ class Session:
         self._lock = asyncio.Lock()
         self._opening = Health(backoff or Backoff())  # the backoff of failed openings
         self._why = ""  # why the last opening failed
+        self._running: set[asyncio.Future[Any]] = set()  # transactions asked for (``close``)
 
     async def run(self, make: w.Make) -> Any:
         """``make``'s plan in a transaction of its own on this session."""
         task = asyncio.ensure_future(self._locked(make))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -65,7 +68,9 @@ class Session:
             return await self._store.run(make)
 
     async def close(self) -> None:
-        """Wait for the transaction under way, then close the session."""
+        """Wait for the transactions asked for so far, then close the session."""
+        while self._running:
+            await asyncio.wait(list(self._running))
         async with self._lock:
             if self._store is not None:
                 await self._store.close()
