@@ -170,7 +170,7 @@ class AsyncQueue:
         self._workers_table = False  # made by this connection's first ``note_endpoints``
         self._closing = _Closing()  # once ``close()`` began: every new call is refused
         # one transaction, many calls (admitted: the calls it carries came before close())
-        self._intakes = Intakes(partial(self._run, intake=True, admitted=True), limits)
+        self._intakes = Intakes(partial(self._run, intake=True, admitted=True))
         self._joint = Joint(partial(self._shielded, host=True))  # the lanes' (``in_lane``)
         self._riders: Riders | None = None  # a file's intakes, riding other transactions
         # called with the endpoints given deliveries by an intake of this queue, once
@@ -464,13 +464,14 @@ class AsyncQueue:
             raise ValueError("to names endpoints for an event with data, not for {id, qty}")
         ttl, tries = self.budget.fill(ttl_ms, max_attempts)
         now = self._now(now_ms)
-        make = partial(w.plan_enqueue, event, now, ttl, tries, limits=self.limits)
-        if self.tracer is not None:
-            return bool((await self._traced(make, [(event, ttl, tries)]))[0])
-        if self.intakes_only:  # in the application's transaction: that is the one
-            return bool(await self._run(make, intake=True))
-        make()  # validated here: a bad event is this caller's ValueError alone
-        return await self._intakes.enqueue((event, ttl, tries), now, now_ms is not None)
+        if self.tracer is not None or self.intakes_only:
+            make = partial(w.plan_enqueue, event, now, ttl, tries, limits=self.limits)
+            if self.tracer is not None:
+                return bool((await self._traced(make, [(event, ttl, tries)]))[0])
+            return bool(await self._run(make, intake=True))  # (the application's transaction)
+        # validated here, once: a bad event is this caller's ValueError alone
+        checked = w.check_enqueue(event, now, ttl, tries, self.limits)
+        return await self._intakes.enqueue(checked, now_ms is not None)
 
     async def enqueue_many(
         self, items: Sequence[Item], now_ms: int | None = None, *, to: Sequence[str] | None = None

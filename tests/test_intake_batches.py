@@ -261,9 +261,12 @@ async def test_a_cancelled_caller_waits_for_its_transaction_and_the_others_are_k
         await q.enqueue({"id": "warm", "qty": 1}, T0)
         tasks = [asyncio.ensure_future(q.enqueue({"id": f"j{i}", "qty": 1})) for i in range(8)]
         await asyncio.sleep(0)  # every call has joined its transaction
+        rows_when_it_ended: list[int] = []
+        tasks[3].add_done_callback(lambda _: rows_when_it_ended.append(len(table(target))))
         tasks[3].cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert isinstance(results[3], asyncio.CancelledError)
+        assert rows_when_it_ended[0] >= 8  # it ended once its transaction had: warm + 7
         assert [r for i, r in enumerate(results) if i != 3] == [True] * 7
         # the cancelled call's job was in a transaction that committed, or in none
         again = await q.enqueue({"id": "j3", "qty": 1})

@@ -198,6 +198,8 @@ async def test_cancelled_callers_wait_for_the_shared_transaction_and_it_lands_wh
             lambda: q.enqueue_many([{"id": "b", "qty": 1}], NOW + 2),
             lambda: q.enqueue_many([{"id": "c", "qty": 1}], NOW + 2),
         )
+        jobs_when_it_ended: list[int] = []
+        riding[0].add_done_callback(lambda _: jobs_when_it_ended.append(len(jobs(path))))
         hosting.cancel()
         riding[0].cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -205,6 +207,7 @@ async def test_cancelled_callers_wait_for_the_shared_transaction_and_it_lands_wh
         with pytest.raises(asyncio.CancelledError):
             await riding[0]
         assert await riding[1] == [True] and adopted == [2]
+        assert jobs_when_it_ended == [3]  # the rider ended once the transaction had landed
     assert jobs(path) == [("a", 1, "leased", 1), ("b", 1, "pending", 0), ("c", 1, "pending", 0)]
 
 

@@ -15,9 +15,9 @@ Rules of this module:
    the transaction runs one plan for them, not one per millisecond in which they arrived.
    Calls that name their instant are consecutive plans of their own in the transaction.  A
    call alone in its transaction runs the core's ``plan_enqueue``, exactly as before any
-   sharing (a ``Conflict`` rolls that transaction back).  Each
-   call is validated by its caller before it joins (a ``ValueError`` is that caller's alone
-   and changes nothing).
+   sharing (a ``Conflict`` rolls that transaction back).  Each call is validated by its
+   caller before it joins (``worker.check_enqueue``: a ``ValueError`` is that caller's alone
+   and changes nothing), once: the transaction runs those two plans on the checked items.
 2. **Each caller gets its own fate.**  A ``Conflict`` (nothing written for it) is raised to
    that caller alone; the others' jobs commit.  A transaction that fails for any
    other reason is run again one call per transaction, so an error that belongs to one call
@@ -54,23 +54,24 @@ from asnackq.store.session import Opener, Session
 __all__ = ["Intakes"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
-Triple = tuple[object, object, object]  # (event, ttl_ms, max_attempts), validated
+Checked = tuple[str, int, int, int, int]  # an intake checked: (id, qty, now_ms, ttl, tries)
 
 
 class _Call(Waiter):
-    """One ``enqueue`` waiting for its transaction: its intake, its clock reading, its fate."""
+    """One ``enqueue`` waiting for its transaction: its checked intake (its clock reading
+    among them), its fate."""
 
-    def __init__(self, triple: Triple, now_ms: int, named: bool) -> None:
+    def __init__(self, checked: Checked, named: bool) -> None:
         super().__init__()
-        self.triple, self.now_ms, self.named = triple, now_ms, named  # named: the caller's
+        self.checked, self.named = checked, named  # named: the instant is the caller's
 
 
 class Intakes(Gathering[_Call]):
     """Gathers one queue's concurrent intakes into shared transactions (see the module)."""
 
-    def __init__(self, run: Run, limits: w.Limits) -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__()
-        self._run, self._limits = run, limits
+        self._run = run
         self._own: Session | None = None  # a session of their own (``own``), or None
         self._last: asyncio.Future[Any] | None = None  # the latest batch's landing task
 
@@ -91,11 +92,11 @@ class Intakes(Gathering[_Call]):
         if self._own is not None:
             await self._own.close()
 
-    async def enqueue(self, triple: Triple, now_ms: int, named: bool = True) -> bool:
-        """Enqueue one intake (validated by the caller) in the next shared transaction:
-        True inserted, False already there; a ``Conflict`` is raised to this caller.
-        ``named`` False: ``now_ms`` is the queue's clock's reading (rule 1)."""
-        return bool(await self._join(_Call(triple, now_ms, named)))
+    async def enqueue(self, checked: Checked, named: bool = True) -> bool:
+        """Enqueue one intake (``worker.check_enqueue``'s, by the caller) in the next shared
+        transaction: True inserted, False already there; a ``Conflict`` is raised to this
+        caller.  ``named`` False: its ``now_ms`` is the queue's clock's reading (rule 1)."""
+        return bool(await self._join(_Call(checked, named)))
 
     def _together(self, calls: list[_Call]) -> w.Plan[list[Any]]:
         """The calls in arrival order, each run of calls with one clock reading as one
@@ -106,24 +107,23 @@ class Intakes(Gathering[_Call]):
             return [inserted], wrote
         results: list[bool | w.Conflict] = []
         changed = False
-        shared = max((call.now_ms for call in calls if not call.named), default=0)
+        shared = max((call.checked[2] for call in calls if not call.named), default=0)
 
         def instant(call: _Call) -> int:
-            return call.now_ms if call.named else shared
+            return call.checked[2] if call.named else shared
 
-        for now_ms, run in groupby(calls, key=instant):
-            triples = [call.triple for call in run]
-            plan = w.plan_enqueue_many(triples, now_ms, limits=self._limits)
-            found, wrote = yield from plan
+        for now_ms, run in groupby(calls, key=instant):  # (checked: the core's plan as is)
+            items = [
+                (job_id, qty, ttl, tries)
+                for job_id, qty, _, ttl, tries in (call.checked for call in run)
+            ]
+            found, wrote = yield from w._enqueue_many(items, now_ms)
             results += found
             changed = changed or wrote
         return results, changed
 
     def _alone(self, call: _Call) -> w.Make:
-        event, ttl_ms, max_attempts = call.triple
-        return partial(
-            w.plan_enqueue, event, call.now_ms, ttl_ms, max_attempts, limits=self._limits
-        )
+        return partial(w._enqueue, *call.checked)  # (checked: the core's plan as is)
 
     async def _transact(self, make: w.Make) -> Any:
         return await self.run(make)

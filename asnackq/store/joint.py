@@ -71,6 +71,7 @@ class _Batch(Generic[CallT]):
         self.calls: list[CallT] = []
         self.taken: list[CallT] | None = None
         self.adopted = False  # run in another transaction (``Riders.adopt``)
+        self.landing: asyncio.Future[None] | None = None  # its task: ends once it ended
 
 
 class Gathering(Generic[CallT]):
@@ -102,14 +103,15 @@ class Gathering(Generic[CallT]):
         batch = self._open
         if batch is None or batch.taken is not None:
             batch = self._open = _Batch()
-            task = asyncio.ensure_future(self._land(batch))
-            self._landing.add(task)
-            task.add_done_callback(self._landing.discard)
+            batch.landing = asyncio.ensure_future(self._land(batch))
+            self._landing.add(batch.landing)
+            batch.landing.add_done_callback(self._landing.discard)
         batch.calls.append(call)
         try:
-            return await asyncio.shield(call.future)
+            return await call.future  # (its cancellation cancels it: its result is dropped)
         except asyncio.CancelledError:
-            await asyncio.wait([call.future])  # let its transaction end, then re-raise
+            if batch.landing is not None:  # (it is: made with the batch)
+                await asyncio.wait([batch.landing])  # let its transaction end, then re-raise
             raise
 
     async def _land(self, batch: _Batch[CallT]) -> None:
