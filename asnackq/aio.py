@@ -284,9 +284,15 @@ class AsyncQueue:
         """Answer the calls made so far, then close the queue's connection (on the
         application's connection: nothing).  A call made once ``close()`` began raises
         ``QueueClosed`` and does nothing, on every store (no session is opened again).  A
-        view (``in_lane``) shares its queue's connection: closing either closes both."""
+        view (``in_lane``) shares its queue's connection: closing either closes both.  A
+        cancelled caller waits for the close to end, then re-raises (as a transaction's
+        caller does): a queue is never left refusing calls with its sessions open."""
+        self._closing.begun = True  # (at once: a call made from now on is refused)
+        if await unshaken(self._close()):
+            raise asyncio.CancelledError
+
+    async def _close(self) -> None:
         closing = self._closing
-        closing.begun = True
         gatherings: list[Gathering[Any]] = [self._intakes, self._joint]
         gatherings += [self._riders] if self._riders is not None else []
         while closing.running or any(gathering.busy for gathering in gatherings):
@@ -1526,6 +1532,9 @@ class Fleet:
                 )
             )
             dispatcher = Dispatcher(lane, send, **self._dispatcher_options(row, idle_ms))
+        except QueueClosed:  # (no row's fault: the run stops with it)
+            await stack.aclose()
+            raise
         except ValueError as error:  # its row, as this worker reads it: until it changes
             await stack.aclose()
             self.refused[row.name] = row.updated_ms

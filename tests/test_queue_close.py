@@ -238,3 +238,48 @@ async def test_a_fleet_cancelled_as_its_queue_closes_ends_cancelled(where: str) 
         await asyncio.wait_for(queue.close(), 60)
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 60)
+
+
+async def test_a_close_whose_caller_is_cancelled_still_closes(targets):  # noqa: F811
+    """The caller of ``close()`` (an ``async with`` under a timeout) is cancelled while it
+    waits for the calls made before it: it waits for the close to end, then re-raises; no
+    session is left open, and each call made before it has its answer."""
+    kind, fresh = targets
+    target = fresh()
+    queue = await AsyncQueue.connect(target)
+    await queue.enqueue({"id": "warm", "qty": 1}, T0)
+    calls = [asyncio.ensure_future(queue.enqueue({"id": f"j{i}", "qty": 1})) for i in range(20)]
+    await asyncio.sleep(0)  # (every call has joined its transaction)
+    closing = asyncio.ensure_future(queue.close())
+    await asyncio.sleep(0)  # (close() waits for them)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(closing, 60)
+    assert await asyncio.gather(*calls) == [True] * 20
+    with pytest.raises(QueueClosed):
+        await queue.enqueue({"id": "late", "qty": 1})
+    if kind == "pg":
+        assert sessions(target) == 0
+    else:
+        assert queue._db.db._connection is None  # (aiosqlite's: the file's connection closed)
+
+
+async def test_a_fleet_whose_queue_closes_as_it_starts_its_endpoints_refuses_none(where):  # noqa: F811
+    """``QueueClosed`` is a ``ValueError``, but no endpoint row's fault: the fleet stops with
+    it and refuses no endpoint (a bad row is refused until it changes)."""
+    secret = wh.new_secret()
+    async with hooks(secret) as (_, url):
+        queue = await AsyncQueue.connect(where)
+        for i in range(4):
+            await queue.add_endpoint(Endpoint(f"ep{i}", url, secrets=(secret,)))
+        closing: list[asyncio.Future[None]] = []
+
+        def on_start(name: str, dispatcher: Dispatcher) -> None:
+            if not closing:  # (the first endpoint started: the others are yet to start)
+                closing.append(asyncio.ensure_future(queue.close()))
+
+        fleet = Fleet(queue, owner="fleet", on_start=on_start)
+        with pytest.raises(QueueClosed):
+            await asyncio.wait_for(fleet.run(), 60)
+        await asyncio.wait_for(closing[0], 60)
+        assert fleet.refused == {} and len(fleet.running) < 4
