@@ -76,7 +76,7 @@ from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
-from asnackq.store.joint import ADOPTED, Gathering, Joint, Riders
+from asnackq.store.joint import ADOPTED, Gathering, Joint, Riders, Underway
 from asnackq.store.opening import Store, open_store
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sqlite_aio import QueueBusy
@@ -112,7 +112,7 @@ class _Closing:
 
     def __init__(self) -> None:
         self.begun = False
-        self.running: set[asyncio.Future[Any]] = set()
+        self.running = Underway()
 
 
 class QueueClosed(ValueError):
@@ -298,8 +298,7 @@ class AsyncQueue:
         while closing.running or any(gathering.busy for gathering in gatherings):
             for gathering in gatherings:
                 await gathering.drained()
-            if closing.running:
-                await asyncio.wait(list(closing.running))
+            await closing.running.drained()
         await self._intakes.close()
         async with self._lock:
             await self._db.close()
@@ -380,10 +379,7 @@ class AsyncQueue:
                 result: T = await self._db.run(make, fault)
                 return result
 
-        task = asyncio.ensure_future(locked())
-        running = self._closing.running  # (``close()`` waits for it)
-        running.add(task)
-        task.add_done_callback(running.discard)
+        task = self._closing.running.add(asyncio.ensure_future(locked()))  # (``close()``'s)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

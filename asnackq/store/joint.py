@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 from asnackq.core import worker as w
 from asnackq.store.outage import StoreUnavailable
 
-__all__ = ["Gathering", "Joint", "Riders", "Waiter", "settle"]
+__all__ = ["Gathering", "Joint", "Riders", "Underway", "Waiter", "settle"]
 
 Run = Callable[[w.Make], Awaitable[Any]]  # runs a plan in a transaction of its own
 ADOPTED: Any = object()  # a batch's result when another transaction ran its calls
@@ -60,6 +60,29 @@ def settle(future: asyncio.Future[Any], outcome: object) -> None:
         future.set_result(outcome)
 
 
+T = TypeVar("T")
+
+
+class Underway:
+    """Tasks under way, each forgotten once done (what a close waits for)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def add(self, task: asyncio.Future[T]) -> asyncio.Future[T]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    async def drained(self) -> None:
+        """Return once none is under way (one added meanwhile is waited for too)."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
 CallT = TypeVar("CallT", bound=Waiter)
 
 
@@ -82,7 +105,7 @@ class Gathering(Generic[CallT]):
 
     def __init__(self) -> None:
         self._open: _Batch[CallT] | None = None
-        self._landing: set[asyncio.Future[None]] = set()
+        self._landing = Underway()
 
     def _together(self, calls: list[CallT]) -> w.Plan[list[Any]]:
         raise NotImplementedError
@@ -103,9 +126,7 @@ class Gathering(Generic[CallT]):
         batch = self._open
         if batch is None or batch.taken is not None:
             batch = self._open = _Batch()
-            batch.landing = asyncio.ensure_future(self._land(batch))
-            self._landing.add(batch.landing)
-            batch.landing.add_done_callback(self._landing.discard)
+            batch.landing = self._landing.add(asyncio.ensure_future(self._land(batch)))
         batch.calls.append(call)
         try:
             return await call.future  # (its cancellation cancels it: its result is dropped)
@@ -169,8 +190,7 @@ class Gathering(Generic[CallT]):
 
     async def drained(self) -> None:
         """Wait for the transactions under way."""
-        if self._landing:
-            await asyncio.wait(list(self._landing))
+        await self._landing.drained()
 
 
 class _Call(Waiter):

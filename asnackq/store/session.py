@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asnackq.core import worker as w
+from asnackq.store.joint import Underway
 from asnackq.store.opening import Store
 from asnackq.store.outage import Backoff, Health, StoreUnavailable
 from asnackq.store.targets import one_line
@@ -39,13 +40,11 @@ class Session:
         self._lock = asyncio.Lock()
         self._opening = Health(backoff or Backoff())  # the backoff of failed openings
         self._why = ""  # why the last opening failed
-        self._running: set[asyncio.Future[Any]] = set()  # transactions asked for (``close``)
+        self._running = Underway()  # the transactions asked for (``close`` waits for them)
 
     async def run(self, make: w.Make) -> Any:
         """``make``'s plan in a transaction of its own on this session."""
-        task = asyncio.ensure_future(self._locked(make))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task = self._running.add(asyncio.ensure_future(self._locked(make)))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -69,8 +68,7 @@ class Session:
 
     async def close(self) -> None:
         """Wait for the transactions asked for so far, then close the session."""
-        while self._running:
-            await asyncio.wait(list(self._running))
+        await self._running.drained()
         async with self._lock:
             if self._store is not None:
                 await self._store.close()
