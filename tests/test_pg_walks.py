@@ -101,6 +101,40 @@ def test_every_walk_is_from_the_front_once_a_second_or_ten_times_its_own_time():
     assert walks.every[FRESH] == FULL_S  # (that one took no time)
 
 
+def test_the_statements_walks_from_the_front_share_one_tenth_of_the_sessions_time():
+    """Two statements whose walks from the front take a quarter of a second each: each walks
+    from the front every 5 s, so that they take 0.5 s of every 5 in all, not of every 2.5."""
+    clock = Ticking()
+    walks = Walks(clock)
+
+    def front_walk(sql: str, params: dict[str, Any], rows: list[Any], took: float) -> None:
+        walks.begin()
+        floored = walks.floored(sql, params)
+        assert floored is not None and floored[1]["front"]
+        clock.now += took
+        walks.found(sql, floored[1], rows)
+
+    claim, check = {"now": T0, "n": 1, "losses": 3}, {"now": T0}
+    front_walk(NEXT, claim, [row(1)], 0.25)
+    assert walks.every[NEXT] == pytest.approx(2.5)  # (alone so far: ten times its own)
+    front_walk(DUE, check, [(False,)], 0.25)
+    assert walks.every[DUE] == pytest.approx(5.0)
+    clock.now += 1.0  # (1.5 s since the claim's walk from the front began: from its floor)
+    assert walk(walks, NEXT, claim, [row(2)]) == (1, LOWEST)
+    clock.now += 1.0  # (2.5 s: from the front, on the period its walk alone set)
+    front_walk(NEXT, claim, [row(3)], 0.25)
+    assert walks.every[NEXT] == pytest.approx(5.0)
+    assert 0.25 / walks.every[NEXT] + 0.25 / walks.every[DUE] == pytest.approx(0.1)
+    clock.now += 2.5  # (5 s since the check's walk from the front began)
+    front_walk(DUE, check, [(False,)], 1.5)  # (1.75 s in all: at most every 10 s, however long)
+    assert walks.every[DUE] == MOST_S
+    clock.now += 1.0  # (a walk from the front that rolls back: the shares are as they were)
+    front_walk(NEXT, claim, [row(4)], 0.5)
+    assert walks.took == {NEXT: 0.5, DUE: 1.5}
+    walks.rollback()
+    assert walks.took == {NEXT: 0.25, DUE: 1.5} and walks.every[NEXT] == pytest.approx(5.0)
+
+
 def test_leases_are_read_by_the_walks_from_the_front_only():
     clock = Ticking()
     walks = Walks(clock)

@@ -24,11 +24,15 @@ Rules of this module:
   walks from the floor fill every claim (a backlog) does a job that became claimable behind
   it (a retry falling due, a scheduled job, a job whose claim rolled back or whose intake
   committed late, a lease another worker let lapse) wait for the next walk from the front:
-  at least every ``FULL_S`` (a second; when a walk from the front takes longer than a tenth
-  of that, ten times as long as it took, so that those walks take at most a tenth of the
-  session's time, but never more than ``MOST_S``, ten seconds: a walk's time includes any
-  stall of its event loop or wait for a lock, and the statements sent at once with it,
-  ``pg.AtOnce``), and whenever the run's clock is behind its floor (a clock stepped back).
+  at least every ``FULL_S`` (a second), and whenever the run's clock is behind its floor (a
+  clock stepped back).  The walks from the front of all the floored statements together
+  take at most a tenth of the session's time: when their last walks took longer than a
+  tenth of a second in all, each statement walks from the front every ten times that sum
+  (two statements whose walks take 0.2 and 0.3 s: each every 5 s), but at least every
+  ``MOST_S`` (ten seconds) however long they took, so that a job behind a floor waits no
+  longer than that (then those walks take more than a tenth).  A walk's time includes any
+  stall of its event loop or wait for a lock, and the statements sent at once with it
+  (``pg.AtOnce``).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
   after the quarantine) walks from its first read's floors, so the second read takes the
   lapsed leases the first read found (and locked), never a fuller set from the floor.
@@ -51,7 +55,8 @@ from asnackq.store.pg_sql import STATEMENTS
 __all__ = ["FLOORED", "FULL_S", "LOWEST", "MOST_S", "Walks"]
 
 FULL_S = 1.0  # a walk from the front at least this often (seconds of time.monotonic)
-MOST_S = 10 * FULL_S  # ... and, however long one took, at least this often
+MOST_S = 10 * FULL_S  # ... and, however long they took, at least this often
+SHARE = 10  # a walk from the front every SHARE times the last ones' time, in all
 LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk from the front
 
 _PENDING = "WHERE status = ANY(ARRAY['pending']) AND "
@@ -111,21 +116,27 @@ class Walks:
         self.time: dict[str, int] = {}  # deadline walks: the run's clock (ms)
         self.fronts: dict[str, float] = {}  # the clock at each statement's last walk from the front
         self.every: dict[str, float] = {}  # the seconds from one walk from the front to the next
+        self.took: dict[str, float] = {}  # the seconds each statement's last one took
         self.within: dict[str, dict[str, Any]] = {}  # each statement's floors in this transaction
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
-        self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {})  # the floors at ``begin``
+        self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {}, {})  # as at ``begin``
 
     def begin(self) -> None:
         """A transaction begins: its statements take their floors afresh."""
         self.within.clear()
         self.timed.clear()
-        self.before = (dict(self.seq), dict(self.time), dict(self.fronts), dict(self.every))
+        self.before = tuple(dict(kept) for kept in self._kept())
+
+    def _kept(self) -> tuple[dict[str, Any], ...]:
+        return self.seq, self.time, self.fronts, self.every, self.took
 
     def rollback(self) -> None:
         """The transaction rolled back (or its COMMIT's fate is unknown): the floors are as
         it found them, so its plan run again walks as the first try did (lower floors only
         ever read more)."""
-        self.seq, self.time, self.fronts, self.every = (dict(kept) for kept in self.before)
+        self.seq, self.time, self.fronts, self.every, self.took = (
+            dict(kept) for kept in self.before
+        )
 
     def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
         """The statement's floored text and parameters, or None (not a floored statement).  A
@@ -161,10 +172,10 @@ class Walks:
         (the same transaction: its own locks are no obstacle), and a claim never takes fewer
         jobs than a walk from the front would."""
         front = params["front"]
-        if sql in self.timed:  # (walks from the front: at most a tenth of the session's time)
+        if sql in self.timed:  # (walks from the front: a tenth of the session's time, in all)
             self.timed.discard(sql)
-            took = self.clock() - self.fronts[sql]
-            self.every[sql] = min(MOST_S, max(FULL_S, 10 * took))
+            self.took[sql] = self.clock() - self.fronts[sql]
+            self.every[sql] = min(MOST_S, max(FULL_S, SHARE * sum(self.took.values())))
         if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
             self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
             return False
