@@ -133,6 +133,36 @@ def test_the_statements_walks_from_the_front_share_one_tenth_of_the_sessions_tim
     assert walks.took == {NEXT: 0.5, DUE: 1.5}
     walks.rollback()
     assert walks.took == {NEXT: 0.25, DUE: 1.5} and walks.every[NEXT] == pytest.approx(5.0)
+    clock.now += 2 * MOST_S  # (the check no longer walks: its slow walk counts no more)
+    front_walk(NEXT, claim, [row(5)], 0.25)
+    assert walks.every[NEXT] == pytest.approx(2.5)
+
+
+def test_a_claim_read_again_from_the_front_counts_both_reads_and_no_time_is_negative():
+    """A claim read again after the quarantine in its transaction walks from the front again
+    when its first read did: both reads count in its share.  A clock stepped back (an
+    injected one) counts no negative time."""
+    clock = Ticking()
+    walks = Walks(clock)
+    claim = {"now": T0, "n": 2, "losses": 3}
+    walks.begin()
+    first = walks.floored(NEXT, claim)
+    assert first is not None and first[1]["front"]
+    clock.now += 0.25
+    walks.found(NEXT, first[1], [row(1), row(2)])
+    clock.now += 0.05  # (the quarantine)
+    again = walks.floored(NEXT, {**claim, "now": T0 + 1})
+    assert again is not None and again[1]["front"]
+    clock.now += 0.25
+    walks.found(NEXT, again[1], [row(3), row(4)])
+    assert walks.took[NEXT] == pytest.approx(0.5) and walks.every[NEXT] == pytest.approx(5.0)
+    walks.begin()
+    clock.now += 5.0
+    floored = walks.floored(DUE, {"now": T0 + 2})
+    assert floored is not None and floored[1]["front"]
+    clock.now -= 3.0
+    walks.found(DUE, floored[1], [(False,)])
+    assert walks.took[DUE] == 0.0 and walks.every[DUE] == pytest.approx(5.0)
 
 
 def test_leases_are_read_by_the_walks_from_the_front_only():

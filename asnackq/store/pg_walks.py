@@ -24,13 +24,18 @@ Rules of this module:
   walks from the floor fill every claim (a backlog) does a job that became claimable behind
   it (a retry falling due, a scheduled job, a job whose claim rolled back or whose intake
   committed late, a lease another worker let lapse) wait for the next walk from the front:
-  at least every ``FULL_S`` (a second), and whenever the run's clock is behind its floor (a
-  clock stepped back).  The walks from the front of all the floored statements together
-  take at most a tenth of the session's time: when their last walks took longer than a
-  tenth of a second in all, each statement walks from the front every ten times that sum
-  (two statements whose walks take 0.2 and 0.3 s: each every 5 s), but at least every
-  ``MOST_S`` (ten seconds) however long they took, so that a job behind a floor waits no
-  longer than that (then those walks take more than a tenth).  A walk's time includes any
+  at most once every ``FULL_S`` (a second) while those walks are quick, and whenever the
+  run's clock is behind its floor (a clock stepped back).  The scheduled walks from the
+  front of all the floored statements take at most a tenth of the session's time together
+  while they take under a second in all: each statement walks from the front every ten
+  times the sum of their last walks' times (two statements whose walks take 0.2 and 0.3 s:
+  each every 5 s; statements sent at once each count the time of all, which only makes the
+  share smaller; a statement read again from the front in its transaction, after the
+  quarantine, counts both reads; another statement that has not walked from the front for
+  twice ``MOST_S`` is no longer in use and counts no more), and at least every ``MOST_S``
+  (ten seconds) however long they took, so that no job waits longer than that behind a
+  floor (then those walks take more than a tenth).  A claim from a floor that comes up
+  short is read from the front at once, outside this schedule.  A walk's time includes any
   stall of its event loop or wait for a lock, and the statements sent at once with it
   (``pg.AtOnce``).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
@@ -54,7 +59,7 @@ from asnackq.store.pg_sql import STATEMENTS
 
 __all__ = ["FLOORED", "FULL_S", "LOWEST", "MOST_S", "Walks"]
 
-FULL_S = 1.0  # a walk from the front at least this often (seconds of time.monotonic)
+FULL_S = 1.0  # a walk from the front at most this often (seconds of time.monotonic)
 MOST_S = 10 * FULL_S  # ... and, however long they took, at least this often
 SHARE = 10  # a walk from the front every SHARE times the last ones' time, in all
 LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk from the front
@@ -119,12 +124,14 @@ class Walks:
         self.took: dict[str, float] = {}  # the seconds each statement's last one took
         self.within: dict[str, dict[str, Any]] = {}  # each statement's floors in this transaction
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
+        self.rereads: dict[str, float] = {}  # the clock at a timed read again (this transaction)
         self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {}, {})  # as at ``begin``
 
     def begin(self) -> None:
         """A transaction begins: its statements take their floors afresh."""
         self.within.clear()
         self.timed.clear()
+        self.rereads.clear()
         self.before = tuple(dict(kept) for kept in self._kept())
 
     def _kept(self) -> tuple[dict[str, Any], ...]:
@@ -146,6 +153,9 @@ class Walks:
         if text is None or not isinstance(params, dict):
             return None
         if sql in self.within:
+            if self.within[sql]["front"] and sql not in self.timed:  # (adds to the first's)
+                self.rereads[sql] = self.clock()
+                self.timed.add(sql)
             return text, {**params, **self.within[sql]}
         now = params["now"]
         from_seq, from_time = self.seq.get(sql, LOWEST), self.time.get(sql, LOWEST)
@@ -174,8 +184,15 @@ class Walks:
         front = params["front"]
         if sql in self.timed:  # (walks from the front: a tenth of the session's time, in all)
             self.timed.discard(sql)
-            self.took[sql] = self.clock() - self.fronts[sql]
-            self.every[sql] = min(MOST_S, max(FULL_S, SHARE * sum(self.took.values())))
+            at = self.clock()
+            reread = self.rereads.pop(sql, None)
+            took = at - self.fronts[sql] if reread is None else self.took.get(sql, 0) + at - reread
+            self.took[sql] = max(0.0, took)  # (an injected clock may step back)
+            # (of the statements still walking: each in use walks at least every MOST_S)
+            took = sum(
+                t for s, t in self.took.items() if s == sql or at - self.fronts[s] <= 2 * MOST_S
+            )
+            self.every[sql] = min(MOST_S, max(FULL_S, SHARE * took))
         if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
             self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
             return False
