@@ -189,10 +189,10 @@ class Walks:
             took = at - self.fronts[sql] if reread is None else self.took.get(sql, 0) + at - reread
             self.took[sql] = max(0.0, took)  # (an injected clock may step back)
             # (of the statements still walking: each in use walks at least every MOST_S)
-            took = sum(
+            in_all = sum(
                 t for s, t in self.took.items() if s == sql or at - self.fronts[s] <= 2 * MOST_S
             )
-            self.every[sql] = min(MOST_S, max(FULL_S, SHARE * took))
+            self.every[sql] = min(MOST_S, max(FULL_S, SHARE * in_all))
         if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
             self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
             return False
