@@ -2,7 +2,7 @@
 
     python benchmarks/producer_share.py [--store pg,sqlite] [--concurrency 16,64] [--rounds 4]
                                         [--seconds 8] [--depth 4000] [--send-ms 1]
-                                        [--shapes one,many] [--handlers 16] [--probe]
+                                        [--shapes one,many] [--handlers 1024] [--probe]
 
 One Dispatcher (its send waits ``--send-ms`` and answers True) on one ``AsyncQueue``, at its
 defaults but ``concurrency``.  "alone": the queue holds enough jobs for the whole window and
@@ -10,8 +10,9 @@ nothing else touches it.  Beside it, a producer on the SAME ``AsyncQueue`` (as
 docs/embedding.md's first program does) keeps ``--depth`` jobs queued through the public API
 at its defaults, in one of two shapes:
 
-* ``one``: ``--handlers`` coroutines (16), each calling ``queue.enqueue(event)`` one event
-  at a time (an application's request handlers);
+* ``one``: ``--handlers`` coroutines (1,024), each calling ``queue.enqueue(event)`` one event
+  at a time (an application's request handlers), and waiting, when ``--depth`` are queued,
+  for a delivery to make room (woken one per delivery: they never poll);
 * ``many``: ``queue.enqueue_many`` of up to 128 events at a time (the harness's bulk
   producer).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import contextvars
 import itertools
@@ -80,17 +82,44 @@ class ProbeLock(asyncio.Lock):
         super().release()
 
 
+class Room:
+    """Room for events: each delivery frees one, taken by the handler that has waited
+    longest (woken alone, in constant time: ``asyncio.Semaphore`` walks the futures it
+    already woke, a cost of its own with a thousand waiters)."""
+
+    def __init__(self) -> None:
+        self.free = 0
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def release(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set_result(None)
+        else:
+            self.free += 1
+
+    async def acquire(self) -> None:
+        if self.free:
+            self.free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiter)
+        await waiter
+
+
 class Counts:
-    """Jobs enqueued and delivered; the Dispatcher's ``trace`` counts deliveries."""
+    """Jobs enqueued and delivered; the Dispatcher's ``trace`` counts deliveries, and each
+    one makes room for one more event (``room``: ``one``'s handlers wait on it)."""
 
     def __init__(self) -> None:
         self.enqueued = 0
         self.done = 0
         self.ids = itertools.count()
+        self.room = Room()
 
     def trace(self, kind: str, ticket: dict[str, Any], at: int, status: object) -> None:
         if kind == "finish" and status == "done":
             self.done += 1
+            self.room.release()
 
     def events(self, n: int) -> list[dict[str, Any]]:
         return [{"id": f"j{next(self.ids)}", "qty": 1} for _ in range(n)]
@@ -99,18 +128,26 @@ class Counts:
 async def produce_one(
     queue: AsyncQueue, counts: Counts, depth: int, stop: asyncio.Event, handlers: int
 ) -> None:
-    """``handlers`` coroutines, each enqueuing one event while fewer than ``depth`` wait."""
+    """``handlers`` coroutines, each enqueuing one event while fewer than ``depth`` wait.
+    A handler whose event would go over ``depth`` waits for a delivery to make room (one
+    delivery wakes one handler: none polls, so many handlers cost the process nothing
+    while they wait; the queue starts ``depth`` deep, so room + queued stays ``depth``)."""
     WHO.set("producer")
 
     async def handler() -> None:
-        while not stop.is_set():
-            if counts.enqueued - counts.done >= depth:
-                await asyncio.sleep(0.005)
-                continue
+        while True:
+            await counts.room.acquire()
+            if stop.is_set():
+                return
             counts.enqueued += 1
             await queue.enqueue(counts.events(1)[0])
 
-    await asyncio.gather(*(handler() for _ in range(handlers)))
+    async def stopped() -> None:
+        await stop.wait()
+        for _ in range(handlers):
+            counts.room.release()
+
+    await asyncio.gather(stopped(), *(handler() for _ in range(handlers)))
 
 
 async def produce_many(
@@ -273,7 +310,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--depth", type=int, default=4000)
     parser.add_argument("--send-ms", type=float, default=1.0)
-    parser.add_argument("--handlers", type=int, default=16, help="the 'one' shape's coroutines")
+    parser.add_argument("--handlers", type=int, default=1024, help="the 'one' shape's coroutines")
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--feed", help=argparse.SUPPRESS)  # the "alone" case's producer
     args = parser.parse_args()

@@ -1,0 +1,75 @@
+"""``benchmarks/producer_share.py``'s ``one`` producer: its handlers keep the depth exactly,
+each delivery wakes one of them (never a poll), and they all end when told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from asnackq.aio import AsyncQueue
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "producer_share.py"
+
+
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("producer_share", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("producer_share", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_room_wakes_the_longest_waiting_handler_alone_and_banks_what_none_waits_for() -> None:
+    room = script().Room()
+    room.release()  # nobody waits: banked
+    await asyncio.wait_for(room.acquire(), 10)  # taken at once
+    woken: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await room.acquire()
+        woken.append(n)
+
+    tasks = [asyncio.ensure_future(waiter(n)) for n in range(3)]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert len(room.waiting) == 3 and woken == []
+    room.release()
+    await asyncio.wait_for(asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED), 10)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert woken == [0]
+    room.release()
+    room.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert woken == [0, 1, 2]
+    assert room.free == 0
+
+
+async def test_the_one_producer_keeps_the_depth_exactly_and_stops(tmp_path: Path) -> None:
+    bench = script()
+    depth, handlers = 10, 50
+    counts, stop = bench.Counts(), asyncio.Event()
+    async with AsyncQueue.open(str(tmp_path / "q.db")) as queue:
+        await queue.enqueue_many(counts.events(depth))
+        counts.enqueued = depth
+        producing = asyncio.ensure_future(bench.produce_one(queue, counts, depth, stop, handlers))
+        for _ in range(50):  # every handler has had its turns: none may enqueue yet
+            await asyncio.sleep(0)
+        assert counts.enqueued == depth
+        for _ in range(7):  # seven deliveries: seven more events, no more
+            counts.trace("finish", {}, 0, "done")
+        for _ in range(3000):  # (at most 30 s: the intakes' transactions, a busy machine)
+            if (await queue.read("SELECT count(*) FROM jobs"))[0][0] >= depth + 7:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert counts.enqueued == depth + 7
+        assert (await queue.read("SELECT count(*) FROM jobs"))[0][0] == depth + 7
+        stop.set()
+        await asyncio.wait_for(producing, 30)
+    assert counts.enqueued == depth + 7
