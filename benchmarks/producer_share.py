@@ -92,10 +92,12 @@ class Room:
         self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def release(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set_result(None)
-        else:
-            self.free += 1
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():  # (a waiter cancelled meanwhile takes nothing)
+                waiter.set_result(None)
+                return
+        self.free += 1
 
     async def acquire(self) -> None:
         if self.free:
@@ -103,7 +105,12 @@ class Room:
             return
         waiter = asyncio.get_running_loop().create_future()
         self.waiting.append(waiter)
-        await waiter
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a unit, then cancelled: the next waiter has it
+            raise
 
 
 class Counts:
@@ -133,6 +140,8 @@ async def produce_one(
     delivery wakes one handler: none polls, so many handlers cost the process nothing
     while they wait; the queue starts ``depth`` deep, so room + queued stays ``depth``)."""
     WHO.set("producer")
+    if counts.enqueued - counts.done + counts.room.free != depth:
+        raise ValueError(f"the queue must hold {depth} jobs, or room for the rest, at the start")
 
     async def handler() -> None:
         while True:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from asnackq.aio import AsyncQueue
+from asnackq.aio import AsyncQueue, Dispatcher
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "producer_share.py"
 
@@ -73,3 +73,54 @@ async def test_the_one_producer_keeps_the_depth_exactly_and_stops(tmp_path: Path
         stop.set()
         await asyncio.wait_for(producing, 30)
     assert counts.enqueued == depth + 7
+
+
+async def test_a_cancelled_handler_takes_no_room_from_the_others() -> None:
+    room = script().Room()
+    woken: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await room.acquire()
+        woken.append(n)
+
+    first, second, third = (asyncio.ensure_future(waiter(n)) for n in range(3))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    first.cancel()  # cancelled while it waits: its place is skipped
+    room.release()
+    second.cancel()  # handed the unit, then cancelled before it ran: the unit goes on
+    await asyncio.wait_for(third, 10)
+    assert woken == [2] and first.cancelled() and second.cancelled()
+    room.release()
+    assert room.free == 1 and not room.waiting
+
+
+async def test_beside_a_real_dispatcher_the_producer_never_goes_over_the_depth(
+    tmp_path: Path,
+) -> None:
+    bench = script()
+    depth, handlers = 20, 64
+    counts, stop = bench.Counts(), asyncio.Event()
+
+    async def send(event: dict[str, object], token: int) -> bool:
+        return True
+
+    async with AsyncQueue.open(str(tmp_path / "q.db")) as queue:
+        await queue.enqueue_many(counts.events(depth))
+        counts.enqueued = depth
+        dispatcher = Dispatcher(queue, send, concurrency=4, trace=counts.trace)
+        running = asyncio.ensure_future(dispatcher.run(follow=True))
+        producing = asyncio.ensure_future(bench.produce_one(queue, counts, depth, stop, handlers))
+        most = 0
+        for _ in range(6000):  # (at most 60 s: a busy machine)
+            most = max(most, counts.enqueued - counts.done)
+            if counts.done >= 300:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(producing, 30)
+        dispatcher.stop()
+        await asyncio.wait_for(running, 30)
+        assert counts.done >= 300 and 0 < most <= depth
+        (jobs,) = (await queue.read("SELECT count(*) FROM jobs"))[0]
+        assert jobs == counts.enqueued <= counts.done + depth

@@ -42,7 +42,7 @@ def test_the_lab_with_sink_kills_counts_every_incarnation_and_says_how_far(tmp_p
     run = asnackq(
         "lab",
         "--jobs",
-        "200",
+        "400",  # (at least ten seconds of sends: the second kill, a sink's, comes first)
         "--processes",
         "1",
         "--concurrency",
@@ -75,7 +75,7 @@ def test_the_lab_with_sink_kills_counts_every_incarnation_and_says_how_far(tmp_p
         "SELECT count(*), sum(deliveries - 1) FROM asnackq_webhook_inbox"
     ).fetchone()
     con.close()
-    assert rows == 200 and result["duplicates"] == duplicates
+    assert rows == 400 and result["duplicates"] == duplicates
     # Every incarnation's requests: all but those a killed sink counted between its last
     # reading and its SIGKILL (and some it counted but never answered, the kill first).
     assert result["requests"] >= (rows + duplicates) * 0.95
