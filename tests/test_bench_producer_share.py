@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from asnackq.aio import AsyncQueue, Dispatcher
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "producer_share.py"
 
 
-def script() -> ModuleType:
+def loaded() -> ModuleType:
     spec = importlib.util.spec_from_file_location("producer_share", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("producer_share", module)
     spec.loader.exec_module(module)
     return module
 
 
+bench = loaded()
+
+
 async def test_room_wakes_the_longest_waiting_handler_alone_and_banks_what_none_waits_for() -> None:
-    room = script().Room()
+    room = bench.Room()
     room.release()  # nobody waits: banked
     await asyncio.wait_for(room.acquire(), 10)  # taken at once
     woken: list[int] = []
@@ -50,7 +53,6 @@ async def test_room_wakes_the_longest_waiting_handler_alone_and_banks_what_none_
 
 
 async def test_the_one_producer_keeps_the_depth_exactly_and_stops(tmp_path: Path) -> None:
-    bench = script()
     depth, handlers = 10, 50
     counts, stop = bench.Counts(), asyncio.Event()
     async with AsyncQueue.open(str(tmp_path / "q.db")) as queue:
@@ -76,7 +78,7 @@ async def test_the_one_producer_keeps_the_depth_exactly_and_stops(tmp_path: Path
 
 
 async def test_a_cancelled_handler_takes_no_room_from_the_others() -> None:
-    room = script().Room()
+    room = bench.Room()
     woken: list[int] = []
 
     async def waiter(n: int) -> None:
@@ -95,10 +97,10 @@ async def test_a_cancelled_handler_takes_no_room_from_the_others() -> None:
     assert room.free == 1 and not room.waiting
 
 
+@pytest.mark.timeout(180)  # (its wait below: up to 60 s on a busy machine, then the stops)
 async def test_beside_a_real_dispatcher_the_producer_never_goes_over_the_depth(
     tmp_path: Path,
 ) -> None:
-    bench = script()
     depth, handlers = 20, 64
     counts, stop = bench.Counts(), asyncio.Event()
 
