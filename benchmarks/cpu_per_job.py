@@ -20,8 +20,8 @@ reports per job, over the run only (from the moment the connected worker is told
   ``pg_stat_statements`` calls (BEGIN and COMMIT count);
 * jobs per transaction: over SQLite's BEGINs, or PostgreSQL's ``xact_commit`` +
   ``xact_rollback``.  Round trips are not counted here: on SQLite a transaction is at
-  most ``asnackq.store.sqlite_aio.HOPS`` hops to its connection's thread (5 for a
-  Dispatcher's cycle that keeps its requests' answers).
+  most ``asnackq.store.sqlite_aio.HOPS`` hops to its connection's thread (4 for a
+  Dispatcher's cycle, whether it keeps its requests' answers or not).
 
 Printed: the median of each over the rounds, with its range.  ``--baseline TREE`` (a
 checkout of other code: ``git worktree add /tmp/base <commit>``) runs that tree's worker

@@ -10,6 +10,9 @@ Rules of this module:
   statements do not grow with its batch (sets are one JSON parameter, fenced writes and
   inserts one set statement, ``SETS``, or one ``executemany``), so neither do a
   transaction's hops (``HOPS``).
+* A reply crosses from the connection's thread to the event loop one row at a time, each
+  row a wait for the GIL while the loop runs Python: a cycle's reads of a row per job come
+  back as one row (``ROWS``), its counted writes without ``RETURNING`` (``COUNTED``).
 * Statements that need no reply of each other are sent at once, one hop for all (``sent``):
   a plan's ``Batch`` (``at_once``: in a transaction other than a store's own, a statement,
   then only reads), and a plan's first step, with BEGIN.
@@ -43,14 +46,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiosqlite
 
+from asnackq.core import lanes
 from asnackq.core import worker as w
 from asnackq.store.attempts import SQL_RECORD, SQLITE_RECORD_SET
 from asnackq.store.outage import Health, StoreUnavailable
@@ -191,7 +196,7 @@ async def poll_begin(
     timeout = f"PRAGMA busy_timeout = {busy_ms}"
     script = db.executescript(f"PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; {timeout}")
     try:
-        outcome, *replies = await sent([script, *(statement(db, one) for one in first)])
+        outcome, *replies = await sent([script, *queued(db, first)])
     except BaseException:  # cancelled: whatever BEGIN did has landed (``sent``)
         await rollback(db)
         raise
@@ -265,6 +270,83 @@ SETS = {
 }
 
 
+# A statement's rows cross from aiosqlite's thread to the event loop one step each, and
+# sqlite3 lets the GIL go for every step: while the loop runs Python (an application's
+# coroutines, a producer, the Dispatcher's own sends) the thread waits for it again at each
+# row.  A read of 500 rows took 275 ms against 2.7 ms as one row, with four busy coroutines
+# on the loop.  So a cycle's reads of a row per job (the jobs it settles, the jobs it
+# claims, in any lane) come back as one row (``ROWS``): the statement itself as a CTE, its
+# rows as one JSON array, decoded here into the same tuples in the statement's order (by
+# seq, the first column, where it has one).  JSON carries integers, text and NULL exactly;
+# a reply with any other value (a REAL or a BLOB another program wrote into a job: SQLite
+# writes a REAL to JSON with 15 digits, an infinite one as no JSON, and a BLOB not at all)
+# is read again by the statement itself.  And the writes whose rows the plan only counts
+# (the lease, the poisoning: ``_write_set``) run without ``RETURNING``: one empty row per
+# row changed (``rowcount``), one step in all.
+class RowsText(NamedTuple):
+    """A read of many rows as one: its text, and whether its rows are in seq order."""
+
+    text: str
+    by_seq: bool
+
+
+def one_row(sql: str, columns: int, by_seq: bool) -> RowsText:
+    """``sql`` (a read of ``columns`` columns) as a read of one row: the rows' JSON array, a
+    row holding a BLOB as null (a seq, the first column where ``by_seq``, is an integer)."""
+    names = [f"c{i}" for i in range(columns)]
+    blob = " OR ".join(f"typeof({name}) = 'blob'" for name in names[by_seq:])
+    return RowsText(
+        f"WITH r({', '.join(names)}) AS ({sql})\n"
+        f"SELECT json_group_array(CASE WHEN {blob} THEN NULL"
+        f" ELSE json_array({', '.join(names)}) END) FROM r",
+        by_seq,
+    )
+
+
+class Inexact(Exception):
+    """A reply of ``one_row`` that does not hold its rows exactly (a REAL, a BLOB)."""
+
+
+def _inexact(text: str) -> float:
+    raise Inexact(text)
+
+
+def rows_of(array: str, by_seq: bool) -> list[tuple[Any, ...]]:
+    """The rows of a ``one_row`` reply (``Inexact``: one of them holds a REAL or a BLOB;
+    SQLite writes an infinite REAL as ``Inf``, which is no JSON)."""
+    try:
+        parsed = json.loads(array, parse_float=_inexact)
+    except ValueError as error:
+        raise Inexact(array) from error
+    if None in parsed:
+        raise Inexact("a BLOB")
+    rows = list(map(tuple, parsed))
+    return sorted(rows) if by_seq else rows
+
+
+def _rows_texts() -> dict[str, RowsText]:
+    claims = {
+        w.SQL_NEXT_CLAIMABLE: 6,
+        w.SQL_NEXT_FRESH: 6,
+        w.SQL_NEXT_RECLAIMABLE: 8,
+        w.SQL_NEXT_FRESH_RECLAIMING: 8,
+    }
+    texts = {w.SQL_JOBS: one_row(w.SQL_JOBS, 9, by_seq=False)}
+    for sql, columns in claims.items():
+        for variant in (sql, *(lane[sql] for lane in LANE_VARIANTS)):
+            texts[variant] = one_row(variant, columns, by_seq=True)
+    return texts
+
+
+LANE_VARIANTS = (lanes.LANE_TEXTS, lanes.PLAIN_TEXTS, lanes.ORDERED_TEXTS)
+ROWS = _rows_texts()
+COUNTED = {
+    sql: sql.replace("\nRETURNING seq", "")
+    for core in (w.SQL_LEASE, w.SQL_LEASE_RECLAIMING, w.SQL_POISON)
+    for sql in (core, w.ONE[core])
+}
+
+
 async def steps(
     db: aiosqlite.Connection,
     plan: w.Plan[T],
@@ -289,7 +371,7 @@ async def run_step(
     """One step of a plan: a statement, a batch of them (one hop), or a hook point."""
     if isinstance(step, w.Batch):
         if at_once(step.steps, own):
-            return replied(await sent([statement(db, one) for one in step.steps]))
+            return replied(await sent(queued(db, step.steps)))
         return [await statement(db, one) for one in step.steps]
     if isinstance(step, w.Hook):
         call_fault(fault, step.name)
@@ -297,13 +379,36 @@ async def run_step(
     return await statement(db, step)
 
 
-async def statement(db: aiosqlite.Connection, step: w.Sql | w.SqlMany) -> list[Any]:
-    """A statement's rows, or (``SqlMany``) ``[(rowcount,)]``."""
+async def statement(
+    db: aiosqlite.Connection, step: w.Sql | w.SqlMany, as_one: bool = True
+) -> list[Any]:
+    """A statement's rows, or (``SqlMany``) ``[(rowcount,)]``; a read of many rows as one
+    (``ROWS``) unless ``as_one`` is False: see ``queued``."""
     if isinstance(step, w.SqlMany):
         one = as_set(SETS, step.sql, step.params)
         cursor = await (db.execute(*one) if one else db.executemany(step.sql, step.params))
         return [(cursor.rowcount,)]
+    rows = ROWS.get(step.sql) if as_one else None
+    if rows is not None:
+        ((array,),) = await db.execute_fetchall(rows.text, step.params)
+        with contextlib.suppress(Inexact):  # (then read again, as it is)
+            return rows_of(array, rows.by_seq)
+    counted = COUNTED.get(step.sql)
+    if counted is not None:
+        cursor = await db.execute(counted, step.params)
+        return [()] * cursor.rowcount
     return [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
+
+
+def queued(db: aiosqlite.Connection, statements: Sequence[w.Sql | w.SqlMany]) -> list[Any]:
+    """The calls of ``statements``, to be sent at once: each read of many rows as one
+    (``ROWS``), unless a write follows it among them (a reply with a value JSON does not
+    carry is read again once the others have run: only reads may have run in between)."""
+    calls = []
+    for at, one in enumerate(statements):
+        write_after = any(not isinstance(later, w.Read) for later in statements[at + 1 :])
+        calls.append(statement(db, one, as_one=not write_after))
+    return calls
 
 
 async def sent(calls: list[Awaitable[Any]]) -> list[Any]:
@@ -347,18 +452,23 @@ class Started:
             self.reply = waiting
 
     async def outcome(self) -> Any:
-        """The call's reply, or its exception, once its reply has come back."""
-        if self.reply is None:
+        """The call's reply, or its exception, once its reply (and any call it then makes:
+        ``statement``'s reading again) has come back."""
+        waiting = self.reply
+        if waiting is None:
             return self.value
-        if not self.reply.done():  # (replies come back in order: only when sent alone)
-            await asyncio.wait([self.reply])
-        try:
-            self.steps.send(None)
-        except StopIteration as stop:
-            return stop.value
-        except Exception as error:
-            return error
-        raise RuntimeError("a call sent at once waited twice")
+        while True:
+            if not waiting.done():  # (replies come back in order: only when sent alone)
+                await asyncio.wait([waiting])
+            try:
+                waiting = self.steps.send(None)
+            except StopIteration as stop:
+                return stop.value
+            except Exception as error:
+                return error
+            if not asyncio.isfuture(waiting):
+                self.steps.close()
+                raise RuntimeError(f"a call sent at once waited for {waiting!r}")
 
 
 def replied(replies: list[Any]) -> list[Any]:
