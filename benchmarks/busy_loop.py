@@ -1,7 +1,7 @@
 """A Dispatcher beside a busy event loop: deliveries alone vs beside coroutines running Python.
 
     python benchmarks/busy_loop.py [--store sqlite,pg] [--jobs 5000] [--concurrency 64]
-                                   [--busy 4] [--work-us 50] [--rounds 3] [--baseline TREE]
+                                   [--busy 4] [--work-us 5] [--rounds 3] [--baseline TREE]
 
 Each case runs one child process: a queue of ``--jobs`` jobs (a file; a fresh database on a
 throwaway local PostgreSQL 15 with ``fsync=on`` and ``synchronous_commit=on``), one
@@ -9,9 +9,9 @@ Dispatcher at ``--concurrency`` whose send answers True at once, until the queue
 "alone": nothing else runs on its event loop.  "busy": beside it, ``--busy`` coroutines each
 run about ``--work-us`` us of Python, then yield (``asyncio.sleep(0)``), round and round: an
 application whose handlers keep the loop running Python, as a web app under load does.  The
-loop then hands the GIL to another thread only when it waits or when the interpreter's
-switch interval (5 ms) forces it: every wait of aiosqlite's connection thread for the GIL
-is a wait for that.
+loop then lets the GIL go only between its rounds (a poll that does not wait) or when the
+interpreter's switch interval (5 ms) forces it: each time aiosqlite's connection thread needs
+the GIL back (at every row sqlite3 steps, at every reply) it waits for one of those.
 
 Printed per store: jobs/s alone and busy (medians over the rounds), and the ratio busy /
 alone within each round (median and range).  ``--baseline TREE`` (a checkout of other
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--busy", type=int, default=4)
-    parser.add_argument("--work-us", type=float, default=50.0)
+    parser.add_argument("--work-us", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="a checkout of other code to compare with")
     args = parser.parse_args()

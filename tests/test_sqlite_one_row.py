@@ -8,8 +8,11 @@ another program wrote) read again as it is; the same rows changed, counted the s
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +86,7 @@ def claims_params() -> list[tuple[str, dict[str, Any]]]:
         w.SQL_NEXT_RECLAIMABLE,
         w.SQL_NEXT_FRESH_RECLAIMING,
     ):
-        for n in (1, 7, 500):
+        for n in (1, 7, 1024):
             for losses in (1, 3):
                 params = {"now": NOW, "n": n, "losses": losses}
                 cases.append((sql, params))
@@ -104,10 +107,22 @@ def as_statement(path: Path, step: w.Sql) -> list[Any]:
         return [tuple(row) for row in con.execute(step.sql, step.params)]
 
 
-def test_every_text_of_rows_is_a_claim_or_the_jobs_read():
+def test_every_text_of_rows_is_a_claim_or_the_jobs_read_in_its_statements_order():
+    """A claim's rows by seq (column 0), or by id (column 1) where a lane's last ``ORDER
+    BY`` is its ids'; the jobs read in no order."""
     claims = {sql for sql, _ in claims_params()}
     assert set(sqlite_aio.ROWS) == claims | {w.SQL_JOBS}
-    assert all(text.by_seq for sql, text in sqlite_aio.ROWS.items() if sql != w.SQL_JOBS)
+    orders = {sql: text.order for sql, text in sqlite_aio.ROWS.items()}
+    assert orders.pop(w.SQL_JOBS) is None
+    by_id = {
+        lane[sql]
+        for lane in (lanes.LANE_TEXTS, lanes.ORDERED_TEXTS)
+        for sql in (w.SQL_NEXT_FRESH, w.SQL_NEXT_FRESH_RECLAIMING)
+    }
+    assert {sql for sql, order in orders.items() if order == 1} == by_id
+    assert all(order == 0 for sql, order in orders.items() if sql not in by_id)
+    for sql in by_id:
+        assert sql.rstrip().endswith("ORDER BY id LIMIT :n")
 
 
 async def test_a_claims_rows_as_one_are_the_statements_rows_in_its_order(tmp_path):
@@ -166,10 +181,12 @@ async def test_a_value_json_does_not_carry_is_read_again_exactly(tmp_path, odd):
 
 def test_a_json_array_with_a_real_or_a_null_row_is_not_taken():
     """(SQLite 3.40 writes an infinite REAL as ``Inf``.)"""
-    assert sqlite_aio.rows_of('[[2, "b"], [1, "a"]]', by_seq=True) == [(1, "a"), (2, "b")]
+    assert sqlite_aio.rows_of('[[2, "b"], [1, "c"]]', 0) == [(1, "c"), (2, "b")]
+    assert sqlite_aio.rows_of('[[2, "b"], [1, "c"]]', 1) == [(2, "b"), (1, "c")]
+    assert sqlite_aio.rows_of('[[2, "b"], [1, "c"]]', None) == [(2, "b"), (1, "c")]
     for array in ("[[1, 0.5]]", "[[1, 9e999]]", "[[1, Inf]]", '[[1, "a"], null]'):
         with pytest.raises(sqlite_aio.Inexact):
-            sqlite_aio.rows_of(array, by_seq=True)
+            sqlite_aio.rows_of(array, 0)
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["one", "set"])
@@ -224,3 +241,100 @@ async def test_a_batch_sent_at_once_reads_a_row_again_and_a_write_after_is_not_s
     assert sorted(after[2], key=repr) == sorted(
         [(7, *row[1:]) if row[-1] == "j2/fresh" else row for row in before[1]], key=repr
     )
+
+
+async def test_a_lanes_rows_ordered_by_id_keep_that_order_where_seq_order_differs(tmp_path):
+    """Deliveries whose ids run against their seqs (another program's rows): each lane's
+    claims give the statement's own order, and a Dispatcher's cycle on the store leases the
+    jobs the core's own driver leases."""
+    path = tmp_path / "q.db"
+    con = w.open_queue(path)
+    for sql in (lanes.DELIVERIES, lanes.LANE_INDEX, lanes.KEY_INDEX):
+        con.execute(sql)
+    for n in reversed(range(9)):
+        job = lanes.delivery_id(ENDPOINT, n)
+        con.execute(_INSERT, (job, 1, "pending", 0, 0, NOW - 5, NOW + 60_000, None, None))
+        con.execute(
+            "INSERT INTO asnackq_deliveries VALUES (?, ?, ?, NULL)", (job, f"e{n}", ENDPOINT)
+        )
+    con.commit()
+    con.close()
+    for sql, params in claims_params():
+        step = w.Read(sql, params)
+        assert await as_driver(path, step) == as_statement(path, step)
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(path, copy)
+    lane = lanes.Lane(ENDPOINT)
+
+    def cycle() -> w.Plan[Any]:
+        plan = w.plan_cycle([], [], "o", NOW, 1_000, 1, 3, limits=w.PRODUCT)
+        return lanes.substituted(plan, lane)
+
+    with sqlite3.connect(copy, isolation_level=None) as sync:
+        expected = w.drive(sync, cycle())
+    store = await SqliteStore.open(path, w.SCHEMA, 5.0)
+    try:
+        got = await store.run(cycle)
+    finally:
+        await store.close()
+    assert [t["id"] for t in got[2]] == [t["id"] for t in expected[2]]
+    assert [t["id"] for t in got[2]] == [lanes.delivery_id(ENDPOINT, n) for n in range(4)]
+
+
+class Limited(sqlite3.Connection):
+    """A connection whose values are at most 100 kB (``SQLITE_LIMIT_LENGTH``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100_000)
+
+
+async def test_rows_too_long_for_one_value_are_read_as_they_are(tmp_path):
+    """An application's connection with a low length limit: the array of a read's rows is
+    longer than one value may be, and the rows are the statement's own."""
+    path = tmp_path / "q.db"
+    ids = [f"order-{n:058d}" for n in range(3_000)]
+    con = w.open_queue(path)
+    for job in ids:
+        con.execute(_INSERT, (job, 1, "pending", 0, 0, NOW - 5, NOW + 60_000, None, None))
+    con.commit()
+    con.close()
+    step = w.Read(w.SQL_JOBS, (w.json_set(ids[:1_300]),))  # (87 kB: the rows' 143 kB)
+    claim = w.Read(w.SQL_NEXT_FRESH, {"now": NOW, "n": 1024})
+    async with aiosqlite.connect(path, factory=Limited) as db:
+        with pytest.raises(sqlite3.DataError):
+            await db.execute_fetchall(sqlite_aio.ROWS[w.SQL_JOBS].text, step.params)
+        got = await sqlite_aio.statement(db, step)
+        claimed = await sqlite_aio.statement(db, claim)
+    assert sorted(got) == sorted(as_statement(path, step)) and len(got) == 1_300
+    assert claimed == as_statement(path, claim) and len(claimed) == 1024
+
+
+async def test_a_caller_cancelled_while_a_row_is_read_again_waits_for_that_read(tmp_path):
+    """The read again (a REAL in a job) is a statement sent: a caller cancelled while it runs
+    gets its cancel only once it has landed, as for every statement ``sent`` sent."""
+    path = tmp_path / "q.db"
+    filled(path)
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE jobs SET qty = 2.5 WHERE id = 'j2/fresh'")
+    marks: list[str] = []
+    started = threading.Event()
+
+    def trace(sql: str) -> None:  # (on the connection's thread)
+        if sql.lstrip().startswith("SELECT seq"):  # the read again, as it is
+            marks.append("read again")
+            started.set()
+            time.sleep(0.3)
+            marks.append("landed")
+
+    fresh = w.Read(w.SQL_NEXT_FRESH_RECLAIMING, {"now": NOW, "n": 50})
+    async with aiosqlite.connect(path) as db:
+        await db.set_trace_callback(trace)
+        task = asyncio.ensure_future(sqlite_aio.sent(sqlite_aio.queued(db, [fresh, fresh])))
+        assert await asyncio.to_thread(started.wait, 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        marks.append("cancelled")
+        await db.set_trace_callback(None)
+    assert marks[:3] == ["read again", "landed", "cancelled"]

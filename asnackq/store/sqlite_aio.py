@@ -48,6 +48,7 @@ import contextlib
 import inspect
 import json
 import random
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from operator import itemgetter
@@ -276,30 +277,39 @@ SETS = {
 # row.  A read of 500 rows took 275 ms against 2.7 ms as one row, with four busy coroutines
 # on the loop.  So a cycle's reads of a row per job (the jobs it settles, the jobs it
 # claims, in any lane) come back as one row (``ROWS``): the statement itself as a CTE, its
-# rows as one JSON array, decoded here into the same tuples in the statement's order (by
-# seq, the first column, where it has one).  JSON carries integers, text and NULL exactly;
+# rows as one JSON array, decoded here into the same tuples in the statement's order (its
+# last ``ORDER BY``: a seq or an id, each unique; Python orders text by code point, as
+# SQLite's BINARY collation orders UTF-8).  JSON carries integers, text and NULL exactly;
 # a reply with any other value (a REAL or a BLOB another program wrote into a job: SQLite
-# writes a REAL to JSON with 15 digits, an infinite one as no JSON, and a BLOB not at all)
-# is read again by the statement itself.  And the writes whose rows the plan only counts
-# (the lease, the poisoning: ``_write_set``) run without ``RETURNING``: one empty row per
-# row changed (``rowcount``), one step in all.
+# writes a REAL to JSON with 15 digits, an infinite one as no JSON, and a BLOB not at all),
+# or too long for one value (``SQLITE_LIMIT_LENGTH``), is read again by the statement
+# itself.  And the writes whose rows the plan only counts (the lease, the poisoning:
+# ``_write_set``) run without ``RETURNING``: one empty row per row changed (``rowcount``),
+# one step in all.
 class RowsText(NamedTuple):
-    """A read of many rows as one: its text, and whether its rows are in seq order."""
+    """A read of many rows as one: its text, and the column its rows are ordered by."""
 
     text: str
-    by_seq: bool
+    order: int | None  # (None: in no order)
 
 
-def one_row(sql: str, columns: int, by_seq: bool) -> RowsText:
-    """``sql`` (a read of ``columns`` columns) as a read of one row: the rows' JSON array, a
-    row holding a BLOB as null (a seq, the first column where ``by_seq``, is an integer)."""
+ORDER_COLUMNS = {"seq": 0, "id": 1}  # a claim's rows: (seq, id, ...)
+_LAST_ORDER = re.compile(r"ORDER BY (\w+)(?!.*ORDER BY)", re.DOTALL)
+
+
+def one_row(sql: str, columns: int, claim: bool) -> RowsText:
+    """``sql`` (a read of ``columns`` columns; ``claim``: of a claim, its first the seq) as a
+    read of one row: the rows' JSON array, a row holding a BLOB as null."""
     names = [f"c{i}" for i in range(columns)]
-    blob = " OR ".join(f"typeof({name}) = 'blob'" for name in names[by_seq:])
+    blob = " OR ".join(f"typeof({name}) = 'blob'" for name in names[claim:])
+    last = _LAST_ORDER.search(sql)
+    if claim != (last is not None) or (last is not None and last[1] not in ORDER_COLUMNS):
+        raise AssertionError(f"no known order of {' '.join(sql.split())[:80]!r}")
     return RowsText(
         f"WITH r({', '.join(names)}) AS ({sql})\n"
         f"SELECT json_group_array(CASE WHEN {blob} THEN NULL"
         f" ELSE json_array({', '.join(names)}) END) FROM r",
-        by_seq,
+        None if last is None else ORDER_COLUMNS[last[1]],
     )
 
 
@@ -311,9 +321,9 @@ def _inexact(text: str) -> float:
     raise Inexact(text)
 
 
-def rows_of(array: str, by_seq: bool) -> list[tuple[Any, ...]]:
-    """The rows of a ``one_row`` reply (``Inexact``: one of them holds a REAL or a BLOB;
-    SQLite writes an infinite REAL as ``Inf``, which is no JSON)."""
+def rows_of(array: str, order: int | None) -> list[tuple[Any, ...]]:
+    """The rows of a ``one_row`` reply, ordered by their column ``order`` (``Inexact``: one
+    of them holds a REAL or a BLOB; SQLite writes an infinite REAL as ``Inf``, no JSON)."""
     try:
         parsed = json.loads(array, parse_float=_inexact)
     except ValueError as error:
@@ -321,7 +331,7 @@ def rows_of(array: str, by_seq: bool) -> list[tuple[Any, ...]]:
     if None in parsed:
         raise Inexact("a BLOB")
     rows = list(map(tuple, parsed))
-    return sorted(rows) if by_seq else rows
+    return rows if order is None else sorted(rows, key=itemgetter(order))
 
 
 def _rows_texts() -> dict[str, RowsText]:
@@ -331,10 +341,10 @@ def _rows_texts() -> dict[str, RowsText]:
         w.SQL_NEXT_RECLAIMABLE: 8,
         w.SQL_NEXT_FRESH_RECLAIMING: 8,
     }
-    texts = {w.SQL_JOBS: one_row(w.SQL_JOBS, 9, by_seq=False)}
+    texts = {w.SQL_JOBS: one_row(w.SQL_JOBS, 9, claim=False)}
     for sql, columns in claims.items():
         for variant in (sql, *(lane[sql] for lane in LANE_VARIANTS)):
-            texts[variant] = one_row(variant, columns, by_seq=True)
+            texts[variant] = one_row(variant, columns, claim=True)
     return texts
 
 
@@ -390,14 +400,24 @@ async def statement(
         return [(cursor.rowcount,)]
     rows = ROWS.get(step.sql) if as_one else None
     if rows is not None:
-        ((array,),) = await db.execute_fetchall(rows.text, step.params)
         with contextlib.suppress(Inexact):  # (then read again, as it is)
-            return rows_of(array, rows.by_seq)
+            return rows_of(await one_array(db, rows.text, step.params), rows.order)
     counted = COUNTED.get(step.sql)
     if counted is not None:
         cursor = await db.execute(counted, step.params)
         return [()] * cursor.rowcount
     return [tuple(row) for row in await db.execute_fetchall(step.sql, step.params)]
+
+
+async def one_array(db: aiosqlite.Connection, text: str, params: Any) -> str:
+    """The JSON array a ``one_row`` text reads (``Inexact``: longer than a value can be)."""
+    try:
+        ((array,),) = await db.execute_fetchall(text, params)
+    except sqlite3.DataError as error:
+        if getattr(error, "sqlite_errorcode", None) != sqlite3.SQLITE_TOOBIG:
+            raise
+        raise Inexact("too long") from error
+    return array  # type: ignore[no-any-return]
 
 
 def queued(db: aiosqlite.Connection, statements: Sequence[w.Sql | w.SqlMany]) -> list[Any]:
@@ -458,8 +478,8 @@ class Started:
         if waiting is None:
             return self.value
         while True:
-            if not waiting.done():  # (replies come back in order: only when sent alone)
-                await asyncio.wait([waiting])
+            if not waiting.done():  # (a call it made again, or a call sent alone)
+                await self.landed(waiting)
             try:
                 waiting = self.steps.send(None)
             except StopIteration as stop:
@@ -469,6 +489,21 @@ class Started:
             if not asyncio.isfuture(waiting):
                 self.steps.close()
                 raise RuntimeError(f"a call sent at once waited for {waiting!r}")
+
+    async def landed(self, waiting: asyncio.Future[Any]) -> None:
+        """``waiting`` done, however often the caller is cancelled meanwhile (as ``sent``'s
+        calls: what follows, ROLLBACK, must know what it did); then the cancel goes on."""
+        cancel = None
+        while not waiting.done():
+            try:
+                await asyncio.wait([waiting])
+            except asyncio.CancelledError as error:
+                cancel = cancel or error
+        if cancel is not None:
+            if not waiting.cancelled():
+                waiting.exception()  # (retrieved: the cancel is what the caller gets)
+            self.steps.close()
+            raise cancel
 
 
 def replied(replies: list[Any]) -> list[Any]:
