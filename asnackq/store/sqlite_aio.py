@@ -301,7 +301,7 @@ def one_row(sql: str, columns: int, claim: bool) -> RowsText:
     """``sql`` (a read of ``columns`` columns; ``claim``: of a claim, its first the seq) as a
     read of one row: the rows' JSON array, a row holding a BLOB as null."""
     names = [f"c{i}" for i in range(columns)]
-    blob = " OR ".join(f"typeof({name}) = 'blob'" for name in names[claim:])
+    blob = " OR ".join(f"typeof({name}) = 'blob'" for name in names[1 if claim else 0 :])
     last = _LAST_ORDER.search(sql)
     if claim != (last is not None) or (last is not None and last[1] not in ORDER_COLUMNS):
         raise AssertionError(f"no known order of {' '.join(sql.split())[:80]!r}")
