@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--baseline", help="a checkout of other code to compare with")
     args = parser.parse_args()
     stores = args.store.split(",")
+    if not stores or set(stores) - {"sqlite", "pg"}:
+        parser.error(f"--store: sqlite, pg or both (comma-separated), not {args.store!r}")
     trees: list[str | None] = [None] if args.baseline is None else [None, args.baseline]
     rates: dict[tuple[str, str, str | None], list[float]] = {}
     with (

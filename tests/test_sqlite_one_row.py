@@ -12,7 +12,6 @@ import asyncio
 import shutil
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -318,21 +317,27 @@ async def test_a_caller_cancelled_while_a_row_is_read_again_waits_for_that_read(
     with sqlite3.connect(path) as con:
         con.execute("UPDATE jobs SET qty = 2.5 WHERE id = 'j2/fresh'")
     marks: list[str] = []
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def trace(sql: str) -> None:  # (on the connection's thread)
         if sql.lstrip().startswith("SELECT seq"):  # the read again, as it is
             marks.append("read again")
             started.set()
-            time.sleep(0.3)
+            release.wait(60)  # (held until the caller has been cancelled)
             marks.append("landed")
 
     fresh = w.Read(w.SQL_NEXT_FRESH_RECLAIMING, {"now": NOW, "n": 50})
     async with aiosqlite.connect(path) as db:
         await db.set_trace_callback(trace)
         task = asyncio.ensure_future(sqlite_aio.sent(sqlite_aio.queued(db, [fresh, fresh])))
-        assert await asyncio.to_thread(started.wait, 60)
-        task.cancel()
+        try:
+            assert await asyncio.to_thread(started.wait, 60)
+            task.cancel()
+            for _ in range(20):  # (the cancel reaches the caller: it keeps waiting)
+                await asyncio.sleep(0)
+            assert not task.done()
+        finally:
+            release.set()  # (a failure above ends the test at once, not after 60 s)
         with pytest.raises(asyncio.CancelledError):
             await task
         marks.append("cancelled")

@@ -108,15 +108,22 @@ async def _to_the_end(task: asyncio.Future[T]) -> tuple[T, asyncio.CancelledErro
     """``task``'s result, waited for to its end however often the caller is cancelled
     meanwhile, and the caller's cancel (None: not cancelled).  A cancelled caller whose
     task failed is cancelled (the failure its cause), never handed the failure instead."""
+    cancel = await _landed(task)
+    if cancel is not None and (task.cancelled() or task.exception() is not None):
+        raise cancel from None if task.cancelled() else task.exception()
+    return task.result(), cancel
+
+
+async def _landed(task: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """``task`` done, waited for however often the caller is cancelled meanwhile; the
+    caller's cancel (None: not cancelled), for the caller to raise."""
     cancel = None
     while not task.done():
         try:
             await asyncio.wait({task})  # (its failure is not raised here; a cancel is)
         except asyncio.CancelledError as error:
             cancel = cancel or error
-    if cancel is not None and (task.cancelled() or task.exception() is not None):
-        raise cancel from None if task.cancelled() else task.exception()
-    return task.result(), cancel
+    return cancel
 
 
 # Hops per transaction, at most, whatever its batch.  A Dispatcher's cycle (finishes,
@@ -424,11 +431,9 @@ def queued(db: aiosqlite.Connection, statements: Sequence[w.Sql | w.SqlMany]) ->
     """The calls of ``statements``, to be sent at once: each read of many rows as one
     (``ROWS``), unless a write follows it among them (a reply with a value JSON does not
     carry is read again once the others have run: only reads may have run in between)."""
-    calls = []
-    for at, one in enumerate(statements):
-        write_after = any(not isinstance(later, w.Read) for later in statements[at + 1 :])
-        calls.append(statement(db, one, as_one=not write_after))
-    return calls
+    writes = [at for at, one in enumerate(statements) if not isinstance(one, w.Read)]
+    last = writes[-1] if writes else -1
+    return [statement(db, one, as_one=at > last) for at, one in enumerate(statements)]
 
 
 async def sent(calls: list[Awaitable[Any]]) -> list[Any]:
@@ -493,12 +498,7 @@ class Started:
     async def landed(self, waiting: asyncio.Future[Any]) -> None:
         """``waiting`` done, however often the caller is cancelled meanwhile (as ``sent``'s
         calls: what follows, ROLLBACK, must know what it did); then the cancel goes on."""
-        cancel = None
-        while not waiting.done():
-            try:
-                await asyncio.wait([waiting])
-            except asyncio.CancelledError as error:
-                cancel = cancel or error
+        cancel = await _landed(waiting)
         if cancel is not None:
             if not waiting.cancelled():
                 waiting.exception()  # (retrieved: the cancel is what the caller gets)
