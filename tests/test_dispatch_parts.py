@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 from asnackq.core import worker as w
+from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.ledger import Due, Ledger
-from asnackq.dispatch.pacer import ANY_S, Pacer, Want
+from asnackq.dispatch.pacer import AHEAD_FLOOR, ANY_S, Pacer, Want
 from asnackq.dispatch.settings import Settings
 
 LEASE = 1000
@@ -74,6 +75,34 @@ def test_a_pacer_claims_for_waiters_and_ahead_within_the_budget():
     assert pacer.want(waiting=3, ready=2, budget=None) == Want(3, 3)
     assert pacer.want(waiting=3, ready=2, budget=4) == Want(3, 1)
     assert Pacer(settings(), lambda: 0.0).ahead() == 2, "a quarter of the concurrency at least"
+
+
+def taking(pacer, now, tickets, seconds):
+    """``pacer``'s coroutines took ``tickets`` over a cycle of ``seconds`` (clock ``now``)."""
+    pacer.begin()
+    for _ in range(tickets):
+        pacer.took()
+    now[0] += seconds
+    pacer.begin()
+
+
+async def test_tickets_ahead_outlast_a_gathering_however_few_the_sends_in_flight():
+    """Twice what the coroutines take during a gathering (10 ms here) is kept ahead: at one
+    send in flight, beyond eight per send, up to ``AHEAD_FLOOR``; with a gate (concurrency
+    "auto": its holders wait instead) no more than a quarter of the concurrency."""
+    now = [0.0]
+    one = Pacer(settings(concurrency=1), lambda: now[0])
+    taking(one, now, 10, 0.01)  # 1,000 a second: 20 in two gatherings
+    assert one.ahead() == 20
+    taking(one, now, 100, 0.01)
+    assert one.ahead() == AHEAD_FLOOR > 8
+    many = Pacer(settings(concurrency=16), lambda: now[0])
+    taking(many, now, 1000, 0.01)
+    assert many.ahead() == 8 * 16 > AHEAD_FLOOR
+    gate = Gate(64)
+    gated = Pacer(settings(concurrency=64), lambda: now[0], gate)
+    taking(gated, now, 1000, 0.01)
+    assert gated.ahead() == gate.limit // 4 < 64
 
 
 def test_while_no_coroutine_waits_one_ticket_ahead_a_second_is_of_any_job():

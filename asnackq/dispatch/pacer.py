@@ -34,6 +34,7 @@ from asnackq.dispatch.settings import Settings
 __all__ = ["ANY_S", "Pacer", "Want"]
 
 CLAIM_MAX = 1024  # the most tickets one cycle claims
+AHEAD_FLOOR = 64  # the bound on tickets ahead of demand is never below this (per_send)
 ANY_S = 1.0  # while no coroutine waits, a claim of any job at least this often (seconds)
 
 
@@ -79,14 +80,18 @@ class Pacer:
         ``prefetch`` if given; otherwise twice what the coroutines take, at the rate of the
         last cycle, during that cycle or one gathering and one transaction if longer (so
         ready tickets outlast both, however long commits take on this disk), at least a
-        quarter of the concurrency, at most ``per_send`` per send let in flight.
+        quarter of the concurrency, at most ``per_send`` per send let in flight or
+        ``AHEAD_FLOOR`` if that is more (with few sends in flight, eight per send run out
+        within one gathering: each coroutine would wait for a whole transaction every
+        eighth ticket); with a gate, no more than that quarter.
         """
         settings = self.settings
         if settings.prefetch is not None:
             return settings.prefetch
         need = math.ceil(2 * self.rate * max(self.period, settings.gather_s + self.txn_s))
         concurrency = self.concurrency()
-        return max(concurrency // 4, min(need, self.per_send * concurrency, CLAIM_MAX))
+        most = max(self.per_send * concurrency, AHEAD_FLOOR) if self.per_send else 0
+        return max(concurrency // 4, min(need, most, CLAIM_MAX))
 
     def want(self, waiting: int, ready: int, budget: int | None) -> Want:
         """The claims for ``waiting`` coroutines, with ``ready`` tickets unclaimed by any and
