@@ -148,16 +148,19 @@ class Read(NamedTuple):
     counted: bool  # under an aggregate (a count's read)
 
 
-def done_statistics(con: psycopg.Connection[Any], deadline: int, lease_until: int) -> None:
+def done_statistics(
+    con: psycopg.Connection[Any], deadline: int, lease_until: int, pending: bool = False
+) -> None:
     """``jobs`` as statistics taken over done jobs see it (a held snapshot's table of done
-    versions): 100,000 jobs analyzed while done, then seqs 95,701-96,000 leased (until
-    ``lease_until``) and 96,001-100,000 pending, all with ``deadline``."""
+    versions): 100,000 jobs analyzed while done (``pending``: the last 10,000 pending, every
+    one attempted), then seqs 95,701-96,000 leased (until ``lease_until``) and
+    96,001-100,000 pending, all with ``deadline``."""
     con.execute("ALTER TABLE jobs SET (autovacuum_enabled = off)")  # (the statistics stay)
     con.execute(
         "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
-        " deadline) SELECT 'j' || i, 1, 'done', 1, 3, 1, 0, %s FROM generate_series(1, 100000)"
-        " AS i",
-        (deadline,),
+        " deadline) SELECT 'j' || i, 1, CASE WHEN %s AND i > 90000 THEN 'pending' ELSE 'done'"
+        " END, 1, 3, 1, 0, %s FROM generate_series(1, 100000) AS i",
+        (pending, deadline),
     )
     con.execute("ANALYZE jobs")
     con.execute(
