@@ -31,6 +31,8 @@ def test_lab_with_replicas_and_kills_of_workers_and_sinks_finds_no_violation(pg_
         "0.05",
         "--kill-every",
         "0.3",
+        "--rate",  # (600 jobs take 1.5 s at least: kills of both kinds, however fast it runs)
+        "400",
         "--kill-sinks",
         "--seed",
         "11",

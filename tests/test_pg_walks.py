@@ -12,7 +12,7 @@ import pytest
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.store import pg
+from asnackq.store import pg, pg_sql
 from asnackq.store.pg_sql import STATEMENTS
 from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, MOST_S, Walks
 
@@ -502,6 +502,42 @@ def test_with_statistics_that_count_no_pending_job_a_claim_walks_from_its_floor(
                 assert [r[0] for r in rows.fetchall()] == list(range(first, first + 64))
             finally:
                 con.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_a_claims_read_of_lapsed_leases_reads_those_leases_not_every_lease(url, analyzed):
+    """20,000 leases in flight, 10 of them lapsed, 1,000 jobs pending: a claim's read of
+    lapsed leases (a walk from the front: the core's claim and the floored one) reads about
+    as many entries as there are lapsed leases and pending jobs it takes, never every lease
+    in flight, and takes the same jobs as the read without the array of lapsed seqs."""
+    with pg.connect(url) as con:  # (a queue's session, as claims run on)
+        con.execute("ALTER TABLE jobs SET (autovacuum_enabled = off)")
+        con.execute(
+            "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at,"
+            " deadline, owner, lease_until) SELECT 'j' || i, 1, CASE WHEN i <= 20000 THEN"
+            " 'leased' ELSE 'pending' END, 1, 3, 1, 0, %s, 'w', CASE WHEN i <= 20000 THEN"
+            " %s + CASE WHEN i %% 2000 = 7 THEN -1000 ELSE 60000 END END"
+            " FROM generate_series(1, 21000) AS i",
+            (T0 + 3_600_000, T0),
+        )
+        if analyzed:
+            con.execute("ANALYZE jobs")
+        params = {"now": T0, "n": 64, "losses": 3, "from_seq": LOWEST, "from_time": LOWEST}
+        for sql, run in ((STATEMENTS[NEXT], params), (FLOORED[NEXT], {**params, "front": True})):
+            plan = executed_plan(con, sql, run)
+            read = sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans(plan))
+            assert read <= 200, (read, index_conds(plan))
+            before = sql.replace(pg_sql.LAPSED, "")
+            assert before != sql
+            taken = []
+            for text in (sql, before):
+                con.execute("BEGIN")
+                try:
+                    taken.append([(r[0], r[6]) for r in con.execute(text, run).fetchall()])
+                finally:
+                    con.execute("ROLLBACK")
+            lapsed = [(seq, True) for seq in range(7, 20000, 2000)]
+            assert taken[0] == taken[1] == lapsed + [(seq, False) for seq in range(20001, 20055)]
 
 
 def test_with_statistics_taken_before_any_lease_a_settle_of_one_job_finds_it_by_id(url):

@@ -153,9 +153,9 @@ SQL_SESSION = """SELECT set_config('idle_in_transaction_session_timeout', '10000
 # the floor, 3 ms.  Nor an incremental sort, which ``enable_sort`` leaves (the same read of
 # ``jobs_by_deadline``, sorted by seq within its status, when the statistics count some
 # pending jobs but none never attempted).  A statement that needs a sort still sorts.
-# What it costs: a claim's read of lapsed leases walks ``jobs_by_status``'s leased entries
-# for them (about 0.13 us a lease in flight) instead of reading ``jobs_by_lease`` and
-# sorting (6.8 ms a claim at 50,000 leases in flight, against 0.15), and a purge of dead
+# A claim's read of lapsed leases names them as an array read from ``jobs_by_lease``
+# (``pg_sql.LAPSED``): without it, it walked the entries of every lease in flight (as an
+# endpoint lane's read still walks its lane's).  What the setting costs: a purge of dead
 # jobs walks the dead entries past its cutoff.  A read-only session (the dashboard's,
 # ``connect(read_only=True)``) keeps them all: its counts over many rows gain.
 SQL_CLAIMING = (
