@@ -74,9 +74,10 @@ def placeholders(sql: str) -> str:
 #    index and keep the plain texts (``_PLAIN``).
 #  - The queue's sessions plan without bitmap scans (``pg.SQL_CLAIMING``): with no
 #    statistics, a bitmap of every pending row and a sort look cheaper than the walk.  Nor
-#    sorts where an index gives the order: with statistics taken over done jobs, a claim's
-#    filters count almost no row, and a read of ``jobs_by_deadline`` (the smaller index)
-#    and a sort of the one row expected looked cheaper than the walk, the floor a filter.
+#    sorts (incremental ones either) where an index gives the order: with statistics taken
+#    over done jobs, a claim's filters count almost no row, and a read of
+#    ``jobs_by_deadline`` (the smaller index) and a sort of the one row expected looked
+#    cheaper than the walk, the floor a filter.
 #  - The check reads the deadline parts as the first passed deadline in ``jobs_by_deadline``'s
 #    order (an EXISTS drops its ORDER BY): with statistics that count almost no pending or
 #    leased job (taken over done jobs), an EXISTS was planned as a walk of every pending or
