@@ -7,6 +7,7 @@ tests that need it skip with one line; with ``ASNACKQ_REQUIRE_PG=1`` (CI) that i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -227,3 +228,23 @@ def tracing(callback: Callable[[str], object]) -> tuple[type, type]:
             return await super().executemany(query, *args, **kwargs)
 
     return Traced, AsyncTraced
+
+
+def sessions(url: str) -> int:
+    """Sessions other than this one connected to ``url``'s database."""
+    with psycopg.connect(url) as con:
+        row = con.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def ended(url: str) -> bool:
+    """Whether every session on ``url`` ends within 30 s (a backend exits just after its
+    client closes, and leaves ``pg_stat_activity`` a moment later on a busy machine)."""
+    for _ in range(300):
+        if sessions(url) == 0:
+            return True
+        await asyncio.sleep(0.1)
+    return False

@@ -21,6 +21,7 @@ from asnackq.store.session import Session
 
 from . import pgdb
 from .conftest import T0, away_once
+from .pgdb import ended, sessions
 
 COLUMNS = "id, qty, status, attempts, max_attempts, token, available_at, deadline"
 REFUSE = {
@@ -273,25 +274,6 @@ async def test_a_cancelled_caller_waits_for_its_transaction_and_the_others_are_k
     ids = [row[0] for row in table(target)]
     assert ids == sorted([*(f"j{i}" for i in range(8)), "warm"])
     assert again in (True, False)
-
-
-def sessions(url: str) -> int:
-    with psycopg.connect(url) as con:
-        row = con.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-async def ended(url: str) -> bool:
-    """Whether every session on ``url`` ends within 30 s (a backend exits just after its
-    client closes)."""
-    for _ in range(300):
-        if sessions(url) == 0:
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 @pytest.mark.process

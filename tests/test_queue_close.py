@@ -10,7 +10,6 @@ import threading
 from collections import Counter
 from typing import Any
 
-import psycopg
 import pytest
 
 from asnackq.aio import AsyncQueue, Dispatcher, Fleet, QueueClosed
@@ -19,6 +18,7 @@ from asnackq.core.endpoints import Endpoint
 from asnackq.wire import webhooks as wh
 
 from .conftest import T0
+from .pgdb import ended
 from .test_endpoints import where  # noqa: F401 (the fixture, by its name)
 from .test_event_deliveries import hooks
 from .test_intake_batches import table, targets  # noqa: F401 (the fixture, by its name)
@@ -31,16 +31,6 @@ LATE_CALLS = {  # (the queue, a ticket it gave before closing)
     "finish": lambda q, ticket: q.finish(ticket, "ACK", T0 + 1),
     "read": lambda q, _: q.read("SELECT count(*) FROM jobs"),
 }
-
-
-def sessions(url: str) -> int:
-    """Sessions other than this one connected to ``url``'s database."""
-    with psycopg.connect(url) as con:
-        sql = """SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()"""
-        row = con.execute(sql).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 @pytest.mark.parametrize("call", LATE_CALLS)
@@ -56,7 +46,7 @@ async def test_a_call_after_close_raises_queue_closed_and_changes_nothing(target
         await LATE_CALLS[call](queue, ticket)
     assert table(target) == before
     if kind == "pg":
-        assert sessions(target) == 0  # neither the queue's session nor the intakes' reopened
+        assert await ended(target)  # neither the queue's session nor the intakes' reopened
     await queue.close()  # closing again is harmless
 
 
@@ -97,7 +87,7 @@ async def test_handlers_enqueuing_while_the_queue_closes_each_get_a_result_or_qu
     assert outcomes[True, "QueueClosed"] == 8  # each handler's loop ended on a refusal
     assert sorted(row[0] for row in table(target)) == sorted([*inserted, "warm"])
     if kind == "pg":
-        assert sessions(target) == 0
+        assert await ended(target)
 
 
 async def delivering(queue: AsyncQueue, jobs: int) -> asyncio.Future[Any]:
@@ -185,7 +175,7 @@ async def test_a_call_made_just_before_close_is_answered_and_leaves_no_session(t
     if call == "publish":
         assert result.created is True  # (stored; no endpoint: no delivery)
     if kind == "pg":
-        assert sessions(target) == 0
+        assert await ended(target)
 
 
 async def test_a_view_and_its_queue_close_together(targets):  # noqa: F811
@@ -206,7 +196,7 @@ async def test_a_view_and_its_queue_close_together(targets):  # noqa: F811
                 await q.enqueue({"id": "late", "qty": 1})
         assert [row[0] for row in table(target)] == ["warm"]
         if kind == "pg":
-            assert sessions(target) == 0
+            assert await ended(target)
 
 
 @pytest.mark.process
@@ -217,7 +207,7 @@ async def test_a_dispatcher_on_a_view_stops_when_its_queue_closes_on_postgresql(
     await queue.close()
     with pytest.raises(QueueClosed):
         await asyncio.wait_for(run, 60)
-    assert sessions(url) == 0
+    assert await ended(url)
 
 
 async def test_a_fleet_cancelled_as_its_queue_closes_ends_cancelled(where: str) -> None:  # noqa: F811
@@ -259,7 +249,7 @@ async def test_a_close_whose_caller_is_cancelled_still_closes(targets):  # noqa:
     with pytest.raises(QueueClosed):
         await queue.enqueue({"id": "late", "qty": 1})
     if kind == "pg":
-        assert sessions(target) == 0
+        assert await ended(target)
     else:
         assert queue._db.db._connection is None  # (aiosqlite's: the file's connection closed)
 
