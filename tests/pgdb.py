@@ -18,6 +18,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from asnackq.lab.pg_server import FAST, SUPERUSER, LocalServer, create, find_binaries
+from asnackq.store.pg_session import SCOUT_NAME
 
 REQUIRED = os.environ.get("ASNACKQ_REQUIRE_PG") == "1"
 _names = itertools.count(1)
@@ -230,12 +231,15 @@ def tracing(callback: Callable[[str], object]) -> tuple[type, type]:
     return Traced, AsyncTraced
 
 
-def sessions(url: str) -> int:
-    """Sessions other than this one connected to ``url``'s database."""
+def sessions(url: str, scouts: bool = True) -> int:
+    """Sessions other than this one connected to ``url``'s database (``scouts`` False: not
+    counting a queue's scouts' session, which a slow walk from the front opens: ``pg_walks``)."""
     with psycopg.connect(url) as con:
         row = con.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND (%s OR application_name <> %s)",
+            (scouts, SCOUT_NAME),
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -5,6 +5,9 @@ walk from the front."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from typing import Any
 
 import psycopg
@@ -13,11 +16,22 @@ import pytest
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
 from asnackq.store import pg, pg_sql
+from asnackq.store.pg_session import SCOUT_CLOSE_S, SCOUT_NAME
 from asnackq.store.pg_sql import STATEMENTS
-from asnackq.store.pg_walks import FLOORED, FULL_S, LOWEST, MOST_S, Walks
+from asnackq.store.pg_walks import (
+    FLOORED,
+    FULL_S,
+    LOWEST,
+    MOST_S,
+    SCOUT_S,
+    SCOUT_WAIT_S,
+    SCOUTED,
+    Walks,
+)
 
+from . import pgdb
 from .conftest import T0
-from .pgdb import done_statistics, executed_plan, query
+from .pgdb import done_statistics, ended, executed_plan, query
 
 FRESH, NEXT, DUE = (
     w.SQL_NEXT_FRESH_RECLAIMING,
@@ -241,6 +255,133 @@ def test_one_slow_walk_from_the_front_stretches_their_period_to_ten_seconds_at_m
     assert walks.every[FRESH] == MOST_S == 10 * FULL_S
 
 
+class Scout:
+    """A scout whose walks end when the test says: each with its rows, or failing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.answers: list[asyncio.Future[list[tuple[Any, ...]]]] = []
+
+    async def __call__(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        self.calls.append((sql, params))
+        self.answers.append(asyncio.get_running_loop().create_future())
+        return await self.answers[-1]
+
+
+def slow_front_walk(walks: Walks, clock: Ticking, sql: str, params: dict[str, Any]) -> None:
+    """A walk from the front that takes 0.5 s and finds jobs from seq 100 on."""
+    walks.begin()
+    floored = walks.floored(sql, params)
+    assert floored is not None and floored[1]["from_seq"] == LOWEST
+    clock.now += 0.5
+    walks.found(sql, floored[1], [row(100 + i) for i in range(params["n"])])
+    assert walks.seq[sql] == 100 and walks.every[sql] == pytest.approx(5.0)
+
+
+async def launched(sql: str, params: dict[str, Any]) -> tuple[Ticking, Scout, Walks]:
+    """Walks whose slow walk from the front (``slow_front_walk``) had the next one due go to
+    a scout, still on its way, while that claim walked from its floor (seq 100)."""
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    slow_front_walk(walks, clock, sql, params)
+    clock.now += 5.0
+    rows = [row(100 + i) for i in range(params["n"])]
+    assert walk(walks, sql, params, rows) == (100, LOWEST)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 1
+    return clock, scout, walks
+
+
+async def test_a_slow_walk_from_the_front_is_scouted_and_claims_keep_their_floors_meanwhile():
+    """Once a claim's walk from the front has taken ``SCOUT_S``, the next one due is a
+    scout's, on its own session, without locks: the claims walk from their floor while it
+    is on its way; the next claim after it walks from the first pending job it found, and
+    reads the lapsed leases if it found one; its time is the walks' time."""
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    claim = {"now": T0, "n": 4, "losses": 3}
+    slow_front_walk(walks, clock, NEXT, claim)
+    clock.now += 5.0  # (due)
+    walks.begin()
+    floored = walks.floored(NEXT, claim)
+    assert floored is not None and floored[1]["from_seq"] == 100
+    assert floored[1]["front"] is False
+    await asyncio.sleep(0)  # (the scout starts)
+    [(sql, params)] = scout.calls
+    assert sql == SCOUTED[NEXT] and "FOR UPDATE" not in sql and "FOR UPDATE" in FLOORED[NEXT]
+    assert (params["from_seq"], params["front"], params["n"]) == (LOWEST, True, 4)
+    assert walks.found(NEXT, floored[1], [row(100 + i) for i in range(4)]) is False
+    clock.now += MOST_S  # (due again: the scout is still on its way, the claims walk on)
+    assert walk(walks, NEXT, claim, [row(104 + i) for i in range(4)]) == (100, LOWEST)
+    assert len(scout.calls) == 1
+    clock.now += 0.7
+    scout.answers[0].set_result([row(40), row(70, reclaim=True), row(108), row(109)])
+    await asyncio.sleep(0)
+    walks.begin()
+    floored = walks.floored(NEXT, claim)
+    assert floored is not None
+    assert (floored[1]["from_seq"], floored[1]["front"]) == (40, True)
+    assert walks.took[NEXT] == pytest.approx(MOST_S + 0.7)  # (the scout's time)
+    assert walks.found(NEXT, floored[1], [row(40)]) is True  # (short, from a floor: again)
+    assert walk(walks, NEXT, claim, [row(109 + i) for i in range(4)]) == (LOWEST, LOWEST)
+
+
+async def test_a_scout_that_finds_nothing_behind_the_floor_leaves_it_and_one_that_fails_does_not():
+    fresh = {"now": T0, "n": 2}
+    clock, scout, walks = await launched(FRESH, fresh)
+    clock.now += 0.5  # (a slow scout: the next walk from the front is a scout's too)
+    scout.answers[0].set_result([row(102), row(103)])  # (the claims' own region: no lower)
+    await asyncio.sleep(0)
+    assert walk(walks, FRESH, fresh, [row(102), row(103)]) == (100, LOWEST)
+    clock.now += MOST_S
+    assert walk(walks, FRESH, fresh, [row(104), row(105)]) == (102, LOWEST)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 2
+    scout.answers[1].set_exception(psycopg.OperationalError("the scouts' session ended"))
+    await asyncio.sleep(0)
+    assert walk(walks, FRESH, fresh, [row(3), row(106)]) == (LOWEST, LOWEST)  # (the front)
+
+
+async def test_a_transaction_that_rolls_back_leaves_a_scouts_finding_to_its_re_run():
+    claim = {"now": T0, "n": 4, "losses": 3}
+    _, scout, walks = await launched(NEXT, claim)
+    scout.answers[0].set_result([row(40), row(70, reclaim=True)])
+    await asyncio.sleep(0)
+    for _ in range(2):  # the first try rolls back; its re-run walks as it did
+        walks.begin()
+        floored = walks.floored(NEXT, claim)
+        assert floored is not None
+        assert (floored[1]["from_seq"], floored[1]["front"]) == (40, True)
+        walks.rollback()
+    assert len(scout.calls) == 1
+
+
+async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():
+    fresh = {"now": T0, "n": 2}
+    clock, scout, walks = await launched(FRESH, fresh)
+    clock.now += SCOUT_WAIT_S - 0.1
+    assert walk(walks, FRESH, fresh, [row(102), row(103)]) == (100, LOWEST)
+    clock.now += 0.1
+    assert walk(walks, FRESH, fresh, [row(3), row(104)]) == (LOWEST, LOWEST)
+    await asyncio.sleep(0)
+    assert scout.answers[0].cancelled() and walks.scouts == {}
+
+
+async def test_a_quick_walk_from_the_front_is_not_scouted_nor_the_check():
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    fresh = {"now": T0, "n": 1}
+    walk(walks, FRESH, fresh, [row(1)])
+    clock.now += FULL_S
+    assert walks.took[FRESH] < SCOUT_S
+    assert walk(walks, FRESH, fresh, [row(2)]) == (LOWEST, LOWEST)
+    walks.took[DUE] = 1.0  # (a slow check is walked from the front all the same)
+    clock.now += 100
+    assert walk(walks, DUE, {"now": T0 + 10}, [(False,)])[1] == LOWEST
+    await asyncio.sleep(0)
+    assert scout.calls == []
+
+
 def test_the_checks_floor_is_the_clock_of_the_last_check():
     clock = Ticking()
     walks = Walks(clock)
@@ -296,6 +437,87 @@ async def test_a_retry_behind_the_floor_is_claimed_by_the_next_walk_from_the_fro
         # a claim that comes up short: the next one walks from the front
         assert await cycle(q, T0 + 102, 10) == ["b6", "b7", "b8", "b9"]
         assert walks.seq[NEXT] == LOWEST
+
+
+async def test_a_retry_behind_the_floor_is_found_by_a_scout_on_a_session_of_its_own(url):
+    """With slow walks from the front (a held snapshot's dead entries), the walk is a
+    scout's, on a session of its own: the queue's claims go on from their floor, the retry
+    the scout found is taken by the claim after it, and the scouts' session ends with the
+    queue."""
+    async with AsyncQueue.open(url) as q:
+        walks = q._db.walks
+        clock = walks.clock = Ticking()
+        await fill(q, ["r", *(f"b{i}" for i in range(10))])
+        [first, *_] = (await q.cycle([], [], "me", T0, LEASE, 2, 0))[2]
+        assert await cycle(q, T0 + 1, 0, results=[(first, "retry", T0 + 1, 50)]) == []
+        assert await cycle(q, T0 + 2, 2) == ["b1", "b2"]
+        walks.took[NEXT] = 1.0  # (its last walk from the front was slow)
+        clock.now += MOST_S
+        assert await cycle(q, T0 + 100, 2) == ["b3", "b4"]  # from the floor: a scout goes
+        await asyncio.wait_for(asyncio.shield(walks.scouts[NEXT]), 60)
+        scouts = q._db.scout_con
+        assert scouts is not None and not scouts.closed
+        pid = scouts.info.backend_pid
+        seen = "SELECT application_name FROM pg_stat_activity WHERE pid = %s"
+        assert query(url, seen, (pid,)) == [(SCOUT_NAME,)]
+        assert await cycle(q, T0 + 101, 2) == ["r", "b5"]  # from the retry the scout found
+        assert await cycle(q, T0 + 102, 2) == ["b6", "b7"]
+    assert await ended(url)  # (the scouts' session too)
+
+
+async def scouted(q: AsyncQueue) -> None:
+    """Until every scout of the queue's store on its way is back."""
+    for scout in list(q._db.walks.scouts.values()):
+        await asyncio.wait_for(asyncio.shield(scout), 60)
+
+
+async def test_a_claims_two_statements_scouted_at_once_share_one_session(url):
+    """A claim of attempted and fresh jobs at once sends both statements: both scouts go
+    together, on the one session of the scouts, which ends with the queue."""
+    async with AsyncQueue.open(url) as q:
+        walks = q._db.walks
+        clock = walks.clock = Ticking()
+        await fill(q, [f"b{i:02}" for i in range(20)])
+        assert await cycle(q, T0, 2, 2) == ["b00", "b01", "b02", "b03"]
+        assert await cycle(q, T0 + 1, 2, 2) == ["b04", "b05", "b06", "b07"]
+        walks.took[NEXT] = walks.took[FRESH] = 1.0
+        clock.now += MOST_S
+        assert await cycle(q, T0 + 2, 2, 2) == ["b08", "b09", "b10", "b11"]
+        assert set(walks.scouts) == {NEXT, FRESH}
+        await scouted(q)
+        assert pgdb.sessions(url) - pgdb.sessions(url, scouts=False) == 1
+    assert await ended(url)
+
+
+@pytest.mark.process
+async def test_a_queue_closes_at_once_while_its_scout_waits_on_a_stopped_server_process(url):
+    """The scouts' session is closed before the scouts are stopped: a scout waiting for a
+    backend that does not answer (stopped) keeps the queue's close waiting for nothing."""
+    async with AsyncQueue.open(url) as q:
+        walks = q._db.walks
+        clock = walks.clock = Ticking()
+        await fill(q, [f"b{i:02}" for i in range(20)])
+        assert await cycle(q, T0, 2) == ["b00", "b01"]
+        walks.took[NEXT] = 1.0
+        clock.now += MOST_S
+        assert await cycle(q, T0 + 1, 2) == ["b02", "b03"]
+        await scouted(q)  # (the scouts' session is open)
+        assert await cycle(q, T0 + 2, 2) == ["b04", "b05"]  # (nothing behind the floor)
+        scouts = q._db.scout_con
+        assert scouts is not None
+        pid = scouts.info.backend_pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            walks.took[NEXT] = 1.0
+            clock.now += MOST_S
+            assert await cycle(q, T0 + 3, 2) == ["b06", "b07"]  # (its scout waits)
+            assert not walks.scouts[NEXT].done()
+            started = time.monotonic()
+            await q.close()
+            assert time.monotonic() - started < SCOUT_CLOSE_S / 2
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert await ended(url)
 
 
 async def test_a_lapsed_lease_is_reclaimed_while_the_quarantine_has_work_each_claim(url):

@@ -335,12 +335,20 @@ async def ended(con: psycopg.AsyncConnection[Any], error: psycopg.Error) -> bool
 
 
 async def aconnect(
-    url: str, schema: tuple[str, ...] = w.SCHEMA, *, create: bool = True, timeout_s: int = 10
+    url: str,
+    schema: tuple[str, ...] = w.SCHEMA,
+    *,
+    create: bool = True,
+    timeout_s: int = 10,
+    application_name: str | None = None,
 ) -> psycopg.AsyncConnection[Any]:
-    """The async twin of ``connect``."""
+    """The async twin of ``connect`` (``application_name``: the session's, over the URL's)."""
+    named: dict[str, Any] = dict(TCP_OPTIONS)
+    if application_name is not None:
+        named["application_name"] = application_name
     try:
         con = await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=timeout_s, **TCP_OPTIONS
+            url, autocommit=True, connect_timeout=timeout_s, **named
         )
     except psycopg.Error as error:
         raise _refused(url, error) from None

@@ -5,7 +5,8 @@ Rules of this module:
 
 * ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
   opened again (capped, jittered backoff: ``asnackq.store.outage``) and a cut transaction
-  re-run, or its cut COMMIT looked up by the transaction's id.
+  re-run, or its cut COMMIT looked up by the transaction's id.  Its slow walks from the
+  front are a scout's, on a second session opened when first needed (``pg_walks``).
 * ``BorrowedStore``: an application's own session, on which intakes run inside the
   application's open transaction (``asnackq.store.borrowed``'s rules).
 """
@@ -46,11 +47,13 @@ from asnackq.store.pg_walks import Walks
 from asnackq.store.targets import one_line, shown
 from asnackq.store.turns import turn
 
-__all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "AsyncStore", "BorrowedStore"]
+__all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "SCOUT_NAME", "AsyncStore", "BorrowedStore"]
 
 RESOLVE_S = 300.0  # how long a lost COMMIT's outcome is sought before CommitUnknown
 RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
 OPEN_WAIT_S = 30.0  # how long a store's first session is sought
+SCOUT_NAME = "asnackq scout"  # the scouts' session's application_name (pg_stat_activity)
+SCOUT_CLOSE_S = 5.0  # how long a closing store waits for its scouts to end
 
 
 class AsyncStore:
@@ -80,7 +83,9 @@ class AsyncStore:
         self.give_up_at = math.inf  # (time.monotonic) see ``give_up_after``
         self.health = Health()
         self.why = ""  # the last failure, for StoreUnavailable's message
-        self.walks = Walks()  # where its claims' walks start (``asnackq.store.pg_walks``)
+        self.walks = Walks(scout=self._scout)  # where its claims' walks start (``pg_walks``)
+        self.scout_con: psycopg.AsyncConnection[Any] | None = None  # (the scouts' session)
+        self.scouting = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -159,6 +164,29 @@ class AsyncStore:
         self.health.back()
         return self.con
 
+    async def _scout(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """A claim's walk from the front, without locks, on a session of the scouts' own
+        (``pg_walks``): the queue's session goes on claiming from its floors meanwhile.
+        Opened when first needed, and again after a failure (which the walks meet as a
+        scout that failed: the claim then walks from the front itself)."""
+        async with self.scouting:  # (one scout at a time: a claim's two statements may both go)
+            con = self.scout_con
+            if con is None or con.closed:
+                con = self.scout_con = await aconnect(
+                    self.url,
+                    self.schema,
+                    create=False,
+                    timeout_s=RECONNECT_TIMEOUT_S,
+                    application_name=SCOUT_NAME,
+                )
+            try:
+                cursor = await con.execute(sql, params)
+                return await cursor.fetchall()
+            except BaseException:
+                self.scout_con = None
+                await con.close()
+                raise
+
     def _lost(self, error: BaseException | None) -> None:
         self.health.lost()
         why = "closed" if error is None else one_line(error)
@@ -200,8 +228,25 @@ class AsyncStore:
         return con.info.transaction_status != TransactionStatus.IDLE
 
     async def close(self) -> None:
-        if self.con is not None:
-            await self.con.close()
+        try:
+            await self._close_scouts()
+        finally:
+            if self.con is not None:
+                await self.con.close()
+
+    async def _close_scouts(self) -> None:
+        """End the scouts' session first (a walk on it fails at once, where a cancelled one
+        waits for the server to end it), then the scouts themselves."""
+        if self.scout_con is not None:
+            await self.scout_con.close()
+        scouts = self.walks.stop()
+        if scouts:
+            done, _ = await asyncio.wait(scouts, timeout=SCOUT_CLOSE_S)
+            for scout in done:  # (their failures are the closing's: told to no one)
+                if not scout.cancelled():
+                    scout.exception()
+        if self.scout_con is not None:  # (one opened meanwhile)
+            await self.scout_con.close()
 
 
 class BorrowedStore:

@@ -38,6 +38,23 @@ Rules of this module:
   short is read from the front at once, outside this schedule.  A walk's time includes any
   stall of its event loop or wait for a lock, and the statements sent at once with it
   (``pg.AtOnce``).
+* A claim's walk from the front that took ``SCOUT_S`` or more (a held snapshot's dead
+  entries: about 2 s each after ten minutes at 6,000 jobs a second, for which the session's
+  every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's):
+  the claim's statement from the front without its row locks (``SCOUTED``), on a session of
+  its own, while the claims go on from their floors.  The claim after it is back walks from
+  the first pending job it found, if behind the floor, and reads the lapsed leases if it found
+  one; its time is the statement's walk time for the schedule (its statement's period, and
+  its share beside the others'), so a scout quicker than ``SCOUT_S`` has the claims walk
+  from the front again.  A scout that failed has the next claim walk from the front at once,
+  as does one on its way for ``SCOUT_WAIT_S`` (stopped: a scout that cannot finish keeps no
+  job behind a floor for longer).  A job behind a floor waits for the scout's walk too: up
+  to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S``.  A transaction that rolls
+  back leaves the scouts' findings it used to its re-run.  A loop stall counts in a walk's
+  time: a busy machine can start the scouts too (their session then stays open until the
+  store closes).
+  Only the claims are scouted: the quarantine's check walks little from the front (no
+  deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
   after the quarantine) walks from its first read's floors, so the second read takes the
   lapsed leases the first read found (and locked), never a fuller set from the floor.
@@ -49,20 +66,23 @@ Rules of this module:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asnackq.core import worker as w
 from asnackq.store.pg_sql import STATEMENTS
 
-__all__ = ["FLOORED", "FULL_S", "LOWEST", "MOST_S", "Walks"]
+__all__ = ["FLOORED", "FULL_S", "LOWEST", "MOST_S", "SCOUTED", "SCOUT_S", "Scout", "Walks"]
 
 FULL_S = 1.0  # a walk from the front at most this often (seconds of time.monotonic)
 MOST_S = 10 * FULL_S  # ... and, however long they took, at least this often
 SHARE = 10  # a walk from the front every SHARE times the last ones' time, in all
 LOWEST = -(2**62)  # a floor below every seq, lease end and deadline: a walk from the front
+SCOUT_S = 0.2  # a claim's walk from the front that took this long is scouted from then on
+SCOUT_WAIT_S = 3 * MOST_S  # ... by a scout that may take this long (then the claim walks)
 
 _PENDING = "WHERE status = ANY(ARRAY['pending']) AND "
 _EXPIRED = "WHERE status = 'leased' AND lease_until <= %(now)s AND deadline + 0 > %(now)s"
@@ -111,12 +131,28 @@ FLOORED = {
     ),
 }
 
+# A claim's walk from the front as a scout reads it, on a session of its own: the same
+# statement without its row locks (it takes nothing; the claim that follows it does).
+SCOUTED = {
+    sql: FLOORED[sql].replace(" FOR UPDATE SKIP LOCKED", "")
+    for sql in (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
+}
+if any("FOR UPDATE" in text for text in SCOUTED.values()):
+    raise AssertionError("a scout takes no row lock")
+
+Scout = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+
 
 class Walks:
     """One session's floors: for each floored statement, where its next walk starts."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, scout: Scout | None = None
+    ) -> None:
         self.clock = clock
+        self.scout = scout  # a walk from the front on a session of its own (None: none)
+        self.scouts: dict[str, asyncio.Future[tuple[list[tuple[Any, ...]], float]]] = {}
+        self.stopped: set[asyncio.Future[Any]] = set()  # scouts cancelled, perhaps not ended
         self.seq: dict[str, int] = {}  # pending walks: the first seq to read
         self.time: dict[str, int] = {}  # deadline walks: the run's clock (ms)
         self.fronts: dict[str, float] = {}  # the clock at each statement's last walk from the front
@@ -126,6 +162,7 @@ class Walks:
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
         self.rereads: dict[str, float] = {}  # the clock at a timed read again (this transaction)
         self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {}, {})  # as at ``begin``
+        self.scouts_before: dict[str, asyncio.Future[Any]] = {}  # ``scouts`` as at ``begin``
 
     def begin(self) -> None:
         """A transaction begins: its statements take their floors afresh."""
@@ -133,6 +170,7 @@ class Walks:
         self.timed.clear()
         self.rereads.clear()
         self.before = tuple(dict(kept) for kept in self._kept())
+        self.scouts_before = dict(self.scouts)
 
     def _kept(self) -> tuple[dict[str, Any], ...]:
         return self.seq, self.time, self.fronts, self.every, self.took
@@ -144,6 +182,8 @@ class Walks:
         self.seq, self.time, self.fronts, self.every, self.took = (
             dict(kept) for kept in self.before
         )
+        # (a scout's finding the transaction used is used again; one it launched goes on)
+        self.scouts = {**self.scouts, **self.scouts_before}
 
     def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
         """The statement's floored text and parameters, or None (not a floored statement).  A
@@ -152,22 +192,96 @@ class Walks:
         text = FLOORED.get(sql)
         if text is None or not isinstance(params, dict):
             return None
-        if sql in self.within:
-            if self.within[sql]["front"] and sql not in self.timed:  # (adds to the first's)
+        if (first := self.within.get(sql)) is not None:
+            front = first["from_seq"] == first["from_time"] == LOWEST
+            if front and sql not in self.timed:  # (adds to the first's)
                 self.rereads[sql] = self.clock()
                 self.timed.add(sql)
             return text, {**params, **self.within[sql]}
         now = params["now"]
         from_seq, from_time = self.seq.get(sql, LOWEST), self.time.get(sql, LOWEST)
         at = self.clock()
-        if at - self.fronts.get(sql, -math.inf) >= self.every.get(sql, FULL_S) or from_time > now:
+        lapsed = False
+        due = at - self.fronts.get(sql, -math.inf) >= self.every.get(sql, FULL_S)
+        scout = self.scouts.get(sql)
+        if from_time > now:
+            from_seq = from_time = LOWEST
+        elif (
+            scout is not None
+            and not scout.done()
+            and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S
+        ):
+            pass  # (its scout is on its way: from the floor meanwhile)
+        elif scout is not None and not scout.done():
+            scout.cancel()  # (too long on its way: the claim walks from the front itself)
+            self.stopped = {stopped for stopped in self.stopped if not stopped.done()}
+            self.stopped.add(self.scouts.pop(sql))
+            from_seq = from_time = LOWEST
+        elif scout is not None:
+            del self.scouts[sql]
+            if (scouted := self._scouted(sql, scout)) is None:
+                from_seq = from_time = LOWEST  # (the scout failed: from the front at once)
+            else:
+                below, lapsed = scouted
+                from_seq = from_seq if below is None else min(from_seq, below)
+        elif due and self._scouts(sql, from_seq):
+            self.fronts[sql] = at  # (the scout walks from the front: the schedule goes on)
+            self.scouts[sql] = asyncio.ensure_future(self._scouting(sql, params))
+        elif due:
             from_seq = from_time = LOWEST
         front = from_seq == from_time == LOWEST
         if front:
             self.fronts[sql] = at
             self.timed.add(sql)
-        self.within[sql] = {"from_seq": from_seq, "from_time": from_time, "front": front}
+        self.within[sql] = {"from_seq": from_seq, "from_time": from_time, "front": front or lapsed}
         return text, {**params, **self.within[sql]}
+
+    def _scouts(self, sql: str, from_seq: int) -> bool:
+        """Whether the claim's walk from the front, now due, is a scout's instead: a claim
+        from a floor whose last walk from the front was slow (``SCOUT_S``), with a scout
+        given and none of its own on the way."""
+        return (
+            self.scout is not None
+            and sql in SCOUTED
+            and from_seq != LOWEST
+            and sql not in self.scouts
+            and self.took.get(sql, 0.0) >= SCOUT_S
+        )
+
+    async def _scouting(
+        self, sql: str, params: dict[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], float]:
+        """The scout's walk from the front of ``sql`` as at ``params``: its rows, its time."""
+        assert self.scout is not None
+        start = self.clock()
+        walked = {**params, "from_seq": LOWEST, "from_time": LOWEST, "front": True}
+        rows = await self.scout(SCOUTED[sql], walked)
+        return rows, max(0.0, self.clock() - start)
+
+    def _scouted(
+        self, sql: str, scout: asyncio.Future[tuple[list[tuple[Any, ...]], float]]
+    ) -> tuple[int | None, bool] | None:
+        """What the statement's scout, back, found: the first seq of a pending job (None:
+        none) and whether it found a lapsed lease; None if it failed.  Its time is the
+        statement's walk time (``found``'s schedule), as a walk from the front's is."""
+        if scout.cancelled() or scout.exception() is not None:
+            return None
+        rows, took = scout.result()
+        self.took[sql] = took
+        self.every[sql] = min(MOST_S, max(FULL_S, SHARE * took))
+        pending = [row[0] for row in rows if not row[6]]
+        return (min(pending) if pending else None), any(row[6] for row in rows)
+
+    def stop(self) -> list[asyncio.Future[Any]]:
+        """Cancel the scouts on their way (a store closing): the ones to wait for, once
+        their session is closed (a scout's query then ends at once, where a cancelled one
+        waits for the server to end it)."""
+        scouts = [*self.scouts.values(), *self.stopped, *self.scouts_before.values()]
+        self.scouts, self.scouts_before = {}, {}
+        self.stopped.clear()
+        for scout in scouts:
+            scout.cancel()
+        return [scout for scout in set(scouts) if not scout.done()]
 
     def again(self, sql: str, params: dict[str, Any]) -> dict[str, Any]:
         """The parameters of a walk from the front after ``params``' came up short."""
@@ -181,7 +295,6 @@ class Walks:
         True: a claim from a floor came up short, so the caller reads it again from the front
         (the same transaction: its own locks are no obstacle), and a claim never takes fewer
         jobs than a walk from the front would."""
-        front = params["front"]
         if sql in self.timed:  # (walks from the front: a tenth of the session's time, in all)
             self.timed.discard(sql)
             at = self.clock()
@@ -199,4 +312,4 @@ class Walks:
         short = len(rows) < params["n"]
         pending = [row[0] for row in rows if not row[6]]  # (the claim's own, not reclaims)
         self.seq[sql] = LOWEST if short or not pending else min(pending)
-        return short and not front
+        return short and bool(params["from_seq"] != LOWEST)
