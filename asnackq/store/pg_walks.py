@@ -34,10 +34,10 @@ Rules of this module:
   quarantine, counts both reads; another statement that has not walked from the front for
   twice ``MOST_S`` is no longer in use and counts no more), and at least every ``MOST_S``
   (ten seconds) however long they took, so that no job waits longer than that behind a
-  floor (then those walks take more than a tenth).  A claim from a floor that comes up
-  short is read from the front at once, outside this schedule.  A walk's time includes any
-  stall of its event loop or wait for a lock, and the statements sent at once with it
-  (``pg.AtOnce``).
+  floor (then those walks take more than a tenth), but for a scout's walk (below).  A claim
+  from a floor that comes up short is read from the front at once, outside this schedule.  A
+  walk's time includes any stall of its event loop or wait for a lock, and the statements
+  sent at once with it (``pg.AtOnce``).
 * A claim's walk from the front that took ``SCOUT_S`` or more (a held snapshot's dead
   entries: about 2 s each after ten minutes at 6,000 jobs a second, for which the session's
   every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's):
