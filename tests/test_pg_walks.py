@@ -356,6 +356,32 @@ async def test_a_transaction_that_rolls_back_leaves_a_scouts_finding_to_its_re_r
     assert len(scout.calls) == 1
 
 
+async def test_a_rollback_of_the_claim_that_sent_a_scout_leaves_it_its_whole_time():
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    fresh = {"now": T0, "n": 2}
+    slow_front_walk(walks, clock, FRESH, fresh)
+    clock.now += SCOUT_WAIT_S + 10  # (an idle queue: its last walk long ago)
+    for _ in range(2):  # the claim that sends the scout rolls back; its re-run waits for it
+        walks.begin()
+        floored = walks.floored(FRESH, fresh)
+        assert floored is not None and floored[1]["from_seq"] == 100
+        walks.rollback()
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 1 and not scout.answers[0].done()
+
+
+async def test_one_scout_goes_at_a_time_and_a_statement_waits_its_turn_a_bounded_time():
+    claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
+    clock, scout, walks = await launched(NEXT, claim)
+    walks.seq[FRESH], walks.took[FRESH], walks.fronts[FRESH] = 100, 1.0, clock.now - 5
+    assert walk(walks, FRESH, fresh, [row(104), row(105)]) == (100, LOWEST)  # (its turn waits)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 1
+    clock.now += SCOUT_WAIT_S - 5  # (NEXT's scout: stopped now, at the same bound)
+    assert walk(walks, FRESH, fresh, [row(3), row(106)]) == (LOWEST, LOWEST)
+
+
 async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():
     fresh = {"now": T0, "n": 2}
     clock, scout, walks = await launched(FRESH, fresh)
@@ -471,9 +497,10 @@ async def scouted(q: AsyncQueue) -> None:
         await asyncio.wait_for(asyncio.shield(scout), 60)
 
 
-async def test_a_claims_two_statements_scouted_at_once_share_one_session(url):
-    """A claim of attempted and fresh jobs at once sends both statements: both scouts go
-    together, on the one session of the scouts, which ends with the queue."""
+async def test_a_claims_two_statements_are_scouted_one_at_a_time_on_one_session(url):
+    """A claim of attempted and fresh jobs at once sends both statements: their scouts go
+    one after the other (each timed alone), on the one session of the scouts, which ends
+    with the queue."""
     async with AsyncQueue.open(url) as q:
         walks = q._db.walks
         clock = walks.clock = Ticking()
@@ -483,7 +510,10 @@ async def test_a_claims_two_statements_scouted_at_once_share_one_session(url):
         walks.took[NEXT] = walks.took[FRESH] = 1.0
         clock.now += MOST_S
         assert await cycle(q, T0 + 2, 2, 2) == ["b08", "b09", "b10", "b11"]
-        assert set(walks.scouts) == {NEXT, FRESH}
+        assert set(walks.scouts) == {NEXT}  # (one at a time: the fresh claim's waits its turn)
+        await scouted(q)
+        assert await cycle(q, T0 + 3, 2, 2) == ["b12", "b13", "b14", "b15"]
+        assert set(walks.scouts) == {FRESH}
         await scouted(q)
         assert pgdb.sessions(url) - pgdb.sessions(url, scouts=False) == 1
     assert await ended(url)

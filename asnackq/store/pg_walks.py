@@ -48,8 +48,11 @@ Rules of this module:
   its share beside the others'), so a scout quicker than ``SCOUT_S`` has the claims walk
   from the front again.  A scout that failed has the next claim walk from the front at once,
   as does one on its way for ``SCOUT_WAIT_S`` (stopped: a scout that cannot finish keeps no
-  job behind a floor for longer).  A job behind a floor waits for the scout's walk too: up
-  to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S``.  A transaction that rolls
+  job behind a floor for longer).  One scout goes at a time (each timed alone): a statement
+  whose turn comes while another's is on its way waits for it, ``SCOUT_WAIT_S`` at most
+  from its last walk, then walks from the front itself.  So a job behind a floor waits for
+  the scout's walk too: up to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S`` for
+  a scout on its way (twice that after a turn behind another's).  A transaction that rolls
   back leaves the scouts' findings it used to its re-run.  A loop stall counts in a walk's
   time: a busy machine can start the scouts too (their session then stays open until the
   store closes).
@@ -153,6 +156,7 @@ class Walks:
         self.scout = scout  # a walk from the front on a session of its own (None: none)
         self.scouts: dict[str, asyncio.Future[tuple[list[tuple[Any, ...]], float]]] = {}
         self.stopped: set[asyncio.Future[Any]] = set()  # scouts cancelled, perhaps not ended
+        self.launched: dict[str, float] = {}  # the clock at each statement's last scout's start
         self.seq: dict[str, int] = {}  # pending walks: the first seq to read
         self.time: dict[str, int] = {}  # deadline walks: the run's clock (ms)
         self.fronts: dict[str, float] = {}  # the clock at each statement's last walk from the front
@@ -209,7 +213,7 @@ class Walks:
         elif (
             scout is not None
             and not scout.done()
-            and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S
+            and at - self.launched.get(sql, -math.inf) < SCOUT_WAIT_S
         ):
             pass  # (its scout is on its way: from the floor meanwhile)
         elif scout is not None and not scout.done():
@@ -224,9 +228,11 @@ class Walks:
             else:
                 below, lapsed = scouted
                 from_seq = from_seq if below is None else min(from_seq, below)
-        elif due and self._scouts(sql, from_seq):
-            self.fronts[sql] = at  # (the scout walks from the front: the schedule goes on)
+        elif due and self._scouts(sql, from_seq) and self._idle():
+            self.fronts[sql] = self.launched[sql] = at  # (the schedule goes on)
             self.scouts[sql] = asyncio.ensure_future(self._scouting(sql, params))
+        elif due and self._scouts(sql, from_seq) and at - self.fronts[sql] < SCOUT_WAIT_S:
+            pass  # (another statement's scout is on its way: this one's goes after it)
         elif due:
             from_seq = from_time = LOWEST
         front = from_seq == from_time == LOWEST
@@ -239,14 +245,17 @@ class Walks:
     def _scouts(self, sql: str, from_seq: int) -> bool:
         """Whether the claim's walk from the front, now due, is a scout's instead: a claim
         from a floor whose last walk from the front was slow (``SCOUT_S``), with a scout
-        given and none of its own on the way."""
+        given."""
         return (
             self.scout is not None
             and sql in SCOUTED
             and from_seq != LOWEST
-            and sql not in self.scouts
             and self.took.get(sql, 0.0) >= SCOUT_S
         )
+
+    def _idle(self) -> bool:
+        """Whether no scout is on its way: one goes at a time, so each is timed alone."""
+        return all(scout.done() for scout in self.scouts.values())
 
     async def _scouting(
         self, sql: str, params: dict[str, Any]
