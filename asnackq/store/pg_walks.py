@@ -228,10 +228,10 @@ class Walks:
             else:
                 below, lapsed = scouted
                 from_seq = from_seq if below is None else min(from_seq, below)
-        elif due and self._scouts(sql, from_seq) and self._idle():
+        elif (scouted_due := due and self._scouts(sql, from_seq)) and self._idle():
             self.fronts[sql] = self.launched[sql] = at  # (the schedule goes on)
             self.scouts[sql] = asyncio.ensure_future(self._scouting(sql, params))
-        elif due and self._scouts(sql, from_seq) and at - self.fronts[sql] < SCOUT_WAIT_S:
+        elif scouted_due and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S:
             pass  # (another statement's scout is on its way: this one's goes after it)
         elif due:
             from_seq = from_time = LOWEST
