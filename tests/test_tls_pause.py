@@ -4,6 +4,7 @@ outage, no attempt spent - against real https servers (trustme's throwaway CAs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -11,6 +12,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
@@ -111,6 +113,46 @@ def test_a_peer_stopped_mid_handshake_closes_that_connection(tmp_path):
         except ConnectionResetError:
             pass  # (a reset closes it too)
     gc.collect()  # (an unclosed transport would warn here: warnings fail the test)
+
+
+def test_a_peer_stopped_while_clients_keep_connecting_leaves_no_connection_open(tmp_path):
+    """Connections the https peers accept as they stop are closed too: one accepted just
+    before the close, whose transport is made a step later, is the peer's to close (a
+    closed server refuses it, and its socket would be left to the collector)."""
+    ca = trustme.CA()
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+
+    def hello() -> bytes:
+        into, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        with pytest.raises(ssl.SSLWantReadError):
+            client.wrap_bio(into, out, server_hostname="127.0.0.1").do_handshake()
+        return out.read()
+
+    def connect(port: int, done: threading.Event, greet: bool) -> None:
+        while not done.is_set():  # (each connection closed here: only the peer's may leak)
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            ):
+                if greet:
+                    raw.sendall(hello())
+
+    for stop_after in (0.0, 0.02, 0.05, 0.1, 0.2, 0.3):  # (a race: a few stops meet it)
+        with serving("sink", tmp_path, tls=server_tls(ca)) as peer:
+            done = threading.Event()
+            port = int(peer.url.split(":")[2].split("/")[0])
+            clients = [
+                threading.Thread(target=connect, args=(port, done, greet))
+                for greet in (True, False, True)
+            ]
+            for thread in clients:
+                thread.start()
+            time.sleep(stop_after)
+        done.set()
+        for thread in clients:
+            thread.join(30)
+        gc.collect()  # (an unclosed transport or socket would warn here: warnings fail it)
 
 
 @pytest.mark.process
