@@ -17,9 +17,12 @@ process purges the done jobs that finished more than ``S`` seconds ago (``asnack
 ``ops.purge``, on a connection of its own).
 
 Each minute prints: jobs done per second, the claim latency (from enqueue to claim) p50
-and p99 in ms, and the ``jobs`` table's dead and live rows (``pg_stat_user_tables``) and
-size (PostgreSQL), or the file's size and free pages (SQLite). The last line: the last
-minute's throughput and claim latency p50 as a ratio of the first minute's.
+and p99 in ms, the CPU per job of this process (every thread: the Dispatcher, the producer,
+the store's threads) and of the PostgreSQL server (its processes alive at each minute's
+end, from ``/proc``: ``cpu_per_job.server_cpu_s``), and the ``jobs`` table's dead and live
+rows (``pg_stat_user_tables``) and size (PostgreSQL), or the file's size and free pages
+(SQLite). The last line: the last minute's throughput and claim latency p50 as a ratio of
+the first minute's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from statistics import quantiles
 from typing import Any
+
+from cpu_per_job import cpu_s, server_cpu_s
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
@@ -122,7 +127,9 @@ async def held_xmin(url: str) -> AsyncIterator[None]:
         await con.rollback()
 
 
-async def run(target: str, args: argparse.Namespace, table: Any) -> list[tuple[float, float]]:
+async def run(
+    target: str, args: argparse.Namespace, table: Any, server_cpu: Any = None
+) -> list[tuple[float, float]]:
     load, stop = Load(), asyncio.Event()
 
     async def send(event: dict[str, Any], token: int) -> bool:
@@ -144,14 +151,19 @@ async def run(target: str, args: argparse.Namespace, table: Any) -> list[tuple[f
             try:
                 for minute in range(args.minutes):
                     before, began = load.done, time.perf_counter()
+                    cpu, served = cpu_s(), server_cpu() if server_cpu else 0.0
                     await asyncio.sleep(60)
-                    rate = (load.done - before) / (time.perf_counter() - began)
+                    jobs = max(load.done - before, 1)
+                    rate = jobs / (time.perf_counter() - began)
+                    used = f"CPU {(cpu_s() - cpu) / jobs * 1e6:5.1f} us/job"
+                    if server_cpu:
+                        used += f", server {(server_cpu() - served) / jobs * 1e6:5.1f} us/job"
                     lat, load.latencies = load.latencies, []
                     cuts = quantiles(lat, n=100) if len(lat) > 1 else [0.0] * 99
                     minutes.append((rate, cuts[49]))
                     print(
                         f"minute {minute + 1:>2}: {rate:7.0f} jobs/s, claim latency p50 "
-                        f"{cuts[49]:7.0f} ms p99 {cuts[98]:7.0f} ms, {await table()}",
+                        f"{cuts[49]:7.0f} ms p99 {cuts[98]:7.0f} ms, {used}, {await table()}",
                         flush=True,
                     )
             finally:
@@ -190,7 +202,9 @@ def main() -> None:
             settings["shared_buffers"] = args.shared_buffers
         with local_server(settings) as server:
             url = server.url()
-            minutes = asyncio.run(run(url, args, lambda: table_pg(url)))
+            minutes = asyncio.run(
+                run(url, args, lambda: table_pg(url), lambda: server_cpu_s(server.data))
+            )
     else:
         with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
             path = Path(tmp) / "q.db"
