@@ -108,17 +108,26 @@ async def worker(target: str, concurrency: int, traced_run: bool) -> None:
         await asyncio.to_thread(sys.stdin.readline)
 
 
-def server_cpu_s(data: Path) -> float:
-    """User + system seconds of the postmaster and its children, from /proc."""
+def server_processes_s(data: Path) -> dict[int, float]:
+    """User + system seconds of each process of the server (the postmaster and its
+    children), by pid, from /proc."""
     postmaster = int((data / "postmaster.pid").read_text().split()[0])
-    total = 0.0
+    used = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
             pid, ppid = int(stat.parent.name), int(fields[1])
             if postmaster in (pid, ppid):
-                total += (int(fields[11]) + int(fields[12])) * TICK_S
-    return total
+                used[pid] = (int(fields[11]) + int(fields[12])) * TICK_S
+    return used
+
+
+def server_cpu_s(data: Path, since: dict[int, float]) -> float:
+    """Seconds the server's processes used since ``since`` (``server_processes_s``): each
+    process alive now, all of its time if it started since; one that ended since is not
+    counted (a backend or an autovacuum worker that came and went: a little less, never a
+    negative share)."""
+    return sum(s - since.get(pid, 0.0) for pid, s in server_processes_s(data).items())
 
 
 def server_counts(url: str) -> tuple[int, int]:
@@ -166,11 +175,13 @@ def one_run(
         assert proc.stdout is not None
         if proc.stdout.readline() != "ready\n":
             raise RuntimeError("the worker did not start")
-        before = (server_cpu_s(data), *server_counts(target)) if data is not None else None
+        before = (server_processes_s(data), *server_counts(target)) if data is not None else None
         proc.stdin.write("go\n")
         proc.stdin.flush()
         report = json.loads(proc.stdout.readline())
-        server_s = server_cpu_s(data) if data is not None else None  # (its session still open)
+        server_s = (  # (its session still open)
+            server_cpu_s(data, before[0]) if data is not None and before is not None else None
+        )
         proc.stdin.write("bye\n")
         proc.stdin.flush()
         proc.wait(timeout=60)
@@ -188,7 +199,7 @@ def one_run(
         time.sleep(1)  # a server process reports its transactions as it ends
         _, calls, xacts = before
         after = server_counts(target)
-        figures["server CPU us"] = (server_s - before[0]) * 1e6
+        figures["server CPU us"] = server_s * 1e6
         # (less the readings' own statements and transactions, which land in between)
         figures["statements"] = after[0] - calls - READING
         transactions = after[1] - xacts - READING

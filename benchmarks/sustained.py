@@ -19,10 +19,10 @@ process purges the done jobs that finished more than ``S`` seconds ago (``asnack
 Each minute prints: jobs done per second, the claim latency (from enqueue to claim) p50
 and p99 in ms, the CPU per job of this process (every thread: the Dispatcher, the producer,
 the store's threads) and of the PostgreSQL server (its processes alive at each minute's
-end, from ``/proc``: ``cpu_per_job.server_cpu_s``), and the ``jobs`` table's dead and live
-rows (``pg_stat_user_tables``) and size (PostgreSQL), or the file's size and free pages
-(SQLite). The last line: the last minute's throughput and claim latency p50 as a ratio of
-the first minute's.
+end, from ``/proc``: ``cpu_per_job.server_cpu_s``; one that ended within the minute is not
+counted), and the ``jobs`` table's dead and live rows (``pg_stat_user_tables``) and size
+(PostgreSQL), or the file's size and free pages (SQLite). The last line: the last
+minute's throughput and claim latency p50 as a ratio of the first minute's.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from statistics import quantiles
 from typing import Any
 
-from cpu_per_job import cpu_s, server_cpu_s
+from cpu_per_job import cpu_s, server_cpu_s, server_processes_s
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import epoch_ms
@@ -128,7 +128,7 @@ async def held_xmin(url: str) -> AsyncIterator[None]:
 
 
 async def run(
-    target: str, args: argparse.Namespace, table: Any, server_cpu: Any = None
+    target: str, args: argparse.Namespace, table: Any, data: Path | None = None
 ) -> list[tuple[float, float]]:
     load, stop = Load(), asyncio.Event()
 
@@ -151,13 +151,13 @@ async def run(
             try:
                 for minute in range(args.minutes):
                     before, began = load.done, time.perf_counter()
-                    cpu, served = cpu_s(), server_cpu() if server_cpu else 0.0
+                    cpu, served = cpu_s(), server_processes_s(data) if data else {}
                     await asyncio.sleep(60)
                     jobs = max(load.done - before, 1)
                     rate = jobs / (time.perf_counter() - began)
                     used = f"CPU {(cpu_s() - cpu) / jobs * 1e6:5.1f} us/job"
-                    if server_cpu:
-                        used += f", server {(server_cpu() - served) / jobs * 1e6:5.1f} us/job"
+                    if data:
+                        used += f", server {server_cpu_s(data, served) / jobs * 1e6:5.1f} us/job"
                     lat, load.latencies = load.latencies, []
                     cuts = quantiles(lat, n=100) if len(lat) > 1 else [0.0] * 99
                     minutes.append((rate, cuts[49]))
@@ -202,9 +202,7 @@ def main() -> None:
             settings["shared_buffers"] = args.shared_buffers
         with local_server(settings) as server:
             url = server.url()
-            minutes = asyncio.run(
-                run(url, args, lambda: table_pg(url), lambda: server_cpu_s(server.data))
-            )
+            minutes = asyncio.run(run(url, args, lambda: table_pg(url), server.data))
     else:
         with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
             path = Path(tmp) / "q.db"
