@@ -3,6 +3,7 @@
     python benchmarks/sustained.py [--store pg|sqlite] [--minutes 10] [--depth 4000]
                                    [--concurrency 64] [--send-ms 1] [--hold-xmin]
                                    [--keep-done SECONDS] [--shared-buffers SIZE]
+                                   [--statements N]
 
 One process runs a Dispatcher (its send waits ``--send-ms`` and answers True) and, on a
 connection of its own, a producer that keeps ``--depth`` jobs waiting: every 50 ms it
@@ -14,7 +15,9 @@ one REPEATABLE READ transaction open for the whole run, so no dead row can be re
 server's ``shared_buffers`` (its default, 128MB, is a small machine's: the docs suggest a
 quarter of a dedicated server's memory).  ``--keep-done S``: every ``S / 2`` seconds the
 process purges the done jobs that finished more than ``S`` seconds ago (``asnackq purge``'s
-``ops.purge``, on a connection of its own).
+``ops.purge``, on a connection of its own).  ``--statements N`` (PostgreSQL): the server
+loads ``pg_stat_statements``, and each minute prints its ``N`` most expensive statements of
+that minute (calls, rows and execution time per job) and the transactions committed per job.
 
 Each minute prints: jobs done per second, the claim latency (from enqueue to claim) p50
 and p99 in ms, the CPU per job of this process (every thread: the Dispatcher, the producer,
@@ -115,6 +118,59 @@ async def keep_done(target: str, keep_s: float, stop: asyncio.Event) -> None:
         await asyncio.to_thread(purge, target, now - int(keep_s * 1000), ("done",), now)
 
 
+STATEMENTS = """
+SELECT queryid, calls, rows, total_exec_time,
+  left(regexp_replace(query, '\\s+', ' ', 'g'), 100)
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+
+class Statements:
+    """Each minute's most expensive statements on the server, from ``pg_stat_statements``'
+    running totals (and the database's committed transactions)."""
+
+    def __init__(self, url: str, top: int) -> None:
+        self.url, self.top = url, top
+        self.last: dict[int, tuple[int, int, float]] = {}
+        self.commits = 0
+
+    async def read(self) -> tuple[dict[int, tuple[int, int, float, str]], int]:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as con:
+            rows = await (await con.execute(STATEMENTS)).fetchall()
+            cur = await con.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            )
+            commits = ((await cur.fetchone()) or (0,))[0]
+        return {row[0]: (row[1], row[2], row[3], row[4]) for row in rows}, commits
+
+    async def start(self) -> None:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as con:
+            await con.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await self.minute(1)
+
+    async def minute(self, jobs: int) -> list[str]:
+        """The lines of the minute since the last call (``jobs``: the jobs done in it)."""
+        now, commits = await self.read()
+        spent = []
+        for key, (calls, rows, ms, query) in now.items():
+            calls0, rows0, ms0 = self.last.get(key, (0, 0, 0.0))
+            if calls > calls0:
+                spent.append((ms - ms0, calls - calls0, rows - rows0, query))
+        self.last = {key: value[:3] for key, value in now.items()}
+        lines = [f"  transactions committed per job {(commits - self.commits) / jobs:.3f}"]
+        self.commits = commits
+        for ms, calls, rows, query in sorted(spent, reverse=True)[: self.top]:
+            lines.append(
+                f"  {ms * 1e3 / jobs:6.1f} us/job {calls / jobs:6.3f} calls/job "
+                f"{rows / max(calls, 1):6.1f} rows/call  {query}"
+            )
+        return lines
+
+
 @contextlib.asynccontextmanager
 async def held_xmin(url: str) -> AsyncIterator[None]:
     """A session holding one snapshot open for as long as the block runs."""
@@ -131,6 +187,7 @@ async def run(
     target: str, args: argparse.Namespace, table: Any, data: Path | None = None
 ) -> list[tuple[float, float]]:
     load, stop = Load(), asyncio.Event()
+    statements = Statements(target, args.statements) if args.statements else None
 
     async def send(event: dict[str, Any], token: int) -> bool:
         await asyncio.sleep(args.send_ms / 1000)
@@ -148,6 +205,8 @@ async def run(
             )
             running = asyncio.ensure_future(dispatcher.run(follow=True))
             minutes: list[tuple[float, float]] = []
+            if statements:
+                await statements.start()
             try:
                 for minute in range(args.minutes):
                     before, began = load.done, time.perf_counter()
@@ -166,6 +225,8 @@ async def run(
                         f"{cuts[49]:7.0f} ms p99 {cuts[98]:7.0f} ms, {used}, {await table()}",
                         flush=True,
                     )
+                    if statements:
+                        print(*await statements.minute(jobs), sep="\n", flush=True)
             finally:
                 stop.set()
                 running.cancel()
@@ -183,9 +244,10 @@ def main() -> None:
     parser.add_argument("--hold-xmin", action="store_true")
     parser.add_argument("--keep-done", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--shared-buffers", metavar="SIZE", help="PostgreSQL's, e.g. 4GB")
+    parser.add_argument("--statements", type=int, default=0, metavar="N")
     args = parser.parse_args()
-    if (args.hold_xmin or args.shared_buffers) and args.store != "pg":
-        parser.error("--hold-xmin and --shared-buffers go with --store pg")
+    if (args.hold_xmin or args.shared_buffers or args.statements) and args.store != "pg":
+        parser.error("--hold-xmin, --shared-buffers and --statements go with --store pg")
     print(
         f"{args.store}, depth {args.depth}, concurrency {args.concurrency}, sends of "
         f"{args.send_ms:g} ms"
@@ -200,6 +262,8 @@ def main() -> None:
         settings = dict(DURABLE)
         if args.shared_buffers:
             settings["shared_buffers"] = args.shared_buffers
+        if args.statements:
+            settings["shared_preload_libraries"] = "pg_stat_statements"
         with local_server(settings) as server:
             url = server.url()
             minutes = asyncio.run(run(url, args, lambda: table_pg(url), server.data))
