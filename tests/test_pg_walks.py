@@ -308,8 +308,8 @@ async def test_a_slow_walk_from_the_front_is_scouted_and_claims_keep_their_floor
     assert floored[1]["front"] is False
     await asyncio.sleep(0)  # (the scout starts)
     [(sql, params)] = scout.calls
-    assert sql == SCOUTED[NEXT] and "FOR UPDATE" not in sql and "FOR UPDATE" in FLOORED[NEXT]
-    assert (params["from_seq"], params["front"], params["n"]) == (LOWEST, True, 4)
+    assert sql == SCOUTED and "FOR UPDATE" not in sql and "FOR UPDATE" in FLOORED[NEXT]
+    assert params == {"now": T0, "n": 4, "from_seq": LOWEST, "front": True}
     assert walks.found(NEXT, floored[1], [row(100 + i) for i in range(4)]) is False
     clock.now += MOST_S  # (due again: the scout is still on its way, the claims walk on)
     assert walk(walks, NEXT, claim, [row(104 + i) for i in range(4)]) == (100, LOWEST)
@@ -371,15 +371,39 @@ async def test_a_rollback_of_the_claim_that_sent_a_scout_leaves_it_its_whole_tim
     assert len(scout.calls) == 1 and not scout.answers[0].done()
 
 
-async def test_one_scout_goes_at_a_time_and_a_statement_waits_its_turn_a_bounded_time():
+async def test_one_scout_walks_for_both_statements_and_each_takes_its_finding():
+    """The scout sent for one claim statement walks for the other too: the fresh claim's
+    jobs are among the pending jobs it reads.  Each statement walks from its floor while it
+    is on its way, then from the first pending job it found; both are next due from its
+    start, and a scout too long on its way has each statement's next claim walk from the
+    front."""
     claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
     clock, scout, walks = await launched(NEXT, claim)
-    walks.seq[FRESH], walks.took[FRESH], walks.fronts[FRESH] = 100, 1.0, clock.now - 5
-    assert walk(walks, FRESH, fresh, [row(104), row(105)]) == (100, LOWEST)  # (its turn waits)
+    launch = clock.now
+    assert walks.scouts[FRESH] is walks.scouts[NEXT] and walks.launched[FRESH] == launch
+    walks.seq[FRESH], walks.took[FRESH] = 100, 1.0
+    assert walk(walks, FRESH, fresh, [row(104), row(105)]) == (100, LOWEST)  # (on its way)
+    clock.now += 0.5
+    scout.answers[0].set_result([row(40), row(70, reclaim=True)])
     await asyncio.sleep(0)
-    assert len(scout.calls) == 1
-    clock.now += SCOUT_WAIT_S - 5  # (NEXT's scout: stopped now, at the same bound)
-    assert walk(walks, FRESH, fresh, [row(3), row(106)]) == (LOWEST, LOWEST)
+    assert walk(walks, FRESH, fresh, [row(40), row(106)]) == (40, LOWEST)  # (its finding)
+    assert walks.took[FRESH] == walks.took[NEXT] == pytest.approx(0.5)  # (its time: both)
+    walks.begin()
+    floored = walks.floored(NEXT, claim)
+    assert floored is not None and (floored[1]["from_seq"], floored[1]["front"]) == (40, True)
+    assert len(scout.calls) == 1 and walks.scouts == {}
+    rows = [row(40), row(70, reclaim=True), row(108), row(109)]
+    assert walks.found(NEXT, floored[1], rows) is False
+    # the next one goes for both again; stopped after SCOUT_WAIT_S, each walks from the front
+    clock.now += MOST_S
+    assert walk(walks, FRESH, fresh, [row(110), row(111)]) == (40, LOWEST)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 2 and walks.scouts[NEXT] is walks.scouts[FRESH]
+    clock.now += SCOUT_WAIT_S
+    assert walk(walks, NEXT, claim, [row(3 + i) for i in range(4)]) == (LOWEST, LOWEST)
+    await asyncio.sleep(0)
+    assert scout.answers[1].cancelled()
+    assert walk(walks, FRESH, fresh, [row(7), row(109)]) == (LOWEST, LOWEST)
 
 
 async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():
@@ -390,7 +414,7 @@ async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_t
     clock.now += 0.1
     assert walk(walks, FRESH, fresh, [row(3), row(104)]) == (LOWEST, LOWEST)
     await asyncio.sleep(0)
-    assert scout.answers[0].cancelled() and walks.scouts == {}
+    assert scout.answers[0].cancelled() and list(walks.scouts) == [NEXT]  # (stopped too)
 
 
 async def test_a_quick_walk_from_the_front_is_not_scouted_nor_the_check():
@@ -497,25 +521,51 @@ async def scouted(q: AsyncQueue) -> None:
         await asyncio.wait_for(asyncio.shield(scout), 60)
 
 
-async def test_a_claims_two_statements_are_scouted_one_at_a_time_on_one_session(url):
-    """A claim of attempted and fresh jobs at once sends both statements: their scouts go
-    one after the other (each timed alone), on the one session of the scouts, which ends
-    with the queue."""
+async def test_a_claims_two_statements_are_scouted_by_one_walk_on_one_session(url):
+    """A claim of attempted and fresh jobs at once sends both statements: one scout walks
+    for both, on the one session of the scouts, which ends with the queue; a fresh job
+    behind the fresh claim's floor (its intake committed after the claims passed its seq) is
+    found by that walk, whichever statement sent it."""
     async with AsyncQueue.open(url) as q:
         walks = q._db.walks
         clock = walks.clock = Ticking()
-        await fill(q, [f"b{i:02}" for i in range(20)])
-        assert await cycle(q, T0, 2, 2) == ["b00", "b01", "b02", "b03"]
-        assert await cycle(q, T0 + 1, 2, 2) == ["b04", "b05", "b06", "b07"]
+        sent: list[str] = []
+        scout = walks.scout
+        assert scout is not None
+
+        async def counted(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+            sent.append(sql)
+            return await scout(sql, params)
+
+        walks.scout = counted
+        await fill(q, [f"b{i:02}" for i in range(10)])
+        with psycopg.connect(url) as late:  # (an intake that commits late: seq 11)
+            late.execute(
+                "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
+                " available_at, deadline) VALUES ('late', 1, 'pending', 0, 3, 0, %s, %s)",
+                (T0, T0 + 3_600_000),
+            )
+            await fill(q, [f"b{i:02}" for i in range(10, 30)])
+            assert await cycle(q, T0, 2, 2) == ["b00", "b01", "b02", "b03"]
+            assert await cycle(q, T0 + 1, 2, 6) == [f"b{i:02}" for i in range(4, 12)]
+            assert await cycle(q, T0 + 2, 2, 2) == ["b12", "b13", "b14", "b15"]
         walks.took[NEXT] = walks.took[FRESH] = 1.0
         clock.now += MOST_S
-        assert await cycle(q, T0 + 2, 2, 2) == ["b08", "b09", "b10", "b11"]
-        assert set(walks.scouts) == {NEXT}  # (one at a time: the fresh claim's waits its turn)
+        assert await cycle(q, T0 + 3, 2, 2) == ["b16", "b17", "b18", "b19"]  # (floors: b12)
+        assert set(walks.scouts) == {NEXT, FRESH} and walks.scouts[NEXT] is walks.scouts[FRESH]
         await scouted(q)
-        assert await cycle(q, T0 + 3, 2, 2) == ["b12", "b13", "b14", "b15"]
-        assert set(walks.scouts) == {FRESH}
-        await scouted(q)
+        assert walks.scouts[FRESH].exception() is None
+        assert await cycle(q, T0 + 4, 0, 2) == ["late", "b20"]  # (the fresh claim's floor)
+        assert sent == [SCOUTED] and set(walks.scouts) == {NEXT}
         assert pgdb.sessions(url) - pgdb.sessions(url, scouts=False) == 1
+        # sent by the fresh claim alone (no claim of attempted jobs), it walks as well
+        walks.took[FRESH] = 1.0
+        clock.now += MOST_S
+        assert await cycle(q, T0 + 5, 0, 2) == ["b21", "b22"]
+        assert walks.scouts[NEXT] is walks.scouts[FRESH]
+        await scouted(q)
+        assert walks.scouts[FRESH].exception() is None and sent == [SCOUTED, SCOUTED]
+        assert await cycle(q, T0 + 6, 0, 2) == ["b23", "b24"]
     assert await ended(url)
 
 

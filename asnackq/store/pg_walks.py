@@ -40,22 +40,24 @@ Rules of this module:
   sent at once with it (``pg.AtOnce``).
 * A claim's walk from the front that took ``SCOUT_S`` or more (a held snapshot's dead
   entries: about 2 s each after ten minutes at 6,000 jobs a second, for which the session's
-  every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's):
-  the claim's statement from the front without its row locks (``SCOUTED``), on a session of
-  its own, while the claims go on from their floors.  The claim after it is back walks from
-  the first pending job it found, if behind the floor, and reads the lapsed leases if it found
-  one; its time is the statement's walk time for the schedule (its statement's period, and
-  its share beside the others'), so a scout quicker than ``SCOUT_S`` has the claims walk
-  from the front again.  A scout that failed has the next claim walk from the front at once,
-  as does one on its way for ``SCOUT_WAIT_S`` (stopped: a scout that cannot finish keeps no
-  job behind a floor for longer).  One scout goes at a time (each timed alone): a statement
-  whose turn comes while another's is on its way waits for it, ``SCOUT_WAIT_S`` at most
-  from its last walk, then walks from the front itself.  So a job behind a floor waits for
-  the scout's walk too: up to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S`` for
-  a scout on its way (twice that after a turn behind another's).  A transaction that rolls
-  back leaves the scouts' findings it used to its re-run.  A loop stall counts in a walk's
-  time: a busy machine can start the scouts too (their session then stays open until the
-  store closes).
+  every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's),
+  one walk for both claim statements (``SCOUTS``): the claim of any claimable job's
+  statement from the front, without its row locks (``SCOUTED``; the fresh claim's jobs are
+  among its pending ones), on a session of its own, while the claims go on from their
+  floors.  Each statement's claim after it is back walks from the first pending job it found,
+  if behind its floor, and the claim of any job reads the lapsed leases if it found one; its
+  time is each statement's walk time for the schedule (its period, and its share beside the
+  others'), both statements' next walks from the front are due from its start, and a scout
+  quicker than ``SCOUT_S`` has the claims walk from the front again.  A scout that failed has
+  the next claim walk from the front at once, as does one on its way for ``SCOUT_WAIT_S``
+  (stopped: a scout that cannot finish keeps no job behind a floor for longer).  One scout
+  goes at a time (each timed alone): a statement whose turn comes while another's is on its
+  way waits for it, ``SCOUT_WAIT_S`` at most from its last walk, then walks from the front
+  itself.  So a job behind a floor waits for the scout's walk too: up to ``MOST_S`` and the
+  scout's time, at most ``SCOUT_WAIT_S`` for a scout on its way (twice that after a turn
+  behind another's).  A transaction that rolls back leaves the scouts' findings it used to
+  its re-run.  A loop stall counts in a walk's time: a busy machine can start the scouts too
+  (their session then stays open until the store closes).
   Only the claims are scouted: the quarantine's check walks little from the front (no
   deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
@@ -78,7 +80,17 @@ from typing import Any
 from asnackq.core import worker as w
 from asnackq.store.pg_sql import STATEMENTS
 
-__all__ = ["FLOORED", "FULL_S", "LOWEST", "MOST_S", "SCOUTED", "SCOUT_S", "Scout", "Walks"]
+__all__ = [
+    "FLOORED",
+    "FULL_S",
+    "LOWEST",
+    "MOST_S",
+    "SCOUTED",
+    "SCOUTS",
+    "SCOUT_S",
+    "Scout",
+    "Walks",
+]
 
 FULL_S = 1.0  # a walk from the front at most this often (seconds of time.monotonic)
 MOST_S = 10 * FULL_S  # ... and, however long they took, at least this often
@@ -134,14 +146,28 @@ FLOORED = {
     ),
 }
 
-# A claim's walk from the front as a scout reads it, on a session of its own: the same
-# statement without its row locks (it takes nothing; the claim that follows it does).
-SCOUTED = {
-    sql: FLOORED[sql].replace(" FOR UPDATE SKIP LOCKED", "")
-    for sql in (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
-}
-if any("FOR UPDATE" in text for text in SCOUTED.values()):
-    raise AssertionError("a scout takes no row lock")
+
+def _scouted_text(text: str) -> str:
+    """The claim's statement as a scout reads it: without its row locks (it takes nothing;
+    the claim that follows it does), without the reclaims' count (each claim counts its
+    own) and without the LIMIT over its two parts (so the first pending job it walks to is
+    in its rows, however many lapsed leases come before it)."""
+    text = text.replace(" FOR UPDATE SKIP LOCKED", "")
+    head, reclaims = text.split("SELECT *, true, ")
+    count, rest = reclaims.split("\nFROM expired\nORDER BY seq LIMIT %(n)s")
+    if "FOR UPDATE" in text or rest or "%(losses)s" not in count:
+        raise AssertionError("not a claim of pending jobs and lapsed leases")
+    return head + "SELECT *, true, 0::bigint\nFROM expired\nORDER BY seq"
+
+
+# The claims' walk from the front as a scout reads it, on a session of its own, for both
+# scouted statements at once: the claim of any claimable job's (``SCOUTS[0]``), whose
+# pending jobs include every job the fresh claim's (``SCOUTS[1]``) would take, those
+# never attempted.  So the first pending job the scout finds is a floor for both (below the
+# fresh claim's first, it only has that claim read more), and one walk over the dead
+# entries serves the two statements (each walked them on a scout of its own: two walks).
+SCOUTS = (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
+SCOUTED = _scouted_text(FLOORED[SCOUTS[0]])
 
 Scout = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 
@@ -217,9 +243,9 @@ class Walks:
         ):
             pass  # (its scout is on its way: from the floor meanwhile)
         elif scout is not None and not scout.done():
-            scout.cancel()  # (too long on its way: the claim walks from the front itself)
+            scout.cancel()  # (too long on its way: the claim walks from the front itself,
             self.stopped = {stopped for stopped in self.stopped if not stopped.done()}
-            self.stopped.add(self.scouts.pop(sql))
+            self.stopped.add(self.scouts.pop(sql))  # as does the other statement's next)
             from_seq = from_time = LOWEST
         elif scout is not None:
             del self.scouts[sql]
@@ -229,8 +255,10 @@ class Walks:
                 below, lapsed = scouted
                 from_seq = from_seq if below is None else min(from_seq, below)
         elif (scouted_due := due and self._scouts(sql, from_seq)) and self._idle():
-            self.fronts[sql] = self.launched[sql] = at  # (the schedule goes on)
-            self.scouts[sql] = asyncio.ensure_future(self._scouting(sql, params))
+            launched = asyncio.ensure_future(self._scouting(params))
+            for each in SCOUTS:  # (one walk for both: their schedules go on from its start)
+                self.fronts[each] = self.launched[each] = at
+                self.scouts[each] = launched
         elif scouted_due and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S:
             pass  # (another statement's scout is on its way: this one's goes after it)
         elif due:
@@ -248,7 +276,7 @@ class Walks:
         given."""
         return (
             self.scout is not None
-            and sql in SCOUTED
+            and sql in SCOUTS
             and from_seq != LOWEST
             and self.took.get(sql, 0.0) >= SCOUT_S
         )
@@ -257,14 +285,13 @@ class Walks:
         """Whether no scout is on its way: one goes at a time, so each is timed alone."""
         return all(scout.done() for scout in self.scouts.values())
 
-    async def _scouting(
-        self, sql: str, params: dict[str, Any]
-    ) -> tuple[list[tuple[Any, ...]], float]:
-        """The scout's walk from the front of ``sql`` as at ``params``: its rows, its time."""
+    async def _scouting(self, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], float]:
+        """The scout's walk from the front as at ``params`` (a scouted statement's): its
+        rows, its time."""
         assert self.scout is not None
         start = self.clock()
-        walked = {**params, "from_seq": LOWEST, "from_time": LOWEST, "front": True}
-        rows = await self.scout(SCOUTED[sql], walked)
+        walked = {"now": params["now"], "n": params["n"], "from_seq": LOWEST, "front": True}
+        rows = await self.scout(SCOUTED, walked)
         return rows, max(0.0, self.clock() - start)
 
     def _scouted(
