@@ -378,25 +378,32 @@ async def test_one_scout_walks_for_both_statements_and_each_takes_its_finding():
     start, and a scout too long on its way has each statement's next claim walk from the
     front."""
     claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
-    clock, scout, walks = await launched(NEXT, claim)
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    slow_front_walk(walks, clock, NEXT, claim)
+    walks.seq[FRESH], walks.took[FRESH], walks.fronts[FRESH] = 100, 1.0, clock.now  # (in use)
+    clock.now += 5.0
+    assert walk(walks, NEXT, claim, [row(100 + i) for i in range(4)]) == (100, LOWEST)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 1
     launch = clock.now
     assert walks.scouts[FRESH] is walks.scouts[NEXT] and walks.launched[FRESH] == launch
-    walks.seq[FRESH], walks.took[FRESH] = 100, 1.0
     assert walk(walks, FRESH, fresh, [row(104), row(105)]) == (100, LOWEST)  # (on its way)
     clock.now += 0.5
-    scout.answers[0].set_result([row(40), row(70, reclaim=True)])
+    retried = (20, "j20", 1, 1, 1, T0 + LEASE, False, 0)  # (a due retry: NEXT's, not FRESH's)
+    scout.answers[0].set_result([retried, row(40), row(70, reclaim=True)])
     await asyncio.sleep(0)
     assert walk(walks, FRESH, fresh, [row(40), row(106)]) == (40, LOWEST)  # (its finding)
     assert walks.took[FRESH] == walks.took[NEXT] == pytest.approx(0.5)  # (its time: both)
     walks.begin()
     floored = walks.floored(NEXT, claim)
-    assert floored is not None and (floored[1]["from_seq"], floored[1]["front"]) == (40, True)
+    assert floored is not None and (floored[1]["from_seq"], floored[1]["front"]) == (20, True)
     assert len(scout.calls) == 1 and walks.scouts == {}
-    rows = [row(40), row(70, reclaim=True), row(108), row(109)]
+    rows = [retried, row(40), row(70, reclaim=True), row(108)]
     assert walks.found(NEXT, floored[1], rows) is False
     # the next one goes for both again; stopped after SCOUT_WAIT_S, each walks from the front
     clock.now += MOST_S
-    assert walk(walks, FRESH, fresh, [row(110), row(111)]) == (40, LOWEST)
+    assert walk(walks, FRESH, fresh, [row(110), row(111)]) == (40, LOWEST)  # (a new one)
     await asyncio.sleep(0)
     assert len(scout.calls) == 2 and walks.scouts[NEXT] is walks.scouts[FRESH]
     clock.now += SCOUT_WAIT_S
@@ -404,6 +411,28 @@ async def test_one_scout_walks_for_both_statements_and_each_takes_its_finding():
     await asyncio.sleep(0)
     assert scout.answers[1].cancelled()
     assert walk(walks, FRESH, fresh, [row(7), row(109)]) == (LOWEST, LOWEST)
+
+
+async def test_a_statement_no_longer_in_use_is_not_given_the_other_ones_scout():
+    """A scout sent by one claim statement walks for the other only while that one is in
+    use (it walked from the front within twice ``MOST_S``): one not in use keeps its
+    schedule, and counts no more in the other's share."""
+    claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    slow_front_walk(walks, clock, FRESH, fresh)
+    clock.now += 2 * MOST_S + 1  # (the fresh claim: not used since)
+    slow_front_walk(walks, clock, NEXT, claim)
+    clock.now += 5.0
+    assert walk(walks, NEXT, claim, [row(100 + i) for i in range(4)]) == (100, LOWEST)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 1 and list(walks.scouts) == [NEXT]
+    assert walks.fronts[FRESH] == 1000.0  # (its schedule as it was)
+    clock.now += 0.05
+    scout.answers[0].set_result([row(100)])  # (a quick scout: NEXT walks every FULL_S)
+    await asyncio.sleep(0)
+    walk(walks, NEXT, claim, [row(100 + i) for i in range(4)])
+    assert walks.every[NEXT] == FULL_S
 
 
 async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():
@@ -414,7 +443,7 @@ async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_t
     clock.now += 0.1
     assert walk(walks, FRESH, fresh, [row(3), row(104)]) == (LOWEST, LOWEST)
     await asyncio.sleep(0)
-    assert scout.answers[0].cancelled() and list(walks.scouts) == [NEXT]  # (stopped too)
+    assert scout.answers[0].cancelled() and walks.scouts == {}
 
 
 async def test_a_quick_walk_from_the_front_is_not_scouted_nor_the_check():
@@ -523,9 +552,10 @@ async def scouted(q: AsyncQueue) -> None:
 
 async def test_a_claims_two_statements_are_scouted_by_one_walk_on_one_session(url):
     """A claim of attempted and fresh jobs at once sends both statements: one scout walks
-    for both, on the one session of the scouts, which ends with the queue; a fresh job
-    behind the fresh claim's floor (its intake committed after the claims passed its seq) is
-    found by that walk, whichever statement sent it."""
+    for both, on the one session of the scouts, which ends with the queue.  A fresh job
+    behind the fresh claim's floor (its intake committed after the claims passed its seq)
+    is found by that walk, whichever statement sent it; the fresh claim walks from it, not
+    from a due retry further behind (which the claim of any job takes)."""
     async with AsyncQueue.open(url) as q:
         walks = q._db.walks
         clock = walks.clock = Ticking()
@@ -539,33 +569,37 @@ async def test_a_claims_two_statements_are_scouted_by_one_walk_on_one_session(ur
 
         walks.scout = counted
         await fill(q, [f"b{i:02}" for i in range(10)])
-        with psycopg.connect(url) as late:  # (an intake that commits late: seq 11)
+        with psycopg.connect(url) as late:  # (an intake that commits late)
             late.execute(
                 "INSERT INTO jobs (id, qty, status, attempts, max_attempts, token,"
                 " available_at, deadline) VALUES ('late', 1, 'pending', 0, 3, 0, %s, %s)",
                 (T0, T0 + 3_600_000),
             )
             await fill(q, [f"b{i:02}" for i in range(10, 30)])
-            assert await cycle(q, T0, 2, 2) == ["b00", "b01", "b02", "b03"]
-            assert await cycle(q, T0 + 1, 2, 6) == [f"b{i:02}" for i in range(4, 12)]
+            [first, *_] = (await q.cycle([], [], "me", T0, LEASE, 2, 2))[2]
+            retry = [(first, "retry", T0 + 1, 50)]  # (b00: due again at T0 + 51)
+            assert await cycle(q, T0 + 1, 2, 6, retry) == [f"b{i:02}" for i in range(4, 12)]
             assert await cycle(q, T0 + 2, 2, 2) == ["b12", "b13", "b14", "b15"]
+        [(late_seq,)] = query(url, "SELECT seq FROM jobs WHERE id = 'late'")
         walks.took[NEXT] = walks.took[FRESH] = 1.0
         clock.now += MOST_S
-        assert await cycle(q, T0 + 3, 2, 2) == ["b16", "b17", "b18", "b19"]  # (floors: b12)
+        assert await cycle(q, T0 + 100, 2, 2) == ["b16", "b17", "b18", "b19"]  # (floors: b12)
         assert set(walks.scouts) == {NEXT, FRESH} and walks.scouts[NEXT] is walks.scouts[FRESH]
         await scouted(q)
         assert walks.scouts[FRESH].exception() is None
-        assert await cycle(q, T0 + 4, 0, 2) == ["late", "b20"]  # (the fresh claim's floor)
-        assert sent == [SCOUTED] and set(walks.scouts) == {NEXT}
+        assert await cycle(q, T0 + 101, 0, 2) == ["late", "b20"]
+        assert walks.within[FRESH]["from_seq"] == late_seq  # (not the retry's, b00's)
+        assert await cycle(q, T0 + 102, 1) == ["b00"]  # (the claim of any job: its finding)
+        assert sent == [SCOUTED] and walks.scouts == {}
         assert pgdb.sessions(url) - pgdb.sessions(url, scouts=False) == 1
         # sent by the fresh claim alone (no claim of attempted jobs), it walks as well
         walks.took[FRESH] = 1.0
         clock.now += MOST_S
-        assert await cycle(q, T0 + 5, 0, 2) == ["b21", "b22"]
+        assert await cycle(q, T0 + 103, 0, 2) == ["b21", "b22"]
         assert walks.scouts[NEXT] is walks.scouts[FRESH]
         await scouted(q)
         assert walks.scouts[FRESH].exception() is None and sent == [SCOUTED, SCOUTED]
-        assert await cycle(q, T0 + 6, 0, 2) == ["b23", "b24"]
+        assert await cycle(q, T0 + 104, 0, 2) == ["b23", "b24"]
     assert await ended(url)
 
 
@@ -682,6 +716,9 @@ async def test_under_a_held_snapshot_a_claim_from_its_floor_steps_over_no_dead_e
         # the claim of waiting coroutines from its floor reads no more
         query(url, "ANALYZE jobs")
         waiting = claimed(url, NEXT, {**params, "from_seq": floor, "front": False})
+        # the scout, for both statements: the fresh claim's first job is the walk's
+        walked = {"now": params["now"], "n": 64, "from_seq": LOWEST, "front": True}
+        scout = query(url, SCOUTED, walked)
         # the check from its floor, once every lease the run took has lapsed: by deadline
         check = {"now": now + LEASE + 5000, "from_time": now, "from_seq": LOWEST, "front": False}
         due = checked(url, check)
@@ -691,6 +728,8 @@ async def test_under_a_held_snapshot_a_claim_from_its_floor_steps_over_no_dead_e
     assert front[0] == floored[0] == waiting[0] and len(floored[0]) == 64
     assert front[1] >= 2500 > 100 >= floored[1] >= 64, (front[1], floored[1])
     assert 100 >= waiting[1] >= 64, waiting[1]
+    fresh = [r[1] for r in scout if not r[6] and r[3] == 0]
+    assert fresh[0] == fresh[1] == front[0][0] and len(fresh) == 65  # (its first: both parts)
 
 
 @pytest.mark.parametrize("analyzed", [False, True])
@@ -713,6 +752,10 @@ def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url
             for sql in FLOORED
         }
         front_conds = index_conds(executed_plan(con, FLOORED[NEXT], {**floors, "front": True}))
+        con.execute("UPDATE jobs SET attempts = 1 WHERE seq BETWEEN 501 AND 510")  # (retries)
+        walked = {**floors, "n": 4, "from_seq": LOWEST, "front": True}
+        scout_conds = index_conds(executed_plan(con, SCOUTED, walked))
+        scout = [(r[0], r[3], r[6]) for r in con.execute(SCOUTED, walked).fetchall()]
         floored = claim_rows(con, {**floors, "front": False})
         front = claim_rows(con, {**floors, "from_seq": LOWEST, "front": True})
     assert any("seq >= " in c for c in conds[FRESH]), conds[FRESH]
@@ -726,6 +769,13 @@ def test_each_floor_is_where_an_index_scan_starts_with_or_without_statistics(url
     assert any("lease" in c for c in front_conds), front_conds
     assert floored == [(seq, False) for seq in range(10_000, 10_064)]
     assert front == [(seq, True) for seq in range(1, 65)]  # (the lapsed leases, first)
+    # the scout's read of the fresh claim's first job starts at the first pending job
+    assert any("jobs_by_status" in c and "seq >= $" in c for c in scout_conds), scout_conds
+    assert scout == [
+        *((seq, 0, True) for seq in range(1, 5)),  # (lapsed leases)
+        *((seq, 1, False) for seq in range(501, 505)),  # (due retries)
+        (511, 0, False),  # (the first job never attempted)
+    ]
 
 
 def claim_rows(con: psycopg.Connection[Any], params: dict[str, Any]) -> list[tuple[int, bool]]:

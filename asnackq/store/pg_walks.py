@@ -41,23 +41,24 @@ Rules of this module:
 * A claim's walk from the front that took ``SCOUT_S`` or more (a held snapshot's dead
   entries: about 2 s each after ten minutes at 6,000 jobs a second, for which the session's
   every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's),
-  one walk for both claim statements (``SCOUTS``): the claim of any claimable job's
-  statement from the front, without its row locks (``SCOUTED``; the fresh claim's jobs are
-  among its pending ones), on a session of its own, while the claims go on from their
-  floors.  Each statement's claim after it is back walks from the first pending job it found,
-  if behind its floor, and the claim of any job reads the lapsed leases if it found one; its
-  time is each statement's walk time for the schedule (its period, and its share beside the
-  others'), both statements' next walks from the front are due from its start, and a scout
-  quicker than ``SCOUT_S`` has the claims walk from the front again.  A scout that failed has
-  the next claim walk from the front at once, as does one on its way for ``SCOUT_WAIT_S``
-  (stopped: a scout that cannot finish keeps no job behind a floor for longer).  One scout
-  goes at a time (each timed alone): a statement whose turn comes while another's is on its
-  way waits for it, ``SCOUT_WAIT_S`` at most from its last walk, then walks from the front
-  itself.  So a job behind a floor waits for the scout's walk too: up to ``MOST_S`` and the
-  scout's time, at most ``SCOUT_WAIT_S`` for a scout on its way (twice that after a turn
-  behind another's).  A transaction that rolls back leaves the scouts' findings it used to
-  its re-run.  A loop stall counts in a walk's time: a busy machine can start the scouts too
-  (their session then stays open until the store closes).
+  one walk for both claim statements in use (``SCOUTS``; ``SCOUTED``): the claim of any
+  claimable job's statement from the front without its row locks, and from the first pending
+  job it finds, the fresh claim's for its first job never attempted (the fresh claim's jobs
+  are among the other's pending ones), on a session of its own, while the claims go on from
+  their floors.  Each statement's claim after it is back walks from the first job it would
+  take that the scout found, if behind its floor, and the claim of any job reads the lapsed
+  leases if it found one; its time is each statement's walk time for the schedule (its
+  period, and its share beside the others'), both statements' next walks from the front are
+  due from its start, and a scout quicker than ``SCOUT_S`` has the claims walk from the
+  front again.  A scout that failed has the next claim walk from the front at once, as does
+  one on its way for ``SCOUT_WAIT_S`` (stopped: a scout that cannot finish keeps no job
+  behind a floor for longer).  One scout goes at a time (each timed alone): a statement whose
+  turn comes while another's is on its way waits for it, ``SCOUT_WAIT_S`` at most from its
+  last walk, then walks from the front itself.  So a job behind a floor waits for the scout's
+  walk too: up to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S`` for a scout on
+  its way (twice that after a turn behind another's).  A transaction that rolls back leaves
+  the scouts' findings it used to its re-run.  A loop stall counts in a walk's time: a busy
+  machine can start the scouts too (their session then stays open until the store closes).
   Only the claims are scouted: the quarantine's check walks little from the front (no
   deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
@@ -147,27 +148,40 @@ FLOORED = {
 }
 
 
-def _scouted_text(text: str) -> str:
-    """The claim's statement as a scout reads it: without its row locks (it takes nothing;
-    the claim that follows it does), without the reclaims' count (each claim counts its
-    own) and without the LIMIT over its two parts (so the first pending job it walks to is
-    in its rows, however many lapsed leases come before it)."""
+def _unlocked(text: str) -> str:
     text = text.replace(" FOR UPDATE SKIP LOCKED", "")
-    head, reclaims = text.split("SELECT *, true, ")
+    if "FOR UPDATE" in text:
+        raise AssertionError("a scout takes no row lock")
+    return text
+
+
+def _scouted_text(claim: str, fresh: str) -> str:
+    """The two claims' walk from the front as a scout reads it: the claim of any job's
+    statement without its row locks (it takes nothing; the claim that follows it does),
+    without the reclaims' count (each claim counts its own) and without the LIMIT over its
+    parts (so the first pending job it walks to is in its rows, however many lapsed leases
+    come before it); and the fresh claim's statement, for its first job, read from that
+    first pending job on (the index scan starts there: past the dead entries)."""
+    head, reclaims = _unlocked(claim).split("SELECT *, true, ")
     count, rest = reclaims.split("\nFROM expired\nORDER BY seq LIMIT %(n)s")
-    if "FOR UPDATE" in text or rest or "%(losses)s" not in count:
+    if rest or "%(losses)s" not in count:
         raise AssertionError("not a claim of pending jobs and lapsed leases")
-    return head + "SELECT *, true, 0::bigint\nFROM expired\nORDER BY seq"
+    first = _floored(
+        _floored(_unlocked(fresh), "seq >= %(from_seq)s", "seq >= (SELECT min(seq) FROM pending)"),
+        "LIMIT %(n)s",
+        "LIMIT 1",
+    )
+    return f"{head}SELECT *, true, 0::bigint\nFROM expired\nUNION ALL\n({first})\nORDER BY seq"
 
 
 # The claims' walk from the front as a scout reads it, on a session of its own, for both
-# scouted statements at once: the claim of any claimable job's (``SCOUTS[0]``), whose
-# pending jobs include every job the fresh claim's (``SCOUTS[1]``) would take, those
-# never attempted.  So the first pending job the scout finds is a floor for both (below the
-# fresh claim's first, it only has that claim read more), and one walk over the dead
-# entries serves the two statements (each walked them on a scout of its own: two walks).
+# scouted statements at once (``SCOUTS``: the claim of any claimable job, and the fresh
+# claim, whose jobs, never attempted, are among the other's pending jobs): one walk over
+# the dead entries, where each statement walked them on a scout of its own.  Its rows:
+# the first pending jobs, the lapsed leases, and the first job never attempted (read from
+# the first pending job on, however many due retries come before it).
 SCOUTS = (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
-SCOUTED = _scouted_text(FLOORED[SCOUTS[0]])
+SCOUTED = _scouted_text(FLOORED[SCOUTS[0]], FLOORED[SCOUTS[1]])
 
 Scout = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 
@@ -256,9 +270,10 @@ class Walks:
                 from_seq = from_seq if below is None else min(from_seq, below)
         elif (scouted_due := due and self._scouts(sql, from_seq)) and self._idle():
             launched = asyncio.ensure_future(self._scouting(params))
-            for each in SCOUTS:  # (one walk for both: their schedules go on from its start)
-                self.fronts[each] = self.launched[each] = at
-                self.scouts[each] = launched
+            for each in SCOUTS:  # (one walk for both in use: their schedules go from its start)
+                if each == sql or at - self.fronts.get(each, -math.inf) <= 2 * MOST_S:
+                    self.fronts[each] = self.launched[each] = at
+                    self.scouts[each] = launched
         elif scouted_due and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S:
             pass  # (another statement's scout is on its way: this one's goes after it)
         elif due:
@@ -297,15 +312,17 @@ class Walks:
     def _scouted(
         self, sql: str, scout: asyncio.Future[tuple[list[tuple[Any, ...]], float]]
     ) -> tuple[int | None, bool] | None:
-        """What the statement's scout, back, found: the first seq of a pending job (None:
-        none) and whether it found a lapsed lease; None if it failed.  Its time is the
-        statement's walk time (``found``'s schedule), as a walk from the front's is."""
+        """What the statement's scout, back, found: the first seq of a pending job the
+        statement would take (None: none; the fresh claim's: never attempted) and whether it
+        found a lapsed lease; None if it failed.  Its time is the statement's walk time
+        (``found``'s schedule), as a walk from the front's is."""
         if scout.cancelled() or scout.exception() is not None:
             return None
         rows, took = scout.result()
         self.took[sql] = took
         self.every[sql] = min(MOST_S, max(FULL_S, SHARE * took))
-        pending = [row[0] for row in rows if not row[6]]
+        fresh = sql == SCOUTS[1]
+        pending = [row[0] for row in rows if not row[6] and not (fresh and row[3])]
         return (min(pending) if pending else None), any(row[6] for row in rows)
 
     def stop(self) -> list[asyncio.Future[Any]]:
