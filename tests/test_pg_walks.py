@@ -381,7 +381,8 @@ async def test_one_scout_walks_for_both_statements_and_each_takes_its_finding():
     clock, scout = Ticking(), Scout()
     walks = Walks(clock, scout)
     slow_front_walk(walks, clock, NEXT, claim)
-    walks.seq[FRESH], walks.took[FRESH], walks.fronts[FRESH] = 100, 1.0, clock.now  # (in use)
+    walks.seq[FRESH], walks.took[FRESH] = 100, 1.0
+    walks.fronts[FRESH] = walks.sent[FRESH] = clock.now  # (in use)
     clock.now += 5.0
     assert walk(walks, NEXT, claim, [row(100 + i) for i in range(4)]) == (100, LOWEST)
     await asyncio.sleep(0)
@@ -433,6 +434,81 @@ async def test_a_statement_no_longer_in_use_is_not_given_the_other_ones_scout():
     await asyncio.sleep(0)
     walk(walks, NEXT, claim, [row(100 + i) for i in range(4)])
     assert walks.every[NEXT] == FULL_S
+
+
+async def test_a_statement_sent_in_every_transaction_is_given_each_scout_however_long():
+    """Whether the other statement is in use is when it was last sent, not when it last
+    walked from the front: after a scout of 21 s (more than twice ``MOST_S``), the next one
+    goes for both statements still, and neither walks from the front on the queue's
+    session meanwhile."""
+    claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    for sql in (NEXT, FRESH):
+        walks.seq[sql], walks.took[sql], walks.every[sql] = 100, 21.0, MOST_S
+        walks.fronts[sql] = walks.sent[sql] = clock.now
+
+    def both() -> None:  # (one transaction sending both statements from their floors)
+        walks.begin()
+        for sql, params in ((NEXT, claim), (FRESH, fresh)):
+            floored = walks.floored(sql, params)
+            assert floored is not None and floored[1]["from_seq"] == 100, sql
+            walks.found(sql, floored[1], [row(100 + i) for i in range(params["n"])])
+
+    clock.now += MOST_S
+    both()
+    await asyncio.sleep(0)
+    for i in range(1, 3):
+        for _ in range(21):
+            clock.now += 1.0
+            both()
+        scout.answers[-1].set_result([row(100)])  # (back after 21 s)
+        await asyncio.sleep(0)
+        clock.now += 0.1
+        both()  # (each takes its finding; the next scout goes at the next claim)
+        clock.now += 0.1
+        both()
+        await asyncio.sleep(0)
+        assert len(scout.calls) == i + 1 and walks.scouts[NEXT] is walks.scouts[FRESH]
+
+
+async def test_a_rollback_gives_back_the_findings_it_took_and_keeps_the_scout_it_sent():
+    """A transaction that rolls back leaves its re-run each scout's finding it used, and
+    keeps a scout it sent for each statement it was given to (not the older finding the
+    other statement held, unused)."""
+    claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    for sql in (NEXT, FRESH):
+        walks.seq[sql], walks.took[sql], walks.every[sql] = 100, 1.0, MOST_S
+        walks.fronts[sql] = walks.sent[sql] = clock.now
+    clock.now += MOST_S
+    walk(walks, NEXT, claim, [row(100 + i) for i in range(4)])
+    await asyncio.sleep(0)
+    clock.now += 0.5  # (a slow scout: the next walk from the front is a scout's too)
+    scout.answers[0].set_result([row(60)])
+    await asyncio.sleep(0)
+    first = walks.scouts[FRESH]  # (found 60; the fresh claim not sent since)
+    walk(walks, NEXT, claim, [row(60), *(row(101 + i) for i in range(3))])  # (NEXT's: taken)
+    clock.now += MOST_S
+    walks.sent[FRESH] = clock.now - 1  # (sent a second ago: in use)
+    walks.begin()  # NEXT sends the next scout, for both; the transaction rolls back
+    assert walks.floored(NEXT, claim) is not None
+    await asyncio.sleep(0)
+    second = walks.scouts[NEXT]
+    assert second is not first and walks.scouts[FRESH] is second
+    walks.rollback()
+    assert walks.scouts[NEXT] is walks.scouts[FRESH] is second
+    scout.answers[1].set_result([row(50)])
+    await asyncio.sleep(0)
+    assert walk(walks, FRESH, fresh, [row(50), row(104)]) == (50, LOWEST)  # (its finding)
+    # and one whose finding the transaction took: given back to its re-run
+    walks.begin()
+    floored = walks.floored(NEXT, claim)
+    assert floored is not None and floored[1]["from_seq"] == 50
+    walks.rollback()
+    assert walk(walks, NEXT, claim, [row(50), *(row(104 + i) for i in range(3))]) == (50, LOWEST)
+    assert len(scout.calls) == 2
 
 
 async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():

@@ -31,8 +31,8 @@ Rules of this module:
   times the sum of their last walks' times (two statements whose walks take 0.2 and 0.3 s:
   each every 5 s; statements sent at once each count the time of all, which only makes the
   share smaller; a statement read again from the front in its transaction, after the
-  quarantine, counts both reads; another statement that has not walked from the front for
-  twice ``MOST_S`` is no longer in use and counts no more), and at least every ``MOST_S``
+  quarantine, counts both reads; another statement that has not been sent for twice
+  ``MOST_S`` is no longer in use and counts no more), and at least every ``MOST_S``
   (ten seconds) however long they took, so that no job waits longer than that behind a
   floor (then those walks take more than a tenth), but for a scout's walk (below).  A claim
   from a floor that comes up short is read from the front at once, outside this schedule.  A
@@ -41,24 +41,25 @@ Rules of this module:
 * A claim's walk from the front that took ``SCOUT_S`` or more (a held snapshot's dead
   entries: about 2 s each after ten minutes at 6,000 jobs a second, for which the session's
   every transaction waited) makes the next one due a scout's (``Walks.scout``: the store's),
-  one walk for both claim statements in use (``SCOUTS``; ``SCOUTED``): the claim of any
-  claimable job's statement from the front without its row locks, and from the first pending
-  job it finds, the fresh claim's for its first job never attempted (the fresh claim's jobs
-  are among the other's pending ones), on a session of its own, while the claims go on from
-  their floors.  Each statement's claim after it is back walks from the first job it would
-  take that the scout found, if behind its floor, and the claim of any job reads the lapsed
-  leases if it found one; its time is each statement's walk time for the schedule (its
-  period, and its share beside the others'), both statements' next walks from the front are
-  due from its start, and a scout quicker than ``SCOUT_S`` has the claims walk from the
-  front again.  A scout that failed has the next claim walk from the front at once, as does
-  one on its way for ``SCOUT_WAIT_S`` (stopped: a scout that cannot finish keeps no job
-  behind a floor for longer).  One scout goes at a time (each timed alone): a statement whose
-  turn comes while another's is on its way waits for it, ``SCOUT_WAIT_S`` at most from its
-  last walk, then walks from the front itself.  So a job behind a floor waits for the scout's
-  walk too: up to ``MOST_S`` and the scout's time, at most ``SCOUT_WAIT_S`` for a scout on
-  its way (twice that after a turn behind another's).  A transaction that rolls back leaves
-  the scouts' findings it used to its re-run.  A loop stall counts in a walk's time: a busy
-  machine can start the scouts too (their session then stays open until the store closes).
+  one walk for both claim statements in use (sent within twice ``MOST_S``; ``SCOUTS``,
+  ``SCOUTED``): the claim of any claimable job's statement from the front without its row
+  locks, and from the first pending job it finds, the fresh claim's for its first job never
+  attempted (the fresh claim's jobs are among the other's pending ones), on a session of its
+  own, while the claims go on from their floors.  Each statement's claim after it is back
+  walks from the first job it would take that the scout found, if behind its floor, and the
+  claim of any job reads the lapsed leases if it found one; its time is each statement's
+  walk time for the schedule (its period, and its share beside the others'), both
+  statements' next walks from the front are due from its start, and a scout quicker than
+  ``SCOUT_S`` has the claims walk from the front again.  A scout that failed has the next
+  claim walk from the front at once, as does one on its way for ``SCOUT_WAIT_S`` (stopped: a
+  scout that cannot finish keeps no job behind a floor for longer).  One scout goes at a time
+  (each timed alone): a statement whose turn comes while another's is on its way waits for
+  it, ``SCOUT_WAIT_S`` at most from its last walk, then walks from the front itself.  So a
+  job behind a floor waits for the scout's walk too: up to ``MOST_S`` and the scout's time,
+  at most ``SCOUT_WAIT_S`` for a scout on its way (twice that after a turn behind
+  another's).  A transaction that rolls back leaves the scouts' findings it used to its
+  re-run.  A loop stall counts in a walk's time: a busy machine can start the scouts too
+  (their session then stays open until the store closes).
   Only the claims are scouted: the quarantine's check walks little from the front (no
   deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
@@ -200,11 +201,13 @@ class Walks:
         self.seq: dict[str, int] = {}  # pending walks: the first seq to read
         self.time: dict[str, int] = {}  # deadline walks: the run's clock (ms)
         self.fronts: dict[str, float] = {}  # the clock at each statement's last walk from the front
+        self.sent: dict[str, float] = {}  # the clock when each statement was last sent (in use)
         self.every: dict[str, float] = {}  # the seconds from one walk from the front to the next
         self.took: dict[str, float] = {}  # the seconds each statement's last one took
         self.within: dict[str, dict[str, Any]] = {}  # each statement's floors in this transaction
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
         self.rereads: dict[str, float] = {}  # the clock at a timed read again (this transaction)
+        self.taken: set[str] = set()  # the statements whose scout this transaction took or stopped
         self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {}, {})  # as at ``begin``
         self.scouts_before: dict[str, asyncio.Future[Any]] = {}  # ``scouts`` as at ``begin``
 
@@ -213,6 +216,7 @@ class Walks:
         self.within.clear()
         self.timed.clear()
         self.rereads.clear()
+        self.taken.clear()
         self.before = tuple(dict(kept) for kept in self._kept())
         self.scouts_before = dict(self.scouts)
 
@@ -226,8 +230,11 @@ class Walks:
         self.seq, self.time, self.fronts, self.every, self.took = (
             dict(kept) for kept in self.before
         )
-        # (a scout's finding the transaction used is used again; one it launched goes on)
-        self.scouts = {**self.scouts, **self.scouts_before}
+        # (a scout's finding the transaction used is used again; one it launched goes on,
+        # for each statement it was given to)
+        self.scouts.update(
+            (sql, self.scouts_before[sql]) for sql in self.taken if sql in self.scouts_before
+        )
 
     def floored(self, sql: str, params: object) -> tuple[str, dict[str, Any]] | None:
         """The statement's floored text and parameters, or None (not a floored statement).  A
@@ -244,7 +251,7 @@ class Walks:
             return text, {**params, **self.within[sql]}
         now = params["now"]
         from_seq, from_time = self.seq.get(sql, LOWEST), self.time.get(sql, LOWEST)
-        at = self.clock()
+        at = self.sent[sql] = self.clock()
         lapsed = False
         due = at - self.fronts.get(sql, -math.inf) >= self.every.get(sql, FULL_S)
         scout = self.scouts.get(sql)
@@ -260,9 +267,11 @@ class Walks:
             scout.cancel()  # (too long on its way: the claim walks from the front itself,
             self.stopped = {stopped for stopped in self.stopped if not stopped.done()}
             self.stopped.add(self.scouts.pop(sql))  # as does the other statement's next)
+            self.taken.add(sql)
             from_seq = from_time = LOWEST
         elif scout is not None:
             del self.scouts[sql]
+            self.taken.add(sql)
             if (scouted := self._scouted(sql, scout)) is None:
                 from_seq = from_time = LOWEST  # (the scout failed: from the front at once)
             else:
@@ -271,7 +280,7 @@ class Walks:
         elif (scouted_due := due and self._scouts(sql, from_seq)) and self._idle():
             launched = asyncio.ensure_future(self._scouting(params))
             for each in SCOUTS:  # (one walk for both in use: their schedules go from its start)
-                if each == sql or at - self.fronts.get(each, -math.inf) <= 2 * MOST_S:
+                if self._in_use(each, at):
                     self.fronts[each] = self.launched[each] = at
                     self.scouts[each] = launched
         elif scouted_due and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S:
@@ -295,6 +304,10 @@ class Walks:
             and from_seq != LOWEST
             and self.took.get(sql, 0.0) >= SCOUT_S
         )
+
+    def _in_use(self, sql: str, at: float) -> bool:
+        """Whether the statement was sent within twice ``MOST_S`` of ``at``."""
+        return at - self.sent.get(sql, -math.inf) <= 2 * MOST_S
 
     def _idle(self) -> bool:
         """Whether no scout is on its way: one goes at a time, so each is timed alone."""
@@ -355,9 +368,7 @@ class Walks:
             took = at - self.fronts[sql] if reread is None else self.took.get(sql, 0) + at - reread
             self.took[sql] = max(0.0, took)  # (an injected clock may step back)
             # (of the statements still walking: each in use walks at least every MOST_S)
-            in_all = sum(
-                t for s, t in self.took.items() if s == sql or at - self.fronts[s] <= 2 * MOST_S
-            )
+            in_all = sum(t for s, t in self.took.items() if s == sql or self._in_use(s, at))
             self.every[sql] = min(MOST_S, max(FULL_S, SHARE * in_all))
         if sql == w.SQL_QUARANTINE_DUE_RECLAIMING:
             self.time[sql] = params["now"]  # (what was spent by now, the quarantine ends)
