@@ -436,17 +436,24 @@ async def test_a_statement_no_longer_in_use_is_not_given_the_other_ones_scout():
     assert walks.every[NEXT] == FULL_S
 
 
+def both_slow(took: float) -> tuple[Ticking, Scout, Walks]:
+    """Walks whose two claim statements, both in use, walk from a floor (seq 100) and last
+    walked from the front just now, in ``took`` seconds."""
+    clock, scout = Ticking(), Scout()
+    walks = Walks(clock, scout)
+    for sql in (NEXT, FRESH):
+        walks.seq[sql], walks.took[sql], walks.every[sql] = 100, took, MOST_S
+        walks.fronts[sql] = walks.sent[sql] = clock.now
+    return clock, scout, walks
+
+
 async def test_a_statement_sent_in_every_transaction_is_given_each_scout_however_long():
     """Whether the other statement is in use is when it was last sent, not when it last
     walked from the front: after a scout of 21 s (more than twice ``MOST_S``), the next one
     goes for both statements still, and neither walks from the front on the queue's
     session meanwhile."""
     claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
-    clock, scout = Ticking(), Scout()
-    walks = Walks(clock, scout)
-    for sql in (NEXT, FRESH):
-        walks.seq[sql], walks.took[sql], walks.every[sql] = 100, 21.0, MOST_S
-        walks.fronts[sql] = walks.sent[sql] = clock.now
+    clock, scout, walks = both_slow(21.0)
 
     def both() -> None:  # (one transaction sending both statements from their floors)
         walks.begin()
@@ -477,11 +484,7 @@ async def test_a_rollback_gives_back_the_findings_it_took_and_keeps_the_scout_it
     keeps a scout it sent for each statement it was given to (not the older finding the
     other statement held, unused)."""
     claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
-    clock, scout = Ticking(), Scout()
-    walks = Walks(clock, scout)
-    for sql in (NEXT, FRESH):
-        walks.seq[sql], walks.took[sql], walks.every[sql] = 100, 1.0, MOST_S
-        walks.fronts[sql] = walks.sent[sql] = clock.now
+    clock, scout, walks = both_slow(1.0)
     clock.now += MOST_S
     walk(walks, NEXT, claim, [row(100 + i) for i in range(4)])
     await asyncio.sleep(0)
