@@ -514,6 +514,69 @@ async def test_a_rollback_gives_back_the_findings_it_took_and_keeps_the_scout_it
     assert len(scout.calls) == 2
 
 
+async def test_a_rollback_keeps_the_schedule_of_the_scout_it_sent():
+    """A scout sent by a transaction that rolls back goes on, and so does its schedule:
+    the next one is due ``MOST_S`` after its start (not at once after it is back)."""
+    claim = {"now": T0, "n": 4, "losses": 3}
+    rows = [row(100 + i) for i in range(4)]
+    clock, scout, walks = both_slow(1.0)
+    clock.now += MOST_S
+    launch = clock.now
+    walks.begin()
+    floored = walks.floored(NEXT, claim)
+    assert floored is not None
+    walks.found(NEXT, floored[1], rows)
+    walks.rollback()
+    assert walk(walks, NEXT, claim, rows) == (100, LOWEST)  # (its re-run: the scout goes on)
+    await asyncio.sleep(0)
+    clock.now += 2.0
+    scout.answers[0].set_result([row(100)])
+    await asyncio.sleep(0)
+    while clock.now < launch + MOST_S - 0.15:
+        clock.now += 0.1
+        assert walk(walks, NEXT, claim, rows) == (100, LOWEST)
+        await asyncio.sleep(0)
+    assert len(scout.calls) == 1
+    clock.now = launch + MOST_S
+    walk(walks, NEXT, claim, rows)
+    await asyncio.sleep(0)
+    assert len(scout.calls) == 2
+
+
+async def test_a_rollback_that_took_a_finding_and_sent_a_scout_walks_on_from_the_floors():
+    """A transaction that took one scout's finding (the claim of any job) and sent the next
+    (the fresh claim) rolls back: the re-run takes the finding again, and the claim of any
+    job waits on its floor for the scout on its way, never walking from the front on the
+    queue's session while it is."""
+    claim, fresh = {"now": T0, "n": 4, "losses": 3}, {"now": T0, "n": 2}
+    clock, scout, walks = both_slow(1.0)
+    clock.now += MOST_S
+    walk(walks, NEXT, claim, [row(100 + i) for i in range(4)])  # (the first scout, for both)
+    await asyncio.sleep(0)
+    clock.now += 21.0
+    scout.answers[0].set_result([row(60)])
+    await asyncio.sleep(0)
+    assert walk(walks, FRESH, fresh, [row(60), row(101)]) == (60, LOWEST)  # (FRESH's: taken)
+    clock.now += 0.1
+    for again in (False, True):  # (the first try rolls back)
+        walks.begin()
+        taking = walks.floored(NEXT, claim)
+        assert taking is not None and taking[1]["from_seq"] == 60
+        walks.found(NEXT, taking[1], [row(60), *(row(101 + i) for i in range(3))])
+        sending = walks.floored(FRESH, fresh)
+        assert sending is not None
+        walks.found(FRESH, sending[1], [row(101), row(102)])
+        if not again:
+            walks.rollback()
+        await asyncio.sleep(0)
+    assert len(scout.calls) == 2 and not scout.answers[1].done()
+    for _ in range(25):
+        clock.now += 1.0
+        assert walk(walks, NEXT, claim, [row(101 + i) for i in range(4)])[0] != LOWEST
+        await asyncio.sleep(0)
+    assert len(scout.calls) == 2  # (the one on its way: none sent beside it)
+
+
 async def test_a_scout_too_long_on_its_way_is_stopped_and_the_claim_walks_from_the_front():
     fresh = {"now": T0, "n": 2}
     clock, scout, walks = await launched(FRESH, fresh)

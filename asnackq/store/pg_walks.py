@@ -55,11 +55,13 @@ Rules of this module:
   scout that cannot finish keeps no job behind a floor for longer).  One scout goes at a time
   (each timed alone): a statement whose turn comes while another's is on its way waits for
   it, ``SCOUT_WAIT_S`` at most from its last walk, then walks from the front itself.  So a
-  job behind a floor waits for the scout's walk too: up to ``MOST_S`` and the scout's time,
-  at most ``SCOUT_WAIT_S`` for a scout on its way (twice that after a turn behind
-  another's).  A transaction that rolls back leaves the scouts' findings it used to its
-  re-run.  A loop stall counts in a walk's time: a busy machine can start the scouts too
-  (their session then stays open until the store closes).
+  job behind a floor waits for a scout's walk too: one that became claimable after a scout
+  began waits for the next one, which starts ``MOST_S`` after it or once it is back,
+  whichever is later, and for that one's walk; each scout is stopped after ``SCOUT_WAIT_S``,
+  so at most twice that.  A transaction that rolls back leaves the scouts' findings it used
+  to its re-run, and a scout it sent goes on, its schedule with it.  A loop stall counts in a
+  walk's time: a busy machine can start the scouts too (their session then stays open until
+  the store closes).
   Only the claims are scouted: the quarantine's check walks little from the front (no
   deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
@@ -208,6 +210,7 @@ class Walks:
         self.timed: set[str] = set()  # the statements whose walk from the front is being timed
         self.rereads: dict[str, float] = {}  # the clock at a timed read again (this transaction)
         self.taken: set[str] = set()  # the statements whose scout this transaction took or stopped
+        self.sending: tuple[float, list[str]] = (0.0, [])  # its scout's start, and given to
         self.before: tuple[dict[str, Any], ...] = ({}, {}, {}, {}, {})  # as at ``begin``
         self.scouts_before: dict[str, asyncio.Future[Any]] = {}  # ``scouts`` as at ``begin``
 
@@ -217,6 +220,7 @@ class Walks:
         self.timed.clear()
         self.rereads.clear()
         self.taken.clear()
+        self.sending = (0.0, [])
         self.before = tuple(dict(kept) for kept in self._kept())
         self.scouts_before = dict(self.scouts)
 
@@ -231,7 +235,10 @@ class Walks:
             dict(kept) for kept in self.before
         )
         # (a scout's finding the transaction used is used again; one it launched goes on,
-        # for each statement it was given to)
+        # for each statement it was given to, and their next walks from the front are due
+        # from its start, as without the rollback)
+        at, given = self.sending
+        self.fronts.update((sql, at) for sql in given)
         self.scouts.update(
             (sql, self.scouts_before[sql]) for sql in self.taken if sql in self.scouts_before
         )
@@ -279,10 +286,10 @@ class Walks:
                 from_seq = from_seq if below is None else min(from_seq, below)
         elif (scouted_due := due and self._scouts(sql, from_seq)) and self._idle():
             launched = asyncio.ensure_future(self._scouting(params))
-            for each in SCOUTS:  # (one walk for both in use: their schedules go from its start)
-                if self._in_use(each, at):
-                    self.fronts[each] = self.launched[each] = at
-                    self.scouts[each] = launched
+            self.sending = (at, [each for each in SCOUTS if self._in_use(each, at)])
+            for each in self.sending[1]:  # (one walk for both in use: their schedules too)
+                self.fronts[each] = self.launched[each] = at
+                self.scouts[each] = launched
         elif scouted_due and at - self.fronts.get(sql, -math.inf) < SCOUT_WAIT_S:
             pass  # (another statement's scout is on its way: this one's goes after it)
         elif due:
