@@ -271,9 +271,11 @@ class Walks:
         ):
             pass  # (its scout is on its way: from the floor meanwhile)
         elif scout is not None and not scout.done():
-            scout.cancel()  # (too long on its way: the claim walks from the front itself,
+            # (too long on its way: the claim walks from the front itself, and so does the
+            # other statement's next claim, which finds it stopped)
+            scout.cancel()
             self.stopped = {stopped for stopped in self.stopped if not stopped.done()}
-            self.stopped.add(self.scouts.pop(sql))  # as does the other statement's next)
+            self.stopped.add(self.scouts.pop(sql))
             self.taken.add(sql)
             from_seq = from_time = LOWEST
         elif scout is not None:
