@@ -3,7 +3,8 @@
 aiosqlite answers from its connection's thread through the loop; a connect cut by a cancel
 goes on in that thread, and its answer to a loop closed meanwhile is a traceback on stderr
 (a dashboard stopped by SIGTERM while it sampled wrote one).  ``sqlite_aio.connected``
-waits for the connect to end and closes the connection before the cancel goes on.
+waits for the connect to end and closes the connection before the cancel goes on; a connect
+that fails returns once its connection's thread has ended (``sqlite_aio.opened``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from typing import Any
 
 import aiosqlite
+import aiosqlite.core
 import pytest
 
-from asnackq.store.sqlite_aio import connected
+from asnackq.store.sqlite_aio import connected, opened
 
 
 def cancelled_while_connecting(path: str, opener: Any) -> tuple[list[Any], list[Any]]:
@@ -135,3 +138,44 @@ def test_a_cancelled_caller_whose_close_then_fails_is_cancelled(tmp_path, monkey
 
     monkeypatch.setattr(aiosqlite.Connection, "close", failing_close)
     assert cancelled_caller(str(tmp_path / "q.db"), False, inside) == (True, False)
+
+
+@pytest.mark.parametrize("how", ["connected", "opened"])
+def test_a_failed_connect_returns_once_its_connections_thread_has_ended(tmp_path, monkeypatch, how):
+    """aiosqlite's failed connect queues a stop for its connection's thread whose answer
+    nobody awaits: ``connected`` and ``opened`` return once that thread has ended, so the
+    answer never meets a loop that the failure has closed (a traceback on stderr), however
+    late the thread runs it."""
+    worker = aiosqlite.core._connection_worker_thread
+
+    def late(tx: Any) -> None:  # (the thread's stop runs 0.3 s late, as on a busy machine)
+        class Late:
+            def get(self) -> Any:
+                future, function = tx.get()
+                if getattr(function, "__name__", "") == "close_and_stop":
+                    time.sleep(0.3)
+                return future, function
+
+        worker(Late())
+
+    monkeypatch.setattr(aiosqlite.core, "_connection_worker_thread", late)
+    missing = str(tmp_path / "no such directory" / "q.db")
+
+    async def main() -> None:
+        if how == "opened":
+            await opened(missing)
+        async with connected(missing):
+            pass
+
+    raised: list[Any] = []
+    hook, threading.excepthook = threading.excepthook, raised.append
+    before = set(threading.enumerate())
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            asyncio.run(main())
+        running = [thread for thread in set(threading.enumerate()) - before if thread.is_alive()]
+        for thread in running:
+            thread.join(30)
+    finally:
+        threading.excepthook = hook
+    assert running == [] and raised == []

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from asnackq.core.worker import epoch_ms
 from asnackq.http_sink import WebhookReceiver, read_secrets
+from asnackq.store.sqlite_aio import connected
 
 __all__ = ["APPLIED", "main"]
 
@@ -76,7 +77,7 @@ def faulty(handle: Handler, con: aiosqlite.Connection, fault: str, seed: int) ->
 
 async def main(db: str, port: int, secrets: tuple[str, ...], fault: str, seed: int) -> None:
     """Serve until SIGTERM or SIGINT."""
-    async with aiosqlite.connect(db, isolation_level=None) as con:
+    async with connected(db, isolation_level=None) as con:
         await con.execute_fetchall(APPLIED)
         receiver = await WebhookReceiver.within(con, secrets, effect(2 if fault == "twice" else 1))
         app = web.Application()

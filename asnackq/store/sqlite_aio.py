@@ -50,6 +50,7 @@ import json
 import random
 import re
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar
@@ -62,9 +63,19 @@ from asnackq.store.attempts import SQL_RECORD, SQLITE_RECORD_SET
 from asnackq.store.outage import Health, StoreUnavailable
 from asnackq.store.sets import SetText, as_set, settle_set
 
-__all__ = ["HOPS", "QueueBusy", "SqliteStore", "adrive", "call_fault", "connected", "steps"]
+__all__ = [
+    "HOPS",
+    "QueueBusy",
+    "SqliteStore",
+    "adrive",
+    "call_fault",
+    "connected",
+    "opened",
+    "steps",
+]
 
 T = TypeVar("T")
+JOIN_S = 30.0  # how long a failed connect waits for its connection's thread to end
 
 
 @contextlib.asynccontextmanager
@@ -79,10 +90,7 @@ async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connec
     as ``asyncio.run`` makes when its main coroutine ends, reaches the connect itself: no
     public call of aiosqlite waits for its thread then.)"""
 
-    async def connect() -> aiosqlite.Connection:
-        return await aiosqlite.connect(*args, **kwargs)
-
-    con, cancel = await _to_the_end(asyncio.ensure_future(connect()))
+    con, cancel = await _to_the_end(asyncio.ensure_future(opened(*args, **kwargs)))
     if cancel is not None:
         with contextlib.suppress(Exception):  # (the cancel is what the caller gets)
             await _to_the_end(asyncio.ensure_future(con.close()))
@@ -94,6 +102,21 @@ async def connected(*args: Any, **kwargs: Any) -> AsyncIterator[aiosqlite.Connec
             await _closed(con)
         raise
     await _closed(con)
+
+
+async def opened(*args: Any, **kwargs: Any) -> aiosqlite.Connection:
+    """``await aiosqlite.connect(*args, **kwargs)``; a connect that fails returns once its
+    connection's thread has ended.  aiosqlite's failed connect queues a stop for that
+    thread whose answer nobody awaits: an answer to a loop that has closed meanwhile (the
+    failure ends ``asyncio.run``) is a traceback on stderr."""
+    pending = aiosqlite.connect(*args, **kwargs)
+    try:
+        return await pending
+    except Exception:  # (a cancel may reach a connect still running: that one goes on)
+        thread = getattr(pending, "_thread", None)
+        if isinstance(thread, threading.Thread) and thread.is_alive():
+            await asyncio.to_thread(thread.join, JOIN_S)
+        raise
 
 
 async def _closed(con: aiosqlite.Connection) -> None:
@@ -619,7 +642,7 @@ class SqliteStore:
         need no lock.  From then on a write outside a transaction begins one (``IMMEDIATE``:
         see the module's rules).
         """
-        db = await aiosqlite.connect(path, timeout=busy_s, isolation_level=None)
+        db = await opened(path, timeout=busy_s, isolation_level=None)
         busy_ms = max(1, round(busy_s * 1000))
         try:
             await adrive(db, w.plan_schema(schema), None, attempts, busy_ms)
