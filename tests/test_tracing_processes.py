@@ -135,7 +135,7 @@ async def test_a_killed_workers_job_is_redelivered_in_its_enqueues_trace(tmp_pat
     assert sorted(enqueues) == [f"job-{i}" for i in range(4)]
     assert {s["service"] for s in enqueues.values()} == {"asnackq-enqueue"}
     assert len(traces) == 4  # one trace per job, nothing else
-    redelivered = []
+    redelivered, unexported = [], []
     for job_id, enqueue in enqueues.items():
         trace = traces[enqueue["trace"]]
         spans = {s["span"]: s for s in trace}
@@ -152,15 +152,21 @@ async def test_a_killed_workers_job_is_redelivered_in_its_enqueues_trace(tmp_pat
             tokens = sorted(s["attributes"]["asnackq.token"] for s in servers)
             decisions = sorted(s["attributes"]["asnackq.inbox.decision"] for s in servers)
             assert tokens == [1, 2] and decisions == ["applied", "duplicate"]
-            (again,) = consumers  # the killed worker's span was never exported
-            assert again["attributes"]["asnackq.token"] == 2
+            by_token = {s["attributes"]["asnackq.token"]: s for s in consumers}
+            assert len(by_token) == len(consumers) and set(by_token) <= {1, 2}
+            again = by_token[2]  # the redelivery
             assert again["attributes"]["asnackq.result"] == "done"
             assert again["service"] == "asnackq-work"
+            if 1 in by_token:  # (its send timed out on a busy machine, the lease then lost:
+                # the killed worker gave it up, and lived to export that, before its ACK)
+                assert by_token[1]["attributes"]["asnackq.result"] in ("lost", "unanswered")
+            else:
+                unexported.append(job_id)  # the killed worker's span was never exported
         else:
             (server,) = servers
             assert spans[server["parent"]]["kind"] == "CLIENT"
             assert server["attributes"]["asnackq.inbox.decision"] == "applied"
-    assert len(redelivered) == 1
+    assert len(unexported) == 1 and 1 <= len(redelivered) <= 2  # (the ACK it died after: one)
 
 
 @pytest.mark.process
