@@ -3,7 +3,7 @@
     python benchmarks/sustained.py [--store pg|sqlite] [--minutes 10] [--depth 4000]
                                    [--concurrency 64] [--send-ms 1] [--hold-xmin]
                                    [--keep-done SECONDS] [--shared-buffers SIZE]
-                                   [--statements N]
+                                   [--statements N] [--control SECONDS]
 
 One process runs a Dispatcher (its send waits ``--send-ms`` and answers True) and, on a
 connection of its own, a producer that keeps ``--depth`` jobs waiting: every 50 ms it
@@ -18,6 +18,15 @@ process purges the done jobs that finished more than ``S`` seconds ago (``asnack
 ``ops.purge``, on a connection of its own).  ``--statements N`` (PostgreSQL): the server
 loads ``pg_stat_statements``, and each minute prints its ``N`` most expensive statements of
 that minute (calls, rows and execution time per job) and the transactions committed per job.
+``--control S`` (up to 60): a second queue (a database of its own on the same server, or a
+second file), with a producer and a Dispatcher of its own, runs for ``S`` seconds after each
+minute (and once before the first) while the measured queue waits (its producer enqueues
+nothing and its sends wait), after 2 s to settle; after each window its done jobs are
+purged (and on PostgreSQL vacuumed), so it stays small.  The held snapshot of ``--hold-xmin``
+has no transaction ID, so it keeps no dead row of the control's database.  Both Dispatchers
+take leases of 300 s then (else the Dispatcher's 5 s): a paused side renews none.  A job
+claimed during a pause, or enqueued before one and claimed after it, counts in no claim
+latency; ``--keep-done`` purges nothing during a pause.
 
 Each minute prints: jobs done per second, the claim latency (from enqueue to claim) p50
 and p99 in ms, the CPU per job of this process (every thread: the Dispatcher, the producer,
@@ -25,7 +34,12 @@ the store's threads) and of the PostgreSQL server (its processes alive at each m
 end, from ``/proc``: ``cpu_per_job.server_cpu_s``; one that ended within the minute is not
 counted), and the ``jobs`` table's dead and live rows (``pg_stat_user_tables``) and size
 (PostgreSQL), or the file's size and free pages (SQLite). The last line: the last
-minute's throughput and claim latency p50 as a ratio of the first minute's.
+minute's throughput and claim latency p50 as a ratio of the first minute's.  With
+``--control``, each minute also prints the control's throughput and claim latency p50 and
+this minute's ratios to them, and the last line their ratio in the last minute over the
+first's: the machine's drift from minute to minute (a sixth either way on a 2-core machine)
+moves both queues and cancels; what the measured queue's state costs (dead rows, a larger
+file) remains.
 """
 
 from __future__ import annotations
@@ -33,11 +47,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from statistics import quantiles
 from typing import Any
@@ -45,33 +60,47 @@ from typing import Any
 from cpu_per_job import cpu_s, server_cpu_s, server_processes_s
 
 from asnackq.aio import AsyncQueue, Dispatcher
-from asnackq.core.worker import epoch_ms
+from asnackq.core.worker import Ticket, epoch_ms
 from asnackq.ops.purge import purge
 
 BATCH = 500
+CONTROL_SETTLE_S = 2.0  # a resumed control queue runs this long before its window
 
 
 class Load:
-    """The producer's and the Dispatcher's counts, and each job's enqueue time."""
+    """The producer's and the Dispatcher's counts, and each job's enqueue time.  While
+    ``active`` is clear (``--control``) the producer enqueues nothing and each send waits."""
 
     def __init__(self) -> None:
         self.enqueued = 0
         self.done = 0
         self.born: dict[str, int] = {}
         self.latencies: list[int] = []  # claim - enqueue, ms, this minute
+        self.active = asyncio.Event()
+        self.active.set()
+        self.paused = (0, 0)  # the last pause's start and end (epoch ms)
 
-    def trace(self, kind: str, ticket: dict[str, Any], at: int, status: object) -> None:
+    def trace(self, kind: str, ticket: Ticket, at: int, status: str | bool | None) -> None:
         if kind == "claim":
             born = self.born.pop(ticket["id"], None)
-            if born is not None:
+            paused, resumed = self.paused
+            if born is not None and not (born < resumed and at >= paused):  # (none waited)
                 self.latencies.append(at - born)
         elif kind == "finish" and status == "done":
             self.done += 1
 
+    def pause(self) -> None:
+        self.active.clear()
+        self.paused = (epoch_ms(), 2**62)
+
+    def resume(self) -> None:
+        self.paused = (self.paused[0], epoch_ms())
+        self.active.set()
+
 
 async def produce(queue: AsyncQueue, load: Load, depth: int, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        missing = depth - (load.enqueued - load.done)
+        missing = depth - (load.enqueued - load.done) if load.active.is_set() else 0
         while missing > 0:
             n = min(missing, BATCH)
             now = epoch_ms()
@@ -109,11 +138,14 @@ def table_sqlite(path: Path) -> str:
     return f"size {pages * page / 2**20:7.1f} MiB, free pages {free:>7}"
 
 
-async def keep_done(target: str, keep_s: float, stop: asyncio.Event) -> None:
-    """Purge the done jobs older than ``keep_s`` every ``keep_s / 2`` seconds."""
+async def keep_done(target: str, keep_s: float, stop: asyncio.Event, load: Load) -> None:
+    """Purge the done jobs older than ``keep_s`` every ``keep_s / 2`` seconds (none while
+    the queue is paused)."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), keep_s / 2)
+        if not load.active.is_set():
+            continue
         now = epoch_ms()
         await asyncio.to_thread(purge, target, now - int(keep_s * 1000), ("done",), now)
 
@@ -178,59 +210,135 @@ async def held_xmin(url: str) -> AsyncIterator[None]:
 
     async with await psycopg.AsyncConnection.connect(url) as con:
         await con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        await con.execute("SELECT txid_current(), count(*) FROM jobs")
+        # (its snapshot only, no transaction ID of its own: the control's snapshots in its
+        # own database, --control, list no transaction of this one as running)
+        await con.execute("SELECT count(*) FROM jobs")
         yield
         await con.rollback()
 
 
-async def run(
-    target: str, args: argparse.Namespace, table: Any, data: Path | None = None
-) -> list[tuple[float, float]]:
+@contextlib.asynccontextmanager
+async def streaming(target: str, args: argparse.Namespace) -> AsyncIterator[Load]:
+    """A producer keeping ``--depth`` jobs queued and a Dispatcher delivering them, on
+    ``target``, for as long as the block runs: their counts."""
     load, stop = Load(), asyncio.Event()
-    statements = Statements(target, args.statements) if args.statements else None
+    # (with --control each queue is paused for a while, its tickets waiting in their sends:
+    # under leases long enough that it renews none meanwhile)
+    lease_ms = 300_000 if args.control else 5000
 
     async def send(event: dict[str, Any], token: int) -> bool:
+        await load.active.wait()
         await asyncio.sleep(args.send_ms / 1000)
         return True
 
     async with AsyncQueue.open(target) as producer_queue, AsyncQueue.open(target) as queue:
-        hold = held_xmin(target) if args.hold_xmin else contextlib.nullcontext()
-        async with hold:
-            producing = asyncio.ensure_future(produce(producer_queue, load, args.depth, stop))
-            purging = asyncio.ensure_future(
-                keep_done(target, args.keep_done, stop) if args.keep_done else stop.wait()
-            )
-            dispatcher = Dispatcher(
-                queue, send, owner="bench", concurrency=args.concurrency, trace=load.trace
-            )
-            running = asyncio.ensure_future(dispatcher.run(follow=True))
-            minutes: list[tuple[float, float]] = []
-            if statements:
-                await statements.start()
-            try:
-                for minute in range(args.minutes):
-                    before, began = load.done, time.perf_counter()
-                    cpu, served = cpu_s(), server_processes_s(data) if data else {}
-                    await asyncio.sleep(60)
-                    jobs = max(load.done - before, 1)
-                    rate = jobs / (time.perf_counter() - began)
-                    used = f"CPU {(cpu_s() - cpu) / jobs * 1e6:5.1f} us/job"
-                    if data:
-                        used += f", server {server_cpu_s(data, served) / jobs * 1e6:5.1f} us/job"
-                    lat, load.latencies = load.latencies, []
-                    cuts = quantiles(lat, n=100) if len(lat) > 1 else [0.0] * 99
-                    minutes.append((rate, cuts[49]))
-                    print(
-                        f"minute {minute + 1:>2}: {rate:7.0f} jobs/s, claim latency p50 "
-                        f"{cuts[49]:7.0f} ms p99 {cuts[98]:7.0f} ms, {used}, {await table()}",
-                        flush=True,
-                    )
+        producing = asyncio.ensure_future(produce(producer_queue, load, args.depth, stop))
+        dispatcher = Dispatcher(
+            queue,
+            send,
+            owner="bench",
+            concurrency=args.concurrency,
+            lease_ms=lease_ms,
+            trace=load.trace,
+        )
+        running = asyncio.ensure_future(dispatcher.run(follow=True))
+        try:
+            yield load
+        finally:
+            stop.set()
+            load.active.set()
+            running.cancel()
+            await asyncio.gather(producing, running, return_exceptions=True)
+
+
+async def window(load: Load, seconds: float) -> tuple[float, list[float]]:
+    """The jobs done per second and the claim latency percentiles over ``seconds`` (NaN
+    for a window without any claim latency)."""
+    before, began = load.done, time.perf_counter()
+    load.latencies = []
+    await asyncio.sleep(seconds)
+    rate = max(load.done - before, 1) / (time.perf_counter() - began)
+    lat, load.latencies = load.latencies, []
+    return rate, quantiles(lat, n=100) if len(lat) > 1 else [math.nan] * 99
+
+
+async def controlled(load: Load, control: Load, seconds: float, target: str) -> tuple[float, float]:
+    """The control queue's rate and claim latency p50 over ``seconds`` while the measured
+    one is paused (its done jobs purged afterwards, so that it stays small)."""
+    load.pause()
+    control.resume()
+    await asyncio.sleep(CONTROL_SETTLE_S)
+    rate, cuts = await window(control, seconds)
+    control.pause()
+    now = epoch_ms()
+    await asyncio.to_thread(purge, target, now, ("done",), now)
+    if target.startswith("postgresql:"):  # (its dead rows removed now, not in a minute)
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(target, autocommit=True) as con:
+            await con.execute("VACUUM jobs")
+    load.resume()
+    return rate, cuts[49]
+
+
+async def run(
+    target: str,
+    args: argparse.Namespace,
+    table: Callable[[str], Awaitable[str]],
+    data: Path | None = None,
+    control: str = "",
+) -> list[tuple[float, float, float, float]]:
+    """Each minute's (rate, claim latency p50) and, with a ``control`` queue, the control's
+    in the window after it (else 1.0 and 1.0).  The control runs one window first, to warm
+    up: so every minute follows a pause."""
+    stop = asyncio.Event()
+    statements = Statements(target, args.statements) if args.statements else None
+    async with contextlib.AsyncExitStack() as stack:
+        load = await stack.enter_async_context(streaming(target, args))
+        checked = None
+        if control:
+            checked = await stack.enter_async_context(streaming(control, args))
+            checked.pause()
+        if args.hold_xmin:
+            await stack.enter_async_context(held_xmin(target))
+        purging = asyncio.ensure_future(
+            keep_done(target, args.keep_done, stop, load) if args.keep_done else stop.wait()
+        )
+        minutes: list[tuple[float, float, float, float]] = []
+        if checked is not None:  # (warmed up, and every minute after a pause, the first too)
+            await controlled(load, checked, args.control, control)
+        if statements:
+            await statements.start()
+        try:
+            for minute in range(args.minutes):
+                before, cpu = load.done, cpu_s()
+                served = server_processes_s(data) if data else {}
+                rate, cuts = await window(load, 60)
+                jobs = max(load.done - before, 1)
+                used = f"CPU {(cpu_s() - cpu) / jobs * 1e6:5.1f} us/job"
+                if data:
+                    used += f", server {server_cpu_s(data, served) / jobs * 1e6:5.1f} us/job"
+                line = (
+                    f"minute {minute + 1:>2}: {rate:7.0f} jobs/s, claim latency p50 "
+                    f"{cuts[49]:7.0f} ms p99 {cuts[98]:7.0f} ms, {used}, {await table(target)}"
+                )
+                if statements:
+                    line += "\n" + "\n".join(await statements.minute(jobs))
+                base = (1.0, 1.0)
+                if checked is not None:
+                    base = await controlled(load, checked, args.control, control)
                     if statements:
-                        print(*await statements.minute(jobs), sep="\n", flush=True)
-            finally:
-                stop.set()
-                running.cancel()
-                await asyncio.gather(producing, running, purging, return_exceptions=True)
+                        await statements.minute(1)  # (the next minute's from here)
+                    line += (
+                        f"\n  control: {base[0]:7.0f} jobs/s, claim latency p50 {base[1]:7.0f} ms;"
+                        f" this / control: throughput {rate / base[0]:.2f},"
+                        f" p50 {cuts[49] / max(base[1], 1e-9):.2f}; {await table(control)}"
+                    )
+                minutes.append((rate, cuts[49], *base))
+                print(line, flush=True)
+        finally:
+            stop.set()
+            await asyncio.gather(purging, return_exceptions=True)
     return minutes
 
 
@@ -245,7 +353,10 @@ def main() -> None:
     parser.add_argument("--keep-done", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--shared-buffers", metavar="SIZE", help="PostgreSQL's, e.g. 4GB")
     parser.add_argument("--statements", type=int, default=0, metavar="N")
+    parser.add_argument("--control", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
+    if args.control < 0 or args.control > 60:
+        parser.error("--control takes 0 (none) to 60 seconds")
     if (args.hold_xmin or args.shared_buffers or args.statements) and args.store != "pg":
         parser.error("--hold-xmin, --shared-buffers and --statements go with --store pg")
     print(
@@ -253,7 +364,8 @@ def main() -> None:
         f"{args.send_ms:g} ms"
         + (", xmin held" if args.hold_xmin else "")
         + (f", done jobs kept {args.keep_done:g} s" if args.keep_done else "")
-        + (f", shared_buffers {args.shared_buffers}" if args.shared_buffers else ""),
+        + (f", shared_buffers {args.shared_buffers}" if args.shared_buffers else "")
+        + (f", a control queue {args.control:g} s a minute" if args.control else ""),
         flush=True,
     )
     if args.store == "pg":
@@ -266,20 +378,41 @@ def main() -> None:
             settings["shared_preload_libraries"] = "pg_stat_statements"
         with local_server(settings) as server:
             url = server.url()
-            minutes = asyncio.run(run(url, args, lambda: table_pg(url), server.data))
+            with controls(server.url(), args.control) as control:
+                minutes = asyncio.run(run(url, args, table_pg, server.data, control))
     else:
         with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
             path = Path(tmp) / "q.db"
 
-            async def table() -> str:
-                return table_sqlite(path)
+            async def table(target: str) -> str:
+                return table_sqlite(Path(target))
 
-            minutes = asyncio.run(run(str(path), args, table))
-    (first_rate, first_p50), (last_rate, last_p50) = minutes[0], minutes[-1]
+            control = str(Path(tmp) / "control.db") if args.control else ""
+            minutes = asyncio.run(run(str(path), args, table, control=control))
+    first, last = minutes[0], minutes[-1]
     print(
-        f"last minute / first: throughput {last_rate / first_rate:.2f}, claim latency p50 "
-        f"{last_p50 / max(first_p50, 1e-9):.2f} (pid {os.getpid()})"
+        f"last minute / first: throughput {last[0] / first[0]:.2f}, claim latency p50 "
+        f"{last[1] / max(first[1], 1e-9):.2f} (pid {os.getpid()})"
     )
+    if args.control:
+        # each minute against its control, the last minute's ratio over the first minute's
+        print(
+            "against the control queue, last minute / first: throughput "
+            f"{last[0] / last[2] / (first[0] / first[2]):.2f}, claim latency p50 "
+            f"{last[1] / max(last[3], 1e-9) / (first[1] / max(first[3], 1e-9)):.2f}"
+        )
+
+
+@contextlib.contextmanager
+def controls(admin_url: str, seconds: float) -> Iterator[str]:
+    """The control queue's database on the server (``--control``), or no control: ""."""
+    if not seconds:
+        yield ""
+        return
+    from pg_queue import database
+
+    with database(admin_url, "control") as url:
+        yield url
 
 
 if __name__ == "__main__":
