@@ -15,7 +15,7 @@ import pytest
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
-from asnackq.store import pg, pg_sql
+from asnackq.store import pg, pg_session, pg_sql
 from asnackq.store.pg_session import SCOUT_CLOSE_S, SCOUT_NAME
 from asnackq.store.pg_sql import STATEMENTS
 from asnackq.store.pg_walks import (
@@ -32,6 +32,7 @@ from asnackq.store.pg_walks import (
 from . import pgdb
 from .conftest import T0
 from .pgdb import done_statistics, ended, executed_plan, query
+from .sequencer import until
 
 FRESH, NEXT, DUE = (
     w.SQL_NEXT_FRESH_RECLAIMING,
@@ -684,6 +685,51 @@ async def test_a_retry_behind_the_floor_is_found_by_a_scout_on_a_session_of_its_
         assert await cycle(q, T0 + 101, 2) == ["r", "b5"]  # from the retry the scout found
         assert await cycle(q, T0 + 102, 2) == ["b6", "b7"]
     assert await ended(url)  # (the scouts' session too)
+
+
+async def test_the_scouts_session_closes_once_idle_and_the_next_scout_opens_another(
+    url, monkeypatch
+):
+    """The scouts' session no scout has used for ``SCOUT_IDLE_S`` is closed (its backend
+    ends): walks quick again leave no idle session behind.  A scout on its way when the
+    time comes keeps it; the next scout opens another."""
+    monkeypatch.setattr(pg_session, "SCOUT_IDLE_S", 0.2)
+    async with AsyncQueue.open(url) as q:
+        store = q._db
+        assert await store._scout("SELECT 1", {}) == [(1,)]
+        first = store.scout_con
+        assert first is not None
+        pid = first.info.backend_pid
+        async with store.scouting:  # (as a scout on its way holds it)
+            store._close_idle()
+            assert store.scout_con is first and not first.closed
+        await until(lambda: first.closed)  # the scout's timer, 0.2 s after it
+        assert store.scout_con is None
+        seen = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+        await until(lambda: query(url, seen, (pid,)) == [])  # (its backend ended)
+        assert await store._scout("SELECT 2", {}) == [(2,)]
+        second = store.scout_con
+        assert second is not None and second is not first and not second.closed
+        names = "SELECT application_name FROM pg_stat_activity WHERE pid = %s"
+        assert query(url, names, (second.info.backend_pid,)) == [(SCOUT_NAME,)]
+    timer = store.scouts_idle  # (the second scout's, cancelled by the store's close)
+    assert timer is not None and timer.cancelled() and second.closed
+    assert await ended(url)
+
+
+async def test_a_scout_that_ends_as_the_store_closes_sets_no_idle_timer(url):
+    """A scout on its way when the store closes its scouts' session ends (its walk fails at
+    once) without setting the idle close's timer again: nothing of the store is left to
+    run on the loop after it."""
+    async with AsyncQueue.open(url) as q:
+        store = q._db
+        walking = asyncio.ensure_future(store._scout("SELECT pg_sleep(10)", {}))
+        await until(lambda: store.scouting.locked() and store.scout_con is not None)
+        await asyncio.wait_for(store._close_scouts(), 60)
+        with pytest.raises(psycopg.Error):
+            await asyncio.wait_for(walking, 60)
+        assert store.scouts_idle is None or store.scouts_idle.cancelled()
+    assert await ended(url)
 
 
 async def scouted(q: AsyncQueue) -> None:

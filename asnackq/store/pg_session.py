@@ -6,7 +6,8 @@ Rules of this module:
 * ``AsyncStore`` (the worker's and the sink's) outlives its connections: a lost session is
   opened again (capped, jittered backoff: ``asnackq.store.outage``) and a cut transaction
   re-run, or its cut COMMIT looked up by the transaction's id.  Its slow walks from the
-  front are a scout's, on a second session opened when first needed (``pg_walks``).
+  front are a scout's, on a second session opened when first needed and closed once no
+  scout has used it for ``SCOUT_IDLE_S`` (``pg_walks``).
 * ``BorrowedStore``: an application's own session, on which intakes run inside the
   application's open transaction (``asnackq.store.borrowed``'s rules).
 """
@@ -54,6 +55,7 @@ RECONNECT_TIMEOUT_S = 3  # a reconnection attempt's connect timeout
 OPEN_WAIT_S = 30.0  # how long a store's first session is sought
 SCOUT_NAME = "asnackq scout"  # the scouts' session's application_name (pg_stat_activity)
 SCOUT_CLOSE_S = 5.0  # how long a closing store waits for its scouts to end
+SCOUT_IDLE_S = 60.0  # the scouts' session is closed once no scout has used it this long
 
 
 class AsyncStore:
@@ -86,6 +88,9 @@ class AsyncStore:
         self.walks = Walks(scout=self._scout)  # where its claims' walks start (``pg_walks``)
         self.scout_con: psycopg.AsyncConnection[Any] | None = None  # (the scouts' session)
         self.scouting = asyncio.Lock()
+        self.scouts_idle: asyncio.TimerHandle | None = None  # (``_close_idle``'s timer)
+        self.scouts_closing: set[asyncio.Future[None]] = set()
+        self.scouts_ended = False  # (the store closes: no timer is set again)
 
     @classmethod
     async def open(
@@ -186,6 +191,30 @@ class AsyncStore:
                 self.scout_con = None
                 await con.close()
                 raise
+            finally:
+                if self.scouts_idle is not None:
+                    self.scouts_idle.cancel()
+                if not self.scouts_ended:
+                    loop = asyncio.get_running_loop()
+                    self.scouts_idle = loop.call_later(SCOUT_IDLE_S, self._close_idle)
+
+    def _close_idle(self) -> None:
+        """Close the scouts' session no scout has used for ``SCOUT_IDLE_S`` (walks from the
+        front quick again: the claims walk them on the queue's session).  A scout on its
+        way keeps it, and its end sets this timer again; the next scout opens another."""
+        self.scouts_idle = None
+        con = self.scout_con
+        if con is None or self.scouting.locked():
+            return
+        self.scout_con = None
+        closing = asyncio.ensure_future(con.close())
+        self.scouts_closing.add(closing)
+        closing.add_done_callback(self._closed_idle)
+
+    def _closed_idle(self, closing: asyncio.Future[None]) -> None:
+        self.scouts_closing.discard(closing)
+        if not closing.cancelled():
+            closing.exception()  # (a session that failed as it closed: nothing to tell)
 
     def _lost(self, error: BaseException | None) -> None:
         self.health.lost()
@@ -237,8 +266,13 @@ class AsyncStore:
     async def _close_scouts(self) -> None:
         """End the scouts' session first (a walk on it fails at once, where a cancelled one
         waits for the server to end it), then the scouts themselves."""
+        self.scouts_ended = True
+        if self.scouts_idle is not None:
+            self.scouts_idle.cancel()
         if self.scout_con is not None:
             await self.scout_con.close()
+        if self.scouts_closing:  # (an idle session's close on its way)
+            await asyncio.wait(self.scouts_closing, timeout=SCOUT_CLOSE_S)
         scouts = self.walks.stop()
         if scouts:
             done, _ = await asyncio.wait(scouts, timeout=SCOUT_CLOSE_S)

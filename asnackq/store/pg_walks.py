@@ -60,8 +60,8 @@ Rules of this module:
   whichever is later, and for that one's walk; each scout is stopped after ``SCOUT_WAIT_S``,
   so at most twice that.  A transaction that rolls back leaves the scouts' findings it used
   to its re-run, and a scout it sent goes on, its schedule with it.  A loop stall counts in a
-  walk's time: a busy machine can start the scouts too (their session then stays open until
-  the store closes).
+  walk's time: a busy machine can start the scouts too (their session is closed once no
+  scout has used it for a minute: ``pg_session.SCOUT_IDLE_S``).
   Only the claims are scouted: the quarantine's check walks little from the front (no
   deadline lies in the past but those of jobs it is about to end).
 * Floors hold for a whole transaction: a statement read again in it (a claim read again
