@@ -62,6 +62,7 @@ from cpu_per_job import cpu_s, server_cpu_s, server_processes_s
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core.worker import Ticket, epoch_ms
 from asnackq.ops.purge import purge
+from asnackq.store.targets import is_url
 
 BATCH = 500
 CONTROL_SETTLE_S = 2.0  # a resumed control queue runs this long before its window
@@ -272,7 +273,7 @@ async def controlled(load: Load, control: Load, seconds: float, target: str) -> 
     control.pause()
     now = epoch_ms()
     await asyncio.to_thread(purge, target, now, ("done",), now)
-    if target.startswith("postgresql:"):  # (its dead rows removed now, not in a minute)
+    if is_url(target):  # (its dead rows removed now, not in a minute)
         import psycopg
 
         async with await psycopg.AsyncConnection.connect(target, autocommit=True) as con:
@@ -355,8 +356,10 @@ def main() -> None:
     parser.add_argument("--statements", type=int, default=0, metavar="N")
     parser.add_argument("--control", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
-    if args.control < 0 or args.control > 60:
+    if not 0 <= args.control <= 60:  # (NaN too)
         parser.error("--control takes 0 (none) to 60 seconds")
+    if args.minutes < 1:
+        parser.error("--minutes takes 1 or more")
     if (args.hold_xmin or args.shared_buffers or args.statements) and args.store != "pg":
         parser.error("--hold-xmin, --shared-buffers and --statements go with --store pg")
     print(
