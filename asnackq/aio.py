@@ -628,9 +628,12 @@ class AsyncQueue:
         fresh: int = 0,
         *,
         attempts: Sequence[Record] = (),
+        own: bool = False,
     ) -> w.Cycle:
         """One transaction of a Dispatcher (``core.worker.plan_cycle``), with the answers
-        of its requests kept (``attempts``: ``asnackq.store.attempts``)."""
+        of its requests kept (``attempts``: ``asnackq.store.attempts``).  ``own``: the
+        tickets are the run's own, as this queue's plans issued them and no other code
+        has held them since (``core.worker.plan_cycle``'s ``own``: not checked again)."""
         make = partial(
             w.plan_cycle,
             results,
@@ -641,6 +644,7 @@ class AsyncQueue:
             count,
             fresh,
             limits=self.limits,
+            own=own,
         )
         outcome: w.Cycle = await self._run(with_records(make, attempts))
         return outcome
@@ -704,12 +708,13 @@ class AsyncQueue:
         again: int = 0,
         lead_us: int = 0,
         attempts: Sequence[Record] = (),
+        own: bool = False,
     ) -> r.Paced:
         """``cycle`` whose claims take permits of the shared ``rate`` in its transaction
         (``core.rate.plan_paced_cycle``)."""
         claim = (owner, now_ms, lease_ms, count, fresh)
         make = partial(r.plan_paced_cycle, rate, results, held, *claim, again=again)
-        make = partial(make, lead_us=lead_us, limits=self.limits)
+        make = partial(make, lead_us=lead_us, limits=self.limits, own=own)
         outcome: r.Paced = await self._run(with_records(make, attempts))
         return outcome
 

@@ -221,8 +221,10 @@ def plan_paced_cycle(
     again: object = 0,
     lead_us: object = 0,
     limits: w.Limits = w.CONTRACT,
+    own: bool = False,
 ) -> w.Plan[Paced]:
-    """``worker.plan_cycle`` whose claims take the rate's permits in the same transaction.
+    """``worker.plan_cycle`` whose claims take the rate's permits in the same transaction
+    (``own``: of a run's own tickets, as ``plan_cycle`` takes them).
 
     ``again`` permits come first: new slots for tickets already held whose slots passed
     unsent.  The claims (``count``, then ``fresh``) are cut to the permits left; the slots
@@ -236,8 +238,8 @@ def plan_paced_cycle(
         for value, name in ((again, "again"), (count, "count"), (fresh, "fresh"))
     )
     lead = w.check_int(lead_us, "lead_us", 0, MAX_LEAD_US)
-    w.plan_cycle(settled, kept, owner, now_ms, lease_ms, *wants[1:], limits=limits).close()
-    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), wants, lead, limits)
+    w.plan_cycle(settled, kept, owner, now_ms, lease_ms, *wants[1:], limits=limits, own=own).close()
+    return _paced(rate, (settled, kept, owner, now_ms, lease_ms), wants, lead, limits, own)
 
 
 # A cycle's results, held tickets, owner, now and lease, as ``worker.plan_cycle`` takes them.
@@ -245,7 +247,12 @@ CycleArgs = tuple[list[tuple[w.Ticket, str, int, int]], list[w.Ticket], object, 
 
 
 def _paced(
-    rate: Rate, cycle_args: CycleArgs, wants: tuple[int, ...], lead_us: int, limits: w.Limits
+    rate: Rate,
+    cycle_args: CycleArgs,
+    wants: tuple[int, ...],
+    lead_us: int,
+    limits: w.Limits,
+    own: bool,
 ) -> w.Plan[Paced]:
     """``wants``: permits for held tickets again, claims, claims ahead."""
     permits, wanted, rows = Grant(0, 0, 0, 1), sum(wants), None
@@ -261,8 +268,8 @@ def _paced(
     again = min(wants[0], permits.permits)
     count = min(wants[1], permits.permits - again)
     fresh = min(wants[2], permits.permits - again - count)
-    cycle, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits)
-    used = again + len(cycle[2])
+    result, changed = yield from w.plan_cycle(*cycle_args, count, fresh, limits=limits, own=own)
+    used = again + len(result[2])
     slots = [permits.start_us + i * permits.interval_us for i in range(used)]
     if used and rows:  # only the slots used are spent; the rest are never written
         spent = yield w.Sql(SQL_RATE_SPEND, (slots[-1] + permits.interval_us, rate.key))
@@ -274,4 +281,4 @@ def _paced(
     # its lead and horizon of the clock.
     tat = permits.start_us + used * permits.interval_us
     retry_us = max(0, tat - lead_us - HORIZON_US - permits.now_us) if short else 0
-    return Paced(cycle, waits, permits.now_us, short, again, retry_us), changed or bool(again)
+    return Paced(result, waits, permits.now_us, short, again, retry_us), changed or bool(again)

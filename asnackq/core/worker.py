@@ -380,8 +380,14 @@ def check_finish(
     ticket: object, outcome: object, now_ms: object, delay_ms: object, limits: Limits = CONTRACT
 ) -> tuple[Ticket, str, int, int]:
     """A finish's inputs, checked in order, with a copy of the ticket."""
+    return (check_ticket(ticket), *_checked_outcome(outcome, now_ms, delay_ms, limits))
+
+
+def _checked_outcome(
+    outcome: object, now_ms: object, delay_ms: object, limits: Limits
+) -> tuple[str, int, int]:
+    """A finish's inputs after its ticket, checked in order."""
     return (
-        check_ticket(ticket),
         check_outcome(outcome),
         check_now(now_ms, limits=limits),
         check_int(delay_ms, "delay_ms", 0, limits.delay_ms),
@@ -1080,12 +1086,14 @@ def plan_finish_many(
 
 
 def _checked_results(
-    results: Iterable[tuple[Ticket, str, int, int]], limits: Limits
+    results: Iterable[tuple[Ticket, str, int, int]], limits: Limits, own: bool = False
 ) -> list[tuple[Ticket, str, int, int]]:
-    """Validate each result as ``plan_finish`` does; return them with copied tickets."""
+    """Validate each result as ``plan_finish`` does; return them with copied tickets
+    (``own``: a run's own tickets, see ``plan_cycle``: neither checked nor copied)."""
     checked = []
     for ticket, outcome, now_ms, delay_ms in results:
-        copy = check_ticket(ticket)  # (first, as in ``check_finish``: before the limits are read)
+        # (the ticket first, as in ``check_finish``: before the limits are read)
+        copy = ticket if own else check_ticket(ticket)
         if (  # (``check_finish``'s checks after the ticket's, in one expression)
             type(now_ms) is int
             and type(delay_ms) is int
@@ -1096,7 +1104,7 @@ def _checked_results(
         ):
             checked.append((copy, outcome, now_ms, delay_ms))
         else:  # (the first failing check says why, in check_finish's order)
-            checked.append(check_finish(ticket, outcome, now_ms, delay_ms, limits))
+            checked.append((copy, *_checked_outcome(outcome, now_ms, delay_ms, limits)))
     return checked
 
 
@@ -1116,6 +1124,7 @@ def plan_cycle(
     fresh: object = 0,
     *,
     limits: Limits = CONTRACT,
+    own: bool = False,
 ) -> Plan[Cycle]:
     """Plan a dispatcher's cycle: finishes, then extensions, then claims, in one transaction.
 
@@ -1125,9 +1134,20 @@ def plan_cycle(
     tickets a dispatcher keeps ahead of demand.  The result is ``(statuses, extended,
     tickets, ended)``: ``ended`` counts the jobs that ended dead in it (finished dead, or by
     the claim's quarantine), by reason.
+
+    ``own``: the tickets are a run's own, each as a claim or extension of this module issued
+    it and handed to no code outside the run since (a Dispatcher's, held by its ledger).
+    They are neither checked again nor copied, and are not to change until the plan has
+    run; every other input is checked as without ``own``, and each finish and extension is
+    fenced by its job's row all the same.
     """
-    checked = _checked_results(results, limits)
-    tickets, _, _ = check_extend(held, now_ms, lease_ms, limits)
+    checked = _checked_results(results, limits, own)
+    if own:
+        tickets = list(held)
+        check_now(now_ms, limits=limits)  # (``check_extend``'s checks after the tickets')
+        check_int(lease_ms, "lease_ms", 1, limits.lease_ms)
+    else:
+        tickets, _, _ = check_extend(held, now_ms, lease_ms, limits)
     many = check_int(count, "count", 0, 1024)
     ahead = check_int(fresh, "fresh", 0, 1024)
     claim = check_claim(owner, now_ms, lease_ms, limits)

@@ -6,6 +6,9 @@ Rules of this module:
   transaction (the finishes that came back, an extension of every held lease that ends
   within half a lease, claims for idle coroutines plus some ahead of demand, of jobs never
   attempted), so no transaction is open across a send and two never interleave.
+* The tickets a run holds are its own, as the queue's plans issued them: no code outside
+  the run gets one (a trace gets a copy), none is changed, so the cycle's plan takes them
+  unchecked (``worker.plan_cycle``'s ``own``; each is still fenced by its job's row).
 * A held ticket (ready, being sent, or with its result waiting for the commit) never lapses
   while the run goes on: its lease is extended, fenced by its token, before half of it is
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
@@ -434,11 +437,19 @@ class Committer:
         claim = (self.settings.owner, now, self.settings.lease_ms, want.waiting, want.ahead)
         rate = self.settings.rate
         if rate is None:
-            return await self.queue.cycle(finishes, due, *claim, attempts=records), []
+            cycle = await self.queue.cycle(finishes, due, *claim, attempts=records, own=True)
+            return cycle, []
         began, lead = self.loop_time(), self.slots.lead_us()
         waiting = [waiter for waiter in self.slot_waiters if not waiter.done()] if asking else []
         paced = await self.queue.paced_cycle(
-            rate, finishes, due, *claim, again=len(waiting), lead_us=lead, attempts=records
+            rate,
+            finishes,
+            due,
+            *claim,
+            again=len(waiting),
+            lead_us=lead,
+            attempts=records,
+            own=True,
         )
         self.rate_short = paced.short
         self.permits_at = self.loop_time() + paced.retry_us / 1e6 if paced.short else 0.0
@@ -485,8 +496,8 @@ class Committer:
         paced = slots or [0.0] * len(tickets)
         for n, (ticket, slot) in enumerate(zip(tickets, paced, strict=True)):
             self.ledger.hold(ticket)
-            if self.settings.trace is not None:
-                self.settings.trace("claim", ticket, now, None)
+            if self.settings.trace is not None:  # (a copy: the held ticket is the run's own)
+                self.settings.trace("claim", ticket.copy(), now, None)
             if n < first and not slots and not self.waiters:
                 ahead.append(Claimed(ticket, now, slot))
             else:

@@ -48,6 +48,7 @@ class Queue(Protocol):
         fresh: int = 0,
         *,
         attempts: Sequence[Record] = (),
+        own: bool = False,
     ) -> w.Cycle: ...
 
     async def paced_cycle(
@@ -64,6 +65,7 @@ class Queue(Protocol):
         again: int = 0,
         lead_us: int = 0,
         attempts: Sequence[Record] = (),
+        own: bool = False,
     ) -> r.Paced: ...
 
     async def keep_attempts(self) -> None: ...
