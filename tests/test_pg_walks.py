@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -263,7 +264,9 @@ class Scout:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.answers: list[asyncio.Future[list[tuple[Any, ...]]]] = []
 
-    async def __call__(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def __call__(
+        self, sql: str, params: dict[str, Any], begun: Callable[[], None]
+    ) -> list[tuple[Any, ...]]:
         self.calls.append((sql, params))
         self.answers.append(asyncio.get_running_loop().create_future())
         return await self.answers[-1]
@@ -717,6 +720,28 @@ async def test_the_scouts_session_closes_once_idle_and_the_next_scout_opens_anot
     assert await ended(url)
 
 
+async def test_a_scouts_time_is_its_walk_not_the_connect_of_its_session(url, monkeypatch):
+    """The first scout after the scouts' session closed opens another; that connect (a TLS
+    handshake to a distant server can take longer than ``SCOUT_S``) is not the walk's time,
+    which decides whether the claims go on being scouted.  A connect held 2 s here."""
+    connect = pg_session.aconnect
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(2.0)
+        return await connect(*args, **kwargs)
+
+    async with AsyncQueue.open(url) as q:
+        store = q._db
+        monkeypatch.setattr(pg_session, "aconnect", slow)
+        began = time.monotonic()
+        rows, took = await store.walks._scouting({"now": T0, "n": 4})
+        assert time.monotonic() - began >= 2.0  # (the connect was waited for)
+        assert rows == [] and took < 2.0 and store.scout_con is not None
+        rows, took = await store.walks._scouting({"now": T0, "n": 4})  # (its session kept)
+        assert rows == [] and took < 2.0
+    assert await ended(url)
+
+
 async def test_a_scout_that_ends_as_the_store_closes_sets_no_idle_timer(url):
     """A scout on its way when the store closes its scouts' session ends (its walk fails at
     once) without setting the idle close's timer again: nothing of the store is left to
@@ -751,9 +776,11 @@ async def test_a_claims_two_statements_are_scouted_by_one_walk_on_one_session(ur
         scout = walks.scout
         assert scout is not None
 
-        async def counted(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        async def counted(
+            sql: str, params: dict[str, Any], begun: Callable[[], None]
+        ) -> list[tuple[Any, ...]]:
             sent.append(sql)
-            return await scout(sql, params)
+            return await scout(sql, params, begun)
 
         walks.scout = counted
         await fill(q, [f"b{i:02}" for i in range(10)])

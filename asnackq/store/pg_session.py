@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -169,11 +170,14 @@ class AsyncStore:
         self.health.back()
         return self.con
 
-    async def _scout(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def _scout(
+        self, sql: str, params: dict[str, Any], begun: Callable[[], None] | None = None
+    ) -> list[tuple[Any, ...]]:
         """A claim's walk from the front, without locks, on a session of the scouts' own
         (``pg_walks``): the queue's session goes on claiming from its floors meanwhile.
         Opened when first needed, and again after a failure (which the walks meet as a
-        scout that failed: the claim then walks from the front itself)."""
+        scout that failed: the claim then walks from the front itself).  ``begun`` is
+        called as the walk starts, once the session is there."""
         async with self.scouting:  # (one scout at a time: a claim's two statements may both go)
             con = self.scout_con
             if con is None or con.closed:
@@ -184,6 +188,8 @@ class AsyncStore:
                     timeout_s=RECONNECT_TIMEOUT_S,
                     application_name=SCOUT_NAME,
                 )
+            if begun is not None:
+                begun()
             try:
                 cursor = await con.execute(sql, params)
                 return await cursor.fetchall()

@@ -59,7 +59,8 @@ Rules of this module:
   began waits for the next one, which starts ``MOST_S`` after it or once it is back,
   whichever is later, and for that one's walk; each scout is stopped after ``SCOUT_WAIT_S``,
   so at most twice that.  A transaction that rolls back leaves the scouts' findings it used
-  to its re-run, and a scout it sent goes on, its schedule with it.  A loop stall counts in a
+  to its re-run, and a scout it sent goes on, its schedule with it.  A scout's time is its
+  walk's, not the connect of its session before it.  A loop stall counts in a
   walk's time: a busy machine can start the scouts too (their session is closed once no
   scout has used it for a minute: ``pg_session.SCOUT_IDLE_S``).
   Only the claims are scouted: the quarantine's check walks little from the front (no
@@ -186,7 +187,9 @@ def _scouted_text(claim: str, fresh: str) -> str:
 SCOUTS = (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
 SCOUTED = _scouted_text(FLOORED[SCOUTS[0]], FLOORED[SCOUTS[1]])
 
-Scout = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+# A scout: ``(sql, params, begun)`` -> the walk's rows, where ``begun()`` is called as the
+# walk itself starts, after any connect to its session (a connect is no walk's time).
+Scout = Callable[[str, dict[str, Any], Callable[[], None]], Awaitable[list[tuple[Any, ...]]]]
 
 
 class Walks:
@@ -324,11 +327,16 @@ class Walks:
 
     async def _scouting(self, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], float]:
         """The scout's walk from the front as at ``params`` (a scouted statement's): its
-        rows, its time."""
+        rows, its time (from its start on its session: a connect before it is not timed)."""
         assert self.scout is not None
         start = self.clock()
+
+        def begun() -> None:
+            nonlocal start
+            start = self.clock()
+
         walked = {"now": params["now"], "n": params["n"], "from_seq": LOWEST, "front": True}
-        rows = await self.scout(SCOUTED, walked)
+        rows = await self.scout(SCOUTED, walked, begun)
         return rows, max(0.0, self.clock() - start)
 
     def _scouted(
