@@ -105,16 +105,26 @@ def test_own_cycle_checks_every_input_but_the_tickets(tmp_path, change, says):
     con.close()
 
 
+@pytest.mark.parametrize("own", [1, "no", None])
+def test_own_is_a_bool(tmp_path, own):
+    """``own`` turns the ticket checks off: only a bool is taken for it."""
+    con, tickets = leased(tmp_path / "q.db")
+    result = ({"id": tickets[0]["id"]}, "ok", T0 + 10, 0)
+    with pytest.raises(ValueError, match="own must be a bool"):
+        w.plan_cycle([result], [], "w1", T0 + 10, LEASE, 0, limits=w.PRODUCT, own=own)
+    con.close()
+
+
 async def test_a_trace_that_changes_its_ticket_changes_no_delivery(tmp_path):
-    """A Dispatcher's trace gets a copy of each claimed ticket: one that writes over it (a
-    token, a lease) leaves the run's own ticket, which its cycle takes unchecked, as it was:
-    every job is done once, none finished stale."""
+    """A Dispatcher's trace gets copies of the tickets, at the claim and at the finish: one
+    that writes over them (a token, a lease) leaves the run's own tickets, which its cycles
+    take unchecked, as they were: every job is done once, none finished stale."""
     db = tmp_path / "q.db"
     scribbled = []
 
     def trace(kind, ticket, at, status):
+        ticket.update(token=999, lease_until=1, owner="someone-else")
         if kind == "claim":
-            ticket.update(token=999, lease_until=1, owner="someone-else")
             scribbled.append(ticket["id"])
 
     sent = []

@@ -262,12 +262,14 @@ class Scout:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.begun: list[tuple[str, dict[str, Any], Callable[[], None]]] = []
         self.answers: list[asyncio.Future[list[tuple[Any, ...]]]] = []
 
     async def __call__(
         self, sql: str, params: dict[str, Any], begun: Callable[[], None]
     ) -> list[tuple[Any, ...]]:
         self.calls.append((sql, params))
+        self.begun.append((sql, params, begun))
         self.answers.append(asyncio.get_running_loop().create_future())
         return await self.answers[-1]
 
@@ -328,6 +330,21 @@ async def test_a_slow_walk_from_the_front_is_scouted_and_claims_keep_their_floor
     assert walks.took[NEXT] == pytest.approx(MOST_S + 0.7)  # (the scout's time)
     assert walks.found(NEXT, floored[1], [row(40)]) is True  # (short, from a floor: again)
     assert walk(walks, NEXT, claim, [row(109 + i) for i in range(4)]) == (LOWEST, LOWEST)
+
+
+async def test_a_scouts_time_runs_from_its_walks_start_not_from_its_launch():
+    """A scout waits for its session first (another scout's still closing it, or a
+    connect): its time, the statements' walk time, runs from ``begun``, the walk's start."""
+    clock, scout, walks = await launched(NEXT, {"now": T0, "n": 4, "losses": 3})
+    clock.now += 3.0  # (waiting for its session)
+    [(_, _, begun)] = scout.begun
+    begun()
+    clock.now += 0.25
+    scout.answers[0].set_result([row(40)])
+    await asyncio.sleep(0)
+    walks.begin()
+    walks.floored(NEXT, {"now": T0, "n": 4, "losses": 3})
+    assert walks.took[NEXT] == pytest.approx(0.25)
 
 
 async def test_a_scout_that_finds_nothing_behind_the_floor_leaves_it_and_one_that_fails_does_not():

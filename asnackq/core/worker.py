@@ -1141,6 +1141,8 @@ def plan_cycle(
     run; every other input is checked as without ``own``, and each finish and extension is
     fenced by its job's row all the same.
     """
+    if type(own) is not bool:
+        raise ValueError(f"own must be a bool: {own!r}")
     checked = _checked_results(results, limits, own)
     if own:
         tickets = list(held)

@@ -7,8 +7,9 @@ Rules of this module:
   within half a lease, claims for idle coroutines plus some ahead of demand, of jobs never
   attempted), so no transaction is open across a send and two never interleave.
 * The tickets a run holds are its own, as the queue's plans issued them: no code outside
-  the run gets one (a trace gets a copy), none is changed, so the cycle's plan takes them
-  unchecked (``worker.plan_cycle``'s ``own``; each is still fenced by its job's row).
+  the run gets one (a trace gets copies, at the claim and at the finish), none is changed,
+  so the cycle's plan takes them unchecked (``worker.plan_cycle``'s ``own``; each is still
+  fenced by its job's row).
 * A held ticket (ready, being sent, or with its result waiting for the commit) never lapses
   while the run goes on: its lease is extended, fenced by its token, before half of it is
   left.  A ticket whose extension comes back stale is lost: it is not sent, or its result
@@ -480,7 +481,7 @@ class Committer:
         for finish, status in zip(finishes, statuses, strict=True):
             self.ledger.release(finish.ticket["id"])
             if self.settings.trace is not None:
-                self.settings.trace("finish", finish.ticket, finish.now_ms, status)
+                self.settings.trace("finish", finish.ticket.copy(), finish.now_ms, status)
             self.summary.count(status)
 
     def _claimed(

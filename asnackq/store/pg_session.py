@@ -177,7 +177,8 @@ class AsyncStore:
         (``pg_walks``): the queue's session goes on claiming from its floors meanwhile.
         Opened when first needed, and again after a failure (which the walks meet as a
         scout that failed: the claim then walks from the front itself).  ``begun`` is
-        called as the walk starts, once the session is there."""
+        called as the walk starts, once the session is there (after the scouts' lock, and
+        any connect)."""
         async with self.scouting:  # (one scout at a time: a claim's two statements may both go)
             con = self.scout_con
             if con is None or con.closed:

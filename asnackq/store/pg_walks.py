@@ -60,7 +60,8 @@ Rules of this module:
   whichever is later, and for that one's walk; each scout is stopped after ``SCOUT_WAIT_S``,
   so at most twice that.  A transaction that rolls back leaves the scouts' findings it used
   to its re-run, and a scout it sent goes on, its schedule with it.  A scout's time is its
-  walk's, not the connect of its session before it.  A loop stall counts in a
+  walk's: not the wait for its session (a stopped scout's, still closing it, or the
+  connect of a new one) before it.  A loop stall counts in a
   walk's time: a busy machine can start the scouts too (their session is closed once no
   scout has used it for a minute: ``pg_session.SCOUT_IDLE_S``).
   Only the claims are scouted: the quarantine's check walks little from the front (no
@@ -188,7 +189,7 @@ SCOUTS = (w.SQL_NEXT_RECLAIMABLE, w.SQL_NEXT_FRESH_RECLAIMING)
 SCOUTED = _scouted_text(FLOORED[SCOUTS[0]], FLOORED[SCOUTS[1]])
 
 # A scout: ``(sql, params, begun)`` -> the walk's rows, where ``begun()`` is called as the
-# walk itself starts, after any connect to its session (a connect is no walk's time).
+# walk itself starts, once its session is there (the wait for it is no walk's time).
 Scout = Callable[[str, dict[str, Any], Callable[[], None]], Awaitable[list[tuple[Any, ...]]]]
 
 
