@@ -328,7 +328,7 @@ class Walks:
 
     async def _scouting(self, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], float]:
         """The scout's walk from the front as at ``params`` (a scouted statement's): its
-        rows, its time (from its start on its session: a connect before it is not timed)."""
+        rows, its time (from its start on its session: the wait for that session is not timed)."""
         assert self.scout is not None
         start = self.clock()
 
