@@ -72,7 +72,7 @@ from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, SharedRate, Trace
 from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Attempt, Claimed, Sent
+from asnackq.dispatch.tickets import Attempt, Claimed, Sent, made
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
@@ -907,7 +907,7 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
     ``wait_overload``).  Under a shared rate every send takes a slot: a re-send a new one.
     Each pass of the loop is reported (``Port.report``) as an ``Attempt``.
     """
-    ticket, again = claimed.ticket, 0
+    ticket, settings, again = claimed.ticket, port.settings, 0
     while True:
         breaker = port.breaker
         probe = await breaker.admit(port.lease_left_s(ticket)) if breaker.is_open else False
@@ -919,15 +919,23 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         if again and not await port.slot(claimed, again=True):  # a shared rate's new slot
             port.report(Attempt(probe, None))
             return Sent(claimed, None)  # lost while it waited
-        jitter = w.check_jitter(port.settings.jitter())
+        jitter = w.check_jitter(settings.jitter())
         at_ms = port.now()
-        seen, result = await send_once(port, send, claimed, jitter)
+        LAST_ANSWER.set(None)  # (a sender of the application's own may tell nothing)
+        try:  # one request for the ticket
+            event, token, gate = w.fresh_event(ticket), ticket["token"], port.gate
+            ack = await (send(event, token) if gate is None else gate.send(send, event, token))
+            outcome = OK if ack is True else judged(settings, ticket, jitter, ack)
+        except Exception as error:
+            seen, result = failed(port, claimed, jitter, error)
+        else:  # (a bad clock: raised)
+            seen = SEEN_OK if outcome is OK else Seen(False, verdict=outcome[0])
+            result = finished(port, claimed, outcome)
         overloaded = seen.overloaded is not None
         record = kept(port, claimed, seen, at_ms, again)
+        unavailable, cause, why = seen.unavailable, seen.cause, seen.why
         port.report(
-            Attempt(
-                probe, seen.unavailable, True, again > 0, overloaded, seen.cause, seen.why, record
-            )
+            made(Attempt, (probe, unavailable, True, again > 0, overloaded, cause, why, record))
         )
         again += 1
         if result is not None:
@@ -936,7 +944,7 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
             if not await wait_overload(port, claimed, seen.overloaded, again, jitter):
                 return Sent(claimed, None)  # the lease ended meanwhile: no answer
         elif not port.breaker.is_open:  # the sink is away: after the retry policy's delay
-            delay_ms = port.settings.retry.delay(min(again, 16), jitter, port.settings.limits)
+            delay_ms = settings.retry.delay(min(again, 16), jitter, settings.limits)
             await asyncio.sleep(delay_ms / 1000)
 
 
@@ -958,44 +966,41 @@ OK = ("ok", 0)  # an ACK's outcome and delay (``w.judge_send``)
 SEEN_OK = Seen(False, verdict="ok")  # what an ACK showed of the sink
 
 
-async def send_once(
-    port: Port, send: AsyncSend, claimed: Claimed, jitter: float
+def judged(
+    settings: Settings,
+    ticket: w.Ticket,
+    jitter: float,
+    ack: object,
+    error: w.Retryable | w.Permanent | None = None,
+) -> tuple[str, int]:
+    """The outcome and delay of an answer other than an ACK, or of a rejection ``error``
+    (``w.judge_send``'s, then the run's schedule)."""
+    outcome = w.judge_send(ticket, jitter, ack, error, settings.retry, settings.limits)
+    return settings.retry_delay(ticket, outcome, jitter)
+
+
+def failed(
+    port: Port, claimed: Claimed, jitter: float, error: Exception
 ) -> tuple[Seen, Sent | None]:
-    """One request for the ticket: what it showed of the sink, and the ticket's result
+    """What a request that raised ``error`` showed of the sink, and the ticket's result
     (None: no outcome, the ticket is sent again under its lease)."""
-    ticket, settings, gate = claimed.ticket, port.settings, port.gate
-    LAST_ANSWER.set(None)  # (a sender of the application's own may tell nothing)
-    try:
-        event = w.fresh_event(ticket)
-        token = ticket["token"]
-        sending = send(event, token) if gate is None else gate.send(send, event, token)
-        if (ack := await sending) is True:
-            outcome = OK  # (``judge_send``'s answer to an ACK, which no schedule delays)
-        else:
-            outcome = w.judge_send(ticket, jitter, ack, None, settings.retry, settings.limits)
-            outcome = settings.retry_delay(ticket, outcome, jitter)
-    except w.Overloaded as error:
+    if isinstance(error, w.Overloaded):
         return Seen(False, error, verdict="overloaded"), None  # the sink is there
-    except Untrusted as error:  # this worker's TLS set-up, or the sink's: not the job's
+    if isinstance(error, Untrusted):  # this worker's TLS set-up, or the sink's: not the job's
         return Seen(True, cause="tls", why=error.why, verdict="tls", error=error.why), None
-    except w.Unavailable as error:
+    if isinstance(error, w.Unavailable):
         cause = "timing_out" if isinstance(error, TimedOut) else "away"
         verdict = "gone" if isinstance(error, Gone) else cause
         return Seen(True, cause=cause, verdict=verdict, error=one_line(error)), None
-    except (w.Retryable, w.Permanent) as error:
-        outcome = w.judge_send(ticket, jitter, None, error, settings.retry, settings.limits)
-        outcome = settings.retry_delay(ticket, outcome, jitter)
-        return Seen(False, verdict=outcome[0], error=one_line(error)), Sent(
-            claimed, *outcome_at(port, claimed, outcome)
-        )
-    except Exception as error:  # stays leased; reclaimed after the lease
-        bad = isinstance(error, w.BadAck)
-        seen = Seen(False if bad else None, verdict="bad_ack" if bad else "error")
-        return seen._replace(error=one_line(error)), Sent(
-            claimed, None, failure="bad_acks" if bad else "errors"
-        )
-    seen = SEEN_OK if outcome is OK else Seen(False, verdict=outcome[0])
-    return seen, Sent(claimed, *outcome_at(port, claimed, outcome))  # (a bad clock: raised)
+    if isinstance(error, (w.Retryable, w.Permanent)):
+        outcome = judged(port.settings, claimed.ticket, jitter, None, error)
+        seen = Seen(False, verdict=outcome[0], error=one_line(error))
+        return seen, finished(port, claimed, outcome)
+    bad = isinstance(error, w.BadAck)  # stays leased; reclaimed after the lease
+    seen = Seen(False if bad else None, verdict="bad_ack" if bad else "error")
+    return seen._replace(error=one_line(error)), Sent(
+        claimed, None, failure="bad_acks" if bad else "errors"
+    )
 
 
 def with_records(make: Callable[[], w.Plan[T]], rows: Sequence[Record]) -> Callable[[], w.Plan[T]]:
@@ -1015,15 +1020,18 @@ def kept(port: Port, claimed: Claimed, seen: Seen, at_ms: int, again: int) -> Re
     if status is None:  # no answer came (refused, reset, timed out, unreadable): why not
         body = seen.error.encode()
     ticket = claimed.ticket
-    return Record(
-        ticket["id"],
-        ticket["token"],
-        ticket["attempt"],
-        at_ms,
-        status,
-        latency_ms,
-        seen.verdict,
-        attempts.excerpt(body) if body else "",
+    return made(
+        Record,
+        (
+            ticket["id"],
+            ticket["token"],
+            ticket["attempt"],
+            at_ms,
+            status,
+            latency_ms,
+            seen.verdict,
+            attempts.excerpt(body) if body else "",
+        ),
     )
 
 
@@ -1051,12 +1059,12 @@ async def wait_overload(
     return await port.hold(claimed.ticket, delay_ms / 1000)
 
 
-def outcome_at(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> tuple[str, int, int]:
-    """The outcome with the delivery's second clock reading: ``(outcome, now_ms, delay)``."""
+def finished(port: Port, claimed: Claimed, outcome: tuple[str, int]) -> Sent:
+    """The ticket's result: its outcome and delay, with the delivery's second clock reading."""
     now = port.now()  # (checked as ``w.second_reading`` checks it)
     if now < claimed.first:  # (never: the run's clock does not step back)
         raise ValueError(f"clock went backwards: {now} < {claimed.first}")
-    return outcome[0], now, outcome[1]
+    return made(Sent, (claimed, outcome[0], now, outcome[1], None, False))
 
 
 class Dispatcher:

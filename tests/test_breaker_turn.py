@@ -14,7 +14,8 @@ from asnackq.dispatch.breaker import Breaker, BreakerPolicy
 @pytest.mark.parametrize("turns", range(6))  # the cancel at each step of the hand-over
 async def test_a_send_cancelled_as_it_gets_the_probes_turn_stays_cancelled(turns: int) -> None:
     breaker = Breaker(BreakerPolicy(after=1, base_ms=10, max_ms=10), on_close=lambda: None)
-    breaker.closed.clear()  # open: sends wait for their turn to probe
+    breaker.closed.clear()  # open (as ``_open`` leaves it, its probe due at once): sends wait
+    breaker.is_open = True  # for their turn to probe
     await breaker._turn.acquire()  # another send is the probe in flight
     waiting = asyncio.ensure_future(breaker.admit(60))
     for _ in range(3):

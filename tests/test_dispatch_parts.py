@@ -37,7 +37,7 @@ def settings(**changes):
 def test_a_ledger_keeps_only_the_current_lease():
     ledger = Ledger(LEASE)
     held = ticket("a", "t1", 1000)
-    ledger.hold(held)
+    ledger.hold([held])
     assert ledger.keeps(held, 999) and not ledger.keeps(held, 1000)
     assert not ledger.holds(ticket("a", "t0", 1000)), "an older token is not held"
     assert ledger.lease_until(held) == 1000
@@ -48,7 +48,7 @@ def test_a_ledger_keeps_only_the_current_lease():
 def test_due_extends_at_half_a_lease_presses_returning_results_and_skips_capped_leases():
     ledger = Ledger(LEASE)
     for job_id, until in [("due", 500), ("later", 800), ("back", 400), ("cap", 450)]:
-        ledger.hold(ticket(job_id, "t", until))
+        ledger.hold([ticket(job_id, "t", until)])
     assert ledger.kept(0, [ticket("cap", "t", 450)], [ticket("cap", "t", 450)]) == 0
     due = ledger.due(0, {"back"})
     assert due == Due([ticket("due", "t", 500)], 300, True)
@@ -60,7 +60,7 @@ def test_the_hundredth_cycle_still_keeps_every_held_lease():
     rng = random.Random(24)
     ledger, now, deadline = Ledger(LEASE), 0, 30_000
     for i in range(20):
-        ledger.hold(ticket(f"job-{i}", "t", LEASE))
+        ledger.hold([ticket(f"job-{i}", "t", LEASE)])
     for _ in range(200):
         now += rng.randrange(1, LEASE // 2)  # cycles at least every half a lease
         for i in range(20):  # no lease lapsed since the last cycle

@@ -716,8 +716,13 @@ def _after(write: SqlMany | None, reads: list[Read]) -> Generator[Step, Any, lis
 
 
 def json_set(keys: Iterable[Any]) -> str:
-    """A set of ids or seqs as the one JSON array parameter a set statement reads."""
-    return json.dumps(list(keys), separators=(",", ":"))
+    """A set of ids or seqs (or of rows: flat arrays of them) as the one JSON array parameter
+    a set statement reads."""
+    return _COMPACT.encode(list(keys))
+
+
+# (no check for cycles: a set holds ids, numbers and flat rows of them, never itself)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 def _write_set(sql: str, head: tuple[Any, ...], keys: list[Any]) -> Generator[Step, Any, None]:
@@ -917,7 +922,7 @@ def _ticket(row: tuple[Any, ...], owner: str, lease_until: int, spent: int) -> T
         "owner": owner,
         "token": token + 1,
         "attempt": attempts + spent,
-        "lease_until": min(lease_until, deadline),
+        "lease_until": deadline if deadline < lease_until else lease_until,  # (the min)
     }
 
 
@@ -1053,7 +1058,9 @@ def _finishes(
             statuses.append(False)
             continue
         del current[ticket["id"]]
-        status, reason = _decide(row, outcome, now_ms, delay_ms)
+        status, reason = (
+            ("done", None) if outcome == "ok" else _decide(row, outcome, now_ms, delay_ms)
+        )
         available_at = now_ms + delay_ms if status == "pending" else now_ms
         updates.append(
             dict(
@@ -1091,20 +1098,23 @@ def _checked_results(
     """Validate each result as ``plan_finish`` does; return them with copied tickets
     (``own``: a run's own tickets, see ``plan_cycle``: neither checked nor copied)."""
     checked = []
+    top = most = -1  # the limits' bounds: read once, where ``check_finish`` reads them
     for ticket, outcome, now_ms, delay_ms in results:
         # (the ticket first, as in ``check_finish``: before the limits are read)
         copy = ticket if own else check_ticket(ticket)
-        if (  # (``check_finish``'s checks after the ticket's, in one expression)
+        if (  # (``check_finish``'s checks after the ticket's)
             type(now_ms) is int
             and type(delay_ms) is int
             and type(outcome) is str
             and outcome in OUTCOMES
-            and 0 <= now_ms <= limits.max_now
-            and 0 <= delay_ms <= limits.delay_ms
         ):
-            checked.append((copy, outcome, now_ms, delay_ms))
-        else:  # (the first failing check says why, in check_finish's order)
-            checked.append((copy, *_checked_outcome(outcome, now_ms, delay_ms, limits)))
+            if top < 0:
+                top, most = limits.max_now, limits.delay_ms
+            if 0 <= now_ms <= top and 0 <= delay_ms <= most:
+                checked.append((copy, outcome, now_ms, delay_ms))
+                continue
+        # (the first failing check says why, in check_finish's order)
+        checked.append((copy, *_checked_outcome(outcome, now_ms, delay_ms, limits)))
     return checked
 
 

@@ -83,10 +83,7 @@ class Breaker:
         self._opened_at = 0.0
         self._probes_at_open = 0
         self._stopped = False
-
-    @property
-    def is_open(self) -> bool:
-        return not self.closed.is_set()
+        self.is_open = False  # (``closed`` is clear exactly while it is open)
 
     async def admit(self, within_s: float) -> bool | None:
         """Wait until a send may go: True if it goes as the probe (then ``record`` it), False
@@ -156,6 +153,7 @@ class Breaker:
 
     def _open(self) -> None:
         self.closed.clear()
+        self.is_open = True
         self._opened_at = asyncio.get_running_loop().time()
         self._wait_ms = self.policy.base_ms
         self._probe_at = self._opened_at + self._wait_ms / 1000
@@ -175,6 +173,7 @@ class Breaker:
         paused_ms = self._elapsed_ms()
         self.counts.paused_ms += paused_ms
         self.closed.set()
+        self.is_open = False
         self._on_close()
         self.events.emit(
             "resumed",

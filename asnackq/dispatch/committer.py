@@ -53,7 +53,7 @@ from asnackq.dispatch.seam import Queue
 from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Attempt, Claimed, Sent
+from asnackq.dispatch.tickets import Attempt, Claimed, Sent, made
 from asnackq.store.attempts import Record
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 from asnackq.store.targets import one_line
@@ -131,7 +131,7 @@ class Committer:
             hand_back=self.hand_back,
             report=self.report,
             leases=self.ledger,
-            now=self.run_clock,
+            now=self.run_clock.read,
             breaker=self.breaker,
             settings=self.settings,
             gate=self.gate,
@@ -172,15 +172,17 @@ class Committer:
     def report(self, attempt: Attempt) -> None:
         """What one pass of a coroutine's send loop saw: the run's counts of requests and
         the breaker's sample change here, and nowhere else."""
-        if attempt.sent:
-            self.summary.requests += 1
-            self.summary.resent += attempt.resent
-            self.summary.overloaded += attempt.overloaded
-            if attempt.unavailable:
-                self.summary.unanswered(attempt.cause)
-        self.breaker.record(attempt.probe, attempt.unavailable, attempt.cause, attempt.why)
-        if attempt.record is not None:
-            self.records.append(attempt.record)
+        probe, unavailable, sent, resent, overloaded, cause, why, record = attempt
+        if sent:
+            summary = self.summary
+            summary.requests += 1
+            summary.resent += resent
+            summary.overloaded += overloaded
+            if unavailable:
+                summary.unanswered(cause)
+        self.breaker.record(probe, unavailable, cause, why)
+        if record is not None:
+            self.records.append(record)
 
     def kick_now(self) -> None:
         self.kick.set()
@@ -474,15 +476,15 @@ class Committer:
             if outcome is None:  # no answer to record: the job stays leased
                 self.ledger.release(claimed.ticket["id"])  # (or dies by its deadline) and
                 continue  # is reclaimed later
-            finishes.append(Finish(current, outcome, now_ms, delay_ms))
+            finishes.append(made(Finish, (current, outcome, now_ms, delay_ms)))
         return finishes
 
     def _settled(self, finishes: list[Finish], statuses: list[str | bool]) -> None:
-        for finish, status in zip(finishes, statuses, strict=True):
-            self.ledger.release(finish.ticket["id"])
-            if self.settings.trace is not None:
-                self.settings.trace("finish", finish.ticket.copy(), finish.now_ms, status)
-            self.summary.count(status)
+        self.ledger.settled([finish.ticket for finish in finishes])
+        if (trace := self.settings.trace) is not None:
+            for finish, status in zip(finishes, statuses, strict=True):
+                trace("finish", finish.ticket.copy(), finish.now_ms, status)
+        self.summary.count(statuses)
 
     def _claimed(
         self, now: int, tickets: list[w.Ticket], slots: list[float], first: int = 0
@@ -495,14 +497,17 @@ class Committer:
         self.summary.claimed += len(tickets)
         ahead: list[Claimed] = []
         paced = slots or [0.0] * len(tickets)
+        self.ledger.hold(tickets)
         for n, (ticket, slot) in enumerate(zip(tickets, paced, strict=True)):
-            self.ledger.hold(ticket)
             if self.settings.trace is not None:  # (a copy: the held ticket is the run's own)
                 self.settings.trace("claim", ticket.copy(), now, None)
-            if n < first and not slots and not self.waiters:
-                ahead.append(Claimed(ticket, now, slot))
+            claimed = made(Claimed, (ticket, now, slot))
+            if self.waiters:
+                self._hand_out(claimed)
+            elif n < first and not slots:
+                ahead.append(claimed)
             else:
-                self._hand_out(Claimed(ticket, now, slot))
+                self.ready.append(claimed)  # (``_hand_out`` with no coroutine waiting)
         self.ready.extendleft(reversed(ahead))  # (sent next)
 
     def _unconfirmed(self, tickets: list[w.Ticket]) -> None:

@@ -58,14 +58,22 @@ class Ledger:
         """Whether the run still holds this lease at ``now`` (a send may go under it)."""
         return self.holds(ticket) and now < self._held[ticket["id"]]["lease_until"]
 
-    def hold(self, ticket: w.Ticket) -> None:
-        """Hold a freshly claimed ticket."""
-        self._held[ticket["id"]] = ticket
+    def hold(self, tickets: list[w.Ticket]) -> None:
+        """Hold freshly claimed tickets."""
+        self._held.update((ticket["id"], ticket) for ticket in tickets)
 
     def release(self, job_id: str) -> None:
         """Let go of a job: settled, lost, or left to its lease."""
         self._held.pop(job_id, None)
         self._capped.discard(job_id)
+
+    def settled(self, tickets: list[w.Ticket]) -> None:
+        """Let go of the jobs of finishes that committed (``release`` each)."""
+        held, capped = self._held, self._capped
+        for ticket in tickets:
+            held.pop(ticket["id"], None)
+        if capped:
+            capped.difference_update(ticket["id"] for ticket in tickets)
 
     def due(self, now: int, returning: set[str]) -> Due:
         """The leases to extend at ``now``; ``returning``: the ids of results waiting for

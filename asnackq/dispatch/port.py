@@ -20,7 +20,6 @@ from typing import Protocol
 
 from asnackq.core import worker as w
 from asnackq.dispatch.gate import Gate
-from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings
 from asnackq.dispatch.tickets import Attempt, Claimed, Sent
 
@@ -58,7 +57,7 @@ class Port:
     hand_back: Callable[[Sent], None]  # a ticket's result (``Sent.fatal``: the run fails)
     report: Callable[[Attempt], None]  # what one pass of the send loop saw
     leases: Leases
-    now: RunClock
+    now: Callable[[], int]  # the run's clock (``RunClock.read``)
     breaker: Admission
     settings: Settings
     gate: Gate | None = None  # concurrency "auto": the slots a coroutine takes

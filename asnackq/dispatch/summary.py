@@ -75,11 +75,8 @@ class Summary:
         else:
             self.errors += 1
 
-    def count(self, status: str | bool) -> None:
-        """Count one committed finish by its result."""
-        if status is False:
-            self.stale += 1
-        elif status == "done":
-            self.done += 1
-        elif status == "pending":
-            self.retried += 1
+    def count(self, statuses: list[str | bool]) -> None:
+        """Count a cycle's committed finishes by their results (False: stale)."""
+        self.stale += statuses.count(False)  # (a result is a status or False)
+        self.done += statuses.count("done")
+        self.retried += statuses.count("pending")

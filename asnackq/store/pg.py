@@ -24,6 +24,9 @@ Rules of this module:
   would count one it prepared there as prepared, and every later run of it on the session
   would fail (``InvalidSqlStatementName``).  A set statement runs for hundreds of jobs, so
   its parse is no cost that shows.
+* A ``Batch``'s replies come in binary (a cycle's reads: hundreds of rows of integers, which
+  the text format would have psycopg parse from decimal digits); psycopg loads them to the
+  same Python types as from text (int, str, bool), by the same column types.
 * The transaction's id (``SQL_XACT``, for a COMMIT whose answer is lost: ``CommitCut``)
   goes in the pipeline of a ``Batch``, or of a set's INSERT, while it is not known yet;
   once a write gave the transaction an id, no round trip of its own reads it before the
@@ -541,7 +544,9 @@ async def _pipelined(
     async with con.pipeline():  # (its end sends the one Sync and reads every reply)
         if begin:
             await con.execute("BEGIN", prepare=False)
-        cursors = [await con.execute(sql, params, prepare=False) for sql, params, _ in sent]
+        cursors = [
+            await con.execute(sql, params, prepare=False, binary=True) for sql, params, _ in sent
+        ]
         ids = await _read_xact(con) if xact is not None and not xact else None
     if ids is not None:
         _note_xact(await ids.fetchone(), xact)
@@ -582,7 +587,7 @@ async def _walked(
     reply = await cursor.fetchall() if cursor.description is not None else []
     if walks is not None and floored and walks.found(statement, floored[1], reply):
         params = walks.again(statement, floored[1])  # (short: again from the front)
-        cursor = await con.execute(sql, params)
+        cursor = await con.execute(sql, params, binary=True)  # (as the batch's own)
         count = cursor.rowcount
         reply = await cursor.fetchall()
         walks.found(statement, params, reply)

@@ -10,10 +10,11 @@ less than reading an array of one).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any, NamedTuple
+
+from asnackq.core import worker as w
 
 __all__ = ["SETTLE_FIELDS", "SetText", "as_set", "settle_set"]
 
@@ -59,5 +60,5 @@ def as_set(
         return None
     if found.job is not None and len({found.job(row) for row in params}) < len(params):
         return None
-    rows = params if found.shape is None else list(map(found.shape, params))
-    return found.text, (json.dumps(rows, separators=(",", ":")),)
+    rows = params if found.shape is None else map(found.shape, params)
+    return found.text, (w.json_set(rows),)
