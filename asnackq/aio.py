@@ -72,7 +72,7 @@ from asnackq.dispatch.runclock import RunClock
 from asnackq.dispatch.settings import Settings, SharedRate, Trace
 from asnackq.dispatch.spans import DeliverySpans
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Attempt, Claimed, Sent, made
+from asnackq.dispatch.tickets import Claimed, Sent, made
 from asnackq.store import attempts, job_traces
 from asnackq.store.attempts import Record
 from asnackq.store.intakes import Intakes
@@ -869,14 +869,14 @@ async def deliver(port: Port, send: AsyncSend) -> None:
     """One delivery coroutine: take a ticket, wait for its slot of a shared rate, send it,
     hand the result back; until None.  With a gate (concurrency "auto"), a slot of the gate
     is held from the take to the hand-back."""
-    spans = port.settings.spans
+    spans, shared = port.settings.spans, port.settings.shared  # (the run's rate: ``rate``)
     while True:
         if port.gate is not None:
             await port.gate.acquire()
         try:
             if (claimed := await port.take()) is None:
                 return
-            paced = port.settings.rate is not None  # (``slot`` is True at once without)
+            paced = shared.rate is not None  # (``slot`` is True at once without)
             if paced and not await port.slot(claimed):  # a shared rate's slot: lost meanwhile
                 port.hand_back(Sent(claimed, None))
                 continue
@@ -905,21 +905,23 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
     keeps the lease - up to the job's deadline.  Nor is an ``Overloaded`` answer: the send
     goes again under the same lease once the wait the sink asked for is over (see
     ``wait_overload``).  Under a shared rate every send takes a slot: a re-send a new one.
-    Each pass of the loop is reported (``Port.report``) as an ``Attempt``.
+    Each pass of the loop is reported (``Port.report``: ``tickets.Report``).
     """
     ticket, settings, again = claimed.ticket, port.settings, 0
     while True:
         breaker = port.breaker
         probe = await breaker.admit(port.lease_left_s(ticket)) if breaker.is_open else False
         if (again or probe is not False) and not port.keeps(ticket):
-            port.report(Attempt(probe, None))  # (a first send's ticket was just checked)
+            port.report(probe, None)  # (a first send's ticket was just checked)
             return Sent(claimed, None)  # lost, or at its deadline: no answer
         if probe is None:
             continue  # the lease was extended meanwhile
         if again and not await port.slot(claimed, again=True):  # a shared rate's new slot
-            port.report(Attempt(probe, None))
+            port.report(probe, None)
             return Sent(claimed, None)  # lost while it waited
-        jitter = w.check_jitter(settings.jitter())
+        jitter = settings.jitter()
+        if type(jitter) is not float or not 0 <= jitter <= 1:  # (``w.check_jitter``'s range)
+            jitter = w.check_jitter(jitter)
         at_ms = port.now()
         LAST_ANSWER.set(None)  # (a sender of the application's own may tell nothing)
         try:  # one request for the ticket
@@ -934,9 +936,7 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         overloaded = seen.overloaded is not None
         record = kept(port, claimed, seen, at_ms, again)
         unavailable, cause, why = seen.unavailable, seen.cause, seen.why
-        port.report(
-            made(Attempt, (probe, unavailable, True, again > 0, overloaded, cause, why, record))
-        )
+        port.report(probe, unavailable, True, again > 0, overloaded, cause, why, record)
         again += 1
         if result is not None:
             return result

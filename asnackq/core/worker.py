@@ -978,6 +978,9 @@ def _matches(row: tuple[Any, ...], ticket: Ticket, now_ms: int) -> bool:
     )
 
 
+_DONE: tuple[str, Any] = ("done", None)  # (``_decide``'s answer to "ok", taken without a call)
+
+
 def _decide(row: tuple[Any, ...], outcome: str, now_ms: int, delay_ms: int) -> tuple[str, Any]:
     """The new (status, reason) of a fenced job after ``outcome``."""
     attempts, max_attempts, deadline = row[2], row[3], row[5]
@@ -1058,9 +1061,7 @@ def _finishes(
             statuses.append(False)
             continue
         del current[ticket["id"]]
-        status, reason = (
-            ("done", None) if outcome == "ok" else _decide(row, outcome, now_ms, delay_ms)
-        )
+        status, reason = _DONE if outcome == "ok" else _decide(row, outcome, now_ms, delay_ms)
         available_at = now_ms + delay_ms if status == "pending" else now_ms
         updates.append(
             dict(

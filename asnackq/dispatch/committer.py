@@ -29,7 +29,7 @@ Rules of this module:
   ``Pacer``; the committer keeps the loop, the phase and the hand-out of tickets, and gives
   each delivery coroutine a ``Port``.
 * Only the committer changes the run's state: the coroutines' counts of requests and the
-  breaker's samples come in as values (``Attempt``), their results as ``Sent``.
+  breaker's samples come in as values (``report``'s), their results as ``Sent``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from asnackq.dispatch.seam import Queue
 from asnackq.dispatch.settings import RATE_CHECK_S, Settings
 from asnackq.dispatch.slots import Slots
 from asnackq.dispatch.summary import Summary
-from asnackq.dispatch.tickets import Attempt, Claimed, Sent, made
+from asnackq.dispatch.tickets import Claimed, Sent, made
 from asnackq.store.attempts import Record
 from asnackq.store.outage import CommitUnknown, StoreUnavailable
 from asnackq.store.targets import one_line
@@ -169,10 +169,19 @@ class Committer:
         elif not self.gathering:
             self.kick.set()
 
-    def report(self, attempt: Attempt) -> None:
-        """What one pass of a coroutine's send loop saw: the run's counts of requests and
-        the breaker's sample change here, and nowhere else."""
-        probe, unavailable, sent, resent, overloaded, cause, why, record = attempt
+    def report(
+        self,
+        probe: bool | None,
+        unavailable: bool | None,
+        sent: bool = False,
+        resent: bool = False,
+        overloaded: bool = False,
+        cause: str = "away",
+        why: str = "",
+        record: Record | None = None,
+    ) -> None:
+        """What one pass of a coroutine's send loop saw (``tickets.Report``): the run's
+        counts of requests and the breaker's sample change here, and nowhere else."""
         if sent:
             summary = self.summary
             summary.requests += 1

@@ -3,8 +3,8 @@
 Rules of this module:
 
 * A coroutine never sees the committer: it takes tickets through a ``Port``, reads whether
-  the run still keeps a lease, waits at the breaker's gate, and passes values back - an
-  ``Attempt`` for each pass of its send loop (the request, re-send, overload and breaker
+  the run still keeps a lease, waits at the breaker's gate, and passes values back - a
+  ``Report`` of each pass of its send loop (the request, re-send, overload and breaker
   sample it saw), a ``Sent`` for each ticket.  Only the committer applies them: the run's
   counts and its breaker change nowhere else.
 * The run's state reaches a coroutine through read-only views (``Leases``, ``Admission``):
@@ -21,7 +21,7 @@ from typing import Protocol
 from asnackq.core import worker as w
 from asnackq.dispatch.gate import Gate
 from asnackq.dispatch.settings import Settings
-from asnackq.dispatch.tickets import Attempt, Claimed, Sent
+from asnackq.dispatch.tickets import Claimed, Report, Sent
 
 __all__ = ["LATE_S", "LATE_SLOTS", "Admission", "Leases", "Port"]
 
@@ -55,7 +55,7 @@ class Port:
     take: Callable[[], Awaitable[Claimed | None]]  # the next ticket; None: no more
     again: Callable[[], Awaitable[float | None]]  # a new send slot (None: the run ended)
     hand_back: Callable[[Sent], None]  # a ticket's result (``Sent.fatal``: the run fails)
-    report: Callable[[Attempt], None]  # what one pass of the send loop saw
+    report: Report  # what one pass of the send loop saw
     leases: Leases
     now: Callable[[], int]  # the run's clock (``RunClock.read``)
     breaker: Admission

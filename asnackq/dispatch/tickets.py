@@ -1,15 +1,16 @@
 """The values that travel between a run's delivery coroutines and its committer: ``Claimed``
-out (a ticket with its first clock reading and send slot); ``Attempt`` (one pass of a send
-loop) and ``Sent`` (a ticket's result) back: what the coroutine saw."""
+out (a ticket with its first clock reading and send slot); a ``Report`` of each pass of a send
+loop (told as values, not built into one) and ``Sent`` (a ticket's result) back: what the
+coroutine saw."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from asnackq.core import worker as w
 from asnackq.store.attempts import Record
 
-__all__ = ["Attempt", "Claimed", "Sent", "made"]
+__all__ = ["Claimed", "Report", "Sent", "made"]
 
 # A value of a delivery's path built with every field given, as ``made(Sent, (claimed,
 # outcome, now_ms, delay_ms, None, False))``: a NamedTuple's own constructor is a Python
@@ -37,18 +38,23 @@ class Sent(NamedTuple):
     fatal: bool = False  # the coroutine fails the run: claim nothing more
 
 
-class Attempt(NamedTuple):
-    """One pass of a coroutine's send loop: whether a request went out (and again under the
-    same lease, or answered with an overload), and the breaker's sample - the admission
-    it passed with (``probe``: True, False, or None for none) and what the sink showed
-    (``unavailable``: True no sink, False an answer, None no send; ``cause``: why no sink -
-    ``away``, ``timing_out`` or ``tls``, with ``why``)."""
+class Report(Protocol):
+    """How one pass of a coroutine's send loop is told: whether a request went out (``sent``;
+    again under the same lease: ``resent``; answered with an overload: ``overloaded``), and
+    the breaker's sample - the admission it passed with (``probe``: True, False, or None
+    for none) and what the sink showed (``unavailable``: True no sink, False an answer, None
+    no send; ``cause``: why no sink - ``away``, ``timing_out`` or ``tls``, with ``why``);
+    the request's answer, kept (``record``: ``asnackq.store.attempts``)."""
 
-    probe: bool | None
-    unavailable: bool | None
-    sent: bool = False
-    resent: bool = False
-    overloaded: bool = False
-    cause: str = "away"
-    why: str = ""
-    record: Record | None = None  # the request's answer, kept (``asnackq.store.attempts``)
+    def __call__(
+        self,
+        probe: bool | None,
+        unavailable: bool | None,
+        sent: bool = False,
+        resent: bool = False,
+        overloaded: bool = False,
+        cause: str = "away",
+        why: str = "",
+        record: Record | None = None,
+        /,
+    ) -> None: ...
