@@ -489,6 +489,8 @@ class Committer:
         return finishes
 
     def _settled(self, finishes: list[Finish], statuses: list[str | bool]) -> None:
+        if len(statuses) != len(finishes):  # (a queue's cycle answers each finish)
+            raise ValueError(f"{len(statuses)} statuses for {len(finishes)} finishes")
         self.ledger.settled([finish.ticket for finish in finishes])
         if (trace := self.settings.trace) is not None:
             for finish, status in zip(finishes, statuses, strict=True):

@@ -587,7 +587,7 @@ async def _walked(
     reply = await cursor.fetchall() if cursor.description is not None else []
     if walks is not None and floored and walks.found(statement, floored[1], reply):
         params = walks.again(statement, floored[1])  # (short: again from the front)
-        cursor = await con.execute(sql, params, binary=True)  # (as the batch's own)
+        cursor = await con.execute(sql, params, binary=True)  # (the same values as text)
         count = cursor.rowcount
         reply = await cursor.fetchall()
         walks.found(statement, params, reply)
