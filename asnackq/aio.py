@@ -923,7 +923,8 @@ async def send_until_answered(port: Port, send: AsyncSend, claimed: Claimed) -> 
         if type(jitter) is not float or not 0 <= jitter <= 1:  # (``w.check_jitter``'s range)
             jitter = w.check_jitter(jitter)
         at_ms = port.now()
-        LAST_ANSWER.set(None)  # (a sender of the application's own may tell nothing)
+        if LAST_ANSWER.get() is not None:  # (a sender of the application's own may tell
+            LAST_ANSWER.set(None)  # nothing; a set costs more than a get)
         try:  # one request for the ticket
             event, token, gate = w.fresh_event(ticket), ticket["token"], port.gate
             ack = await (send(event, token) if gate is None else gate.send(send, event, token))
