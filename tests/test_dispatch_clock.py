@@ -195,6 +195,30 @@ async def test_a_clock_failing_at_a_deliverys_second_reading_ends_the_run(db, un
     assert unretrieved == []
 
 
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), True, "0.5", None])
+async def test_a_jitter_out_of_its_range_ends_the_run_before_any_send(db, unretrieved, bad):
+    """A jitter is a number in 0..1 (``w.check_jitter``): anything else ends the run at the
+    first send, nothing sent and the job left leased, whatever its type."""
+    await fill(db, 1)
+    sent = []
+
+    async def send(event, token):
+        sent.append(token)
+        return True
+
+    async with AsyncQueue.open(db) as queue:
+        dispatcher = Dispatcher(
+            queue, send, owner="d1", concurrency=1, jitter=lambda: bad, lease_ms=60_000
+        )
+        with pytest.raises(ValueError, match=r"jitter must be a finite int or float in 0\.\.1"):
+            async with asyncio.timeout(30):
+                await dispatcher.run(until_empty=True)
+    assert sent == [] and statuses(db) == {("leased", 1): 1}
+    gc.collect()
+    await asyncio.sleep(0)
+    assert unretrieved == []
+
+
 def test_the_run_clock_holds_a_step_back_and_follows_a_step_forward():
     readings = iter([1000, 1010, 900, 950, 1005, 1020, 5000, 4000, 6000])
     clock = RunClock(lambda: next(readings), w.PRODUCT)

@@ -56,6 +56,19 @@ def test_due_extends_at_half_a_lease_presses_returning_results_and_skips_capped_
     assert stale == 1 and not ledger.holds(ticket("due", "t", 500)), "a stale extension is lost"
 
 
+def test_settled_jobs_leave_the_ledger_capped_or_not_and_a_new_lease_is_kept_again():
+    """A cycle's settled jobs are let go at once, a lease capped at its deadline too: the
+    same job claimed again later (a retry) is extended like any other."""
+    ledger = Ledger(LEASE)
+    ledger.hold([ticket("cap", "t1", 450), ticket("plain", "t1", 900), ticket("other", "t1", 900)])
+    assert ledger.kept(0, [ticket("cap", "t1", 450)], [ticket("cap", "t1", 450)]) == 0
+    ledger.settled([ticket("cap", "t1", 450), ticket("plain", "t1", 900)])
+    assert not ledger.holds(ticket("cap", "t1", 450)) and not ledger.holds(ticket("plain", "t1", 0))
+    assert ledger.holds(ticket("other", "t1", 900)), "only the settled ones are let go"
+    ledger.hold([ticket("cap", "t2", 400)])  # claimed again, with a new token
+    assert ledger.due(0, set()).tickets == [ticket("cap", "t2", 400)], "no longer capped"
+
+
 def test_the_hundredth_cycle_still_keeps_every_held_lease():
     rng = random.Random(24)
     ledger, now, deadline = Ledger(LEASE), 0, 30_000

@@ -18,7 +18,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from asnackq.core import worker as w
@@ -31,7 +30,6 @@ class RunClock:
 
     def __init__(self, clock: Callable[[], object], limits: w.Limits) -> None:
         self.clock, self.limits = clock, limits
-        self._wall = clock is w.epoch_ms  # (read here as ``epoch_ms`` reads it: no call)
         self.top = limits.max_now  # (the latest valid reading: ``w.check_now``'s bound)
         self.last = 0
         self.steps = 0  # times the clock was found stepped back (each step counted once)
@@ -40,7 +38,7 @@ class RunClock:
 
     def __call__(self, name: str = "clock reading") -> int:
         """A checked reading of the clock, held at the last one while the clock is behind."""
-        reading = time.time_ns() // 1_000_000 if self._wall else self.clock()
+        reading = self.clock()
         if type(reading) is not int or not 0 <= reading <= self.top:
             reading = w.check_now(reading, name, self.limits)  # (it raises)
         if reading >= self.last:
