@@ -4,6 +4,7 @@
                                    [--concurrency 64] [--send-ms 1] [--hold-xmin]
                                    [--keep-done SECONDS] [--shared-buffers SIZE]
                                    [--statements N] [--control SECONDS]
+                                   [--ids ordered|random] [--no-kept-answers]
 
 One process runs a Dispatcher (its send waits ``--send-ms`` and answers True) and, on a
 connection of its own, a producer that keeps ``--depth`` jobs waiting: every 50 ms it
@@ -40,6 +41,11 @@ this minute's ratios to them, and the last line their ratio in the last minute o
 first's: the machine's drift from minute to minute (a sixth either way on a 2-core machine)
 moves both queues and cancels; what the measured queue's state costs (dead rows, a larger
 file) remains.
+
+``--ids random``: each job's id is a random UUID (32 hex digits), as an application keying
+its events by UUIDv4 sends them, where ``ordered`` (the default) numbers them in enqueue
+order (``j0``, ``j1``, ...).  ``--no-kept-answers``: the Dispatchers keep no request's answer
+(``Dispatcher(keep_attempts=False)``; kept by default).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import os
 import sqlite3
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from statistics import quantiles
@@ -99,13 +106,19 @@ class Load:
         self.active.set()
 
 
-async def produce(queue: AsyncQueue, load: Load, depth: int, stop: asyncio.Event) -> None:
+async def produce(
+    queue: AsyncQueue, load: Load, depth: int, stop: asyncio.Event, random_ids: bool
+) -> None:
     while not stop.is_set():
         missing = depth - (load.enqueued - load.done) if load.active.is_set() else 0
         while missing > 0:
             n = min(missing, BATCH)
             now = epoch_ms()
-            ids = [f"j{load.enqueued + i}" for i in range(n)]
+            ids = (
+                [uuid.uuid4().hex for _ in range(n)]
+                if random_ids
+                else [f"j{load.enqueued + i}" for i in range(n)]
+            )
             for job_id in ids:
                 load.born[job_id] = now
             await queue.enqueue_many([({"id": i, "qty": 1}, 3_600_000, 5) for i in ids], now)
@@ -233,11 +246,14 @@ async def streaming(target: str, args: argparse.Namespace) -> AsyncIterator[Load
         return True
 
     async with AsyncQueue.open(target) as producer_queue, AsyncQueue.open(target) as queue:
-        producing = asyncio.ensure_future(produce(producer_queue, load, args.depth, stop))
+        producing = asyncio.ensure_future(
+            produce(producer_queue, load, args.depth, stop, args.ids == "random")
+        )
         dispatcher = Dispatcher(
             queue,
             send,
             owner="bench",
+            keep_attempts=args.kept_answers,
             concurrency=args.concurrency,
             lease_ms=lease_ms,
             trace=load.trace,
@@ -355,6 +371,8 @@ def main() -> None:
     parser.add_argument("--shared-buffers", metavar="SIZE", help="PostgreSQL's, e.g. 4GB")
     parser.add_argument("--statements", type=int, default=0, metavar="N")
     parser.add_argument("--control", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--ids", choices=("ordered", "random"), default="ordered")
+    parser.add_argument("--no-kept-answers", dest="kept_answers", action="store_false")
     args = parser.parse_args()
     if not 0 <= args.control <= 60:  # (NaN too)
         parser.error("--control takes 0 (none) to 60 seconds")
@@ -368,7 +386,9 @@ def main() -> None:
         + (", xmin held" if args.hold_xmin else "")
         + (f", done jobs kept {args.keep_done:g} s" if args.keep_done else "")
         + (f", shared_buffers {args.shared_buffers}" if args.shared_buffers else "")
-        + (f", a control queue {args.control:g} s a minute" if args.control else ""),
+        + (f", a control queue {args.control:g} s a minute" if args.control else "")
+        + (", random ids" if args.ids == "random" else "")
+        + ("" if args.kept_answers else ", no answer kept"),
         flush=True,
     )
     if args.store == "pg":
@@ -388,7 +408,9 @@ def main() -> None:
             path = Path(tmp) / "q.db"
 
             async def table(target: str) -> str:
-                return table_sqlite(Path(target))
+                # (in a thread: read on the loop's thread, it could wait for a lock held by
+                # a transaction of this process that waits for the loop)
+                return await asyncio.to_thread(table_sqlite, Path(target))
 
             control = str(Path(tmp) / "control.db") if args.control else ""
             minutes = asyncio.run(run(str(path), args, table, control=control))

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from .sequencer import until
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "sustained.py"
@@ -60,7 +62,9 @@ def jobs(path: Path) -> dict[str, int]:
 async def test_the_control_runs_in_its_window_alone_and_is_purged_after_it(
     tmp_path, monkeypatch
 ) -> None:
-    args = argparse.Namespace(control=1.0, depth=40, concurrency=4, send_ms=0.0)
+    args = argparse.Namespace(
+        control=1.0, depth=40, concurrency=4, send_ms=0.0, ids="ordered", kept_answers=True
+    )
     measured, control = tmp_path / "q.db", tmp_path / "control.db"
     async with (
         bench.streaming(str(measured), args) as load,
@@ -92,3 +96,27 @@ async def test_the_control_runs_in_its_window_alone_and_is_purged_after_it(
         # their gate when it paused: at most its depth)
         assert jobs(control).get("done", 0) <= args.depth < checked.done
         await until(lambda: load.done >= during[0] + 100)  # the measured queue runs again
+
+
+@pytest.mark.parametrize(("ids", "kept_answers"), [("random", False), ("ordered", True)])
+async def test_the_ids_and_the_kept_answers_are_as_asked(tmp_path, ids, kept_answers) -> None:
+    """``--ids random``: ids of 32 hex digits, each new, where ``ordered`` numbers them;
+    ``--no-kept-answers``: the Dispatcher keeps no request's answer (kept by default)."""
+    args = argparse.Namespace(
+        control=0.0, depth=40, concurrency=4, send_ms=0.0, ids=ids, kept_answers=kept_answers
+    )
+    path = tmp_path / "q.db"
+    async with bench.streaming(str(path), args) as load:
+        await until(lambda: load.done >= 100)
+    with sqlite3.connect(path) as con:
+        found = [row[0] for row in con.execute("SELECT id FROM jobs")]
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master")}
+        kept = 0
+        if "asnackq_attempts" in tables:
+            kept = con.execute("SELECT count(*) FROM asnackq_attempts").fetchone()[0]
+    assert len(found) >= 100 and len(set(found)) == len(found)
+    if ids == "random":
+        assert all(len(i) == 32 and int(i, 16) >= 0 for i in found)
+    else:
+        assert {f"j{n}" for n in range(100)} <= set(found)
+    assert (kept >= 100) if kept_answers else kept == 0
