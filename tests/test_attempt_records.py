@@ -51,7 +51,8 @@ async def deliver(target: str, answers, *, keep: bool = True, job: str = "j1") -
 def kept(target: str | Path, job: str = "j1") -> list[tuple]:
     sql = attempts.SQL_OF_JOB
     if isinstance(target, str) and target.startswith("postgresql"):
-        return [tuple(r) for r in query(target, sql.replace("?", "%s"), (job,))]
+        pg = attempts.SQL_OF_JOB_PG.replace("?", "%s")
+        return [tuple(r) for r in query(target, pg, (job, job))]
     import sqlite3
 
     con = sqlite3.connect(target)
@@ -60,7 +61,7 @@ def kept(target: str | Path, job: str = "j1") -> list[tuple]:
             "SELECT count(*) FROM sqlite_master WHERE name = 'asnackq_attempts'"
         ).fetchone()[0]:
             return []  # (a run that kept none made no table)
-        return con.execute(sql, (job,)).fetchall()
+        return con.execute(sql, (job, job)).fetchall()
     finally:
         con.close()
 
@@ -265,3 +266,69 @@ async def test_a_cycles_rows_are_kept_in_order_with_their_characters(
         assert len(claimed) == count
     assert kept(target, "j1") == [tuple(rows[0][1:]), tuple(rows[2][1:])]
     assert kept(target, "j2") == [tuple(rows[1][1:])]
+
+
+# The table as an earlier asnackq made it: no ``job``, an index of every row by id.
+EARLIER = {
+    "sqlite": """CREATE TABLE asnackq_attempts (seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL, token INTEGER NOT NULL, attempt INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+  status INTEGER, latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
+    "postgresql": """CREATE TABLE asnackq_attempts (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL,
+  token BIGINT NOT NULL, attempt INTEGER NOT NULL, at_ms BIGINT NOT NULL, status INTEGER,
+  latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL)""",
+}
+INDEXES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = "
+    "'asnackq_attempts' AND sql IS NOT NULL",
+    "postgresql": "SELECT indexname FROM pg_indexes WHERE tablename = 'asnackq_attempts'"
+    " AND indexname <> 'asnackq_attempts_pkey'",
+}
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.process)])
+async def test_an_earlier_table_is_read_by_id_then_keyed_by_job_keeping_its_rows(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A table of an earlier asnackq is read as it is (by id); a run that keeps the answers
+    gives it the ``job`` column and its indexes, its rows kept and still found by id beside
+    the new ones, found by the job's seq; a purge takes both."""
+    from asnackq.ops.purge import purge
+
+    from .conftest import execute
+
+    where = str(tmp_path / "q.db") if store == "sqlite" else request.getfixturevalue("pg_db")()
+    async with AsyncQueue.open(where) as queue:
+        assert await queue.enqueue({"id": "j1", "qty": 1})
+    execute(where, EARLIER[store])
+    execute(where, "CREATE INDEX asnackq_attempts_by_job ON asnackq_attempts(id, seq)")
+    execute(
+        where,
+        "INSERT INTO asnackq_attempts (id, token, attempt, at_ms, status, latency_ms, verdict,"
+        " answer) VALUES ('j1', 1, 1, 5, 503, 2, 'away', 'earlier'), ('j0', 1, 1, 6, 503, 2,"
+        " 'away', 'not j1')",
+    )
+
+    async def answers() -> list[tuple[int, str]]:
+        story = await Watcher(where, None).look_up("j1")
+        assert story is not None
+        return [(a["status"], a["answer"]) for a in story["attempts"]]
+
+    assert await answers() == [(503, "earlier")]  # (read by id: no job column yet)
+    await deliver(where, [(200, b"now", {})])
+    assert await answers() == [(503, "earlier"), (200, "now")]
+    [(seq,)] = execute(where, "SELECT seq FROM jobs WHERE id = 'j1'")
+    assert execute(where, "SELECT id, job FROM asnackq_attempts ORDER BY seq") == [
+        ("j1", None),
+        ("j0", None),
+        ("j1", seq),
+    ]
+    assert sorted(row[0] for row in execute(where, INDEXES[store])) == [
+        "asnackq_attempts_of_job",
+        "asnackq_attempts_unkeyed",
+    ]
+    async with AsyncQueue.open(where) as queue:  # (created again: a no-op)
+        await queue.keep_attempts()
+    assert await answers() == [(503, "earlier"), (200, "now")]
+    assert purge(where, epoch_ms() + 1, ("done",), epoch_ms()) == {"done": 1}
+    assert execute(where, "SELECT id, job FROM asnackq_attempts") == [("j0", None)]

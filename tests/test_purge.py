@@ -71,6 +71,13 @@ async def story(where: str) -> None:
             where,
             "INSERT INTO asnackq_attempts (id, token, attempt, at_ms, status, latency_ms,"
             f" verdict, answer) VALUES ('{job_id}', 1, 1, {T0}, 200, 3, 'ok', '')",
+        )  # (a row without its job's seq, as an earlier asnackq kept it)
+    for job_id in ("old-1", "young"):  # (rows under their job's seq, as kept now)
+        execute(
+            where,
+            "INSERT INTO asnackq_attempts (id, token, attempt, at_ms, status, latency_ms,"
+            f" verdict, answer, job) SELECT id, 1, 2, {T0}, 200, 3, 'ok', '', seq FROM jobs"
+            f" WHERE id = '{job_id}'",
         )
 
 
@@ -85,7 +92,7 @@ async def test_a_purge_takes_done_jobs_past_the_horizon_and_what_was_kept_of_the
     ]
     assert purge(where, HORIZON, ("done",), T0 + 10, limit=3) == {"done": 4}
     assert ids(where, "jobs") == ["failed", "failed-late", "held", "waiting", "young"]
-    assert ids(where, "asnackq_attempts") == ["young"]
+    assert ids(where, "asnackq_attempts") == ["young", "young"]
     assert ids(where, "asnackq_job_traces", "job_id") == ["young"]
     assert ids(where, "redrives") == []  # ("again"'s record went with it)
     audit = execute(where, "SELECT at_ms, cutoff_ms, status, jobs FROM asnackq_purges ORDER BY seq")

@@ -19,12 +19,17 @@ _JOBS = "SELECT * FROM jobs ORDER BY seq"
 _KEPT = "SELECT * FROM asnackq_attempts ORDER BY seq"
 
 
-def inserted(path: Path, sql: str, params: list[Any], state: str, as_one: bool) -> list[Any]:
-    """What inserting ``params`` leaves in a fresh queue file: by the set or row by row."""
+def inserted(
+    path: Path, sql: str, params: list[Any], state: str, as_one: bool, jobs: tuple[str, ...] = ()
+) -> list[Any]:
+    """What inserting ``params`` leaves in a fresh queue file (holding ``jobs``, numbered in
+    that order): by the set or row by row."""
     con = w.open_queue(path)
     con.isolation_level = None
-    for create in attempts.SQL_CREATE:
+    for create in (*attempts.SQL_CREATE, *attempts.SQL_INDEXES):
         con.execute(create)
+    for job in jobs:
+        con.execute(w.SQL_INSERT_JOB, (job, 1, 3, 0, 60_000))
     found = as_set(sqlite_aio.SETS, sql, params)
     assert found is not None
     con.execute("BEGIN IMMEDIATE")
@@ -51,7 +56,8 @@ def test_an_intakes_jobs_as_one_set_land_what_the_inserts_row_by_row_land(tmp_pa
 
 
 def test_a_cycles_requests_as_one_set_land_what_the_inserts_row_by_row_land(tmp_path):
-    """Answers with escapes, non-ASCII, U+FFFD, none; a status or none: the same rows."""
+    """Answers with escapes, non-ASCII, U+FFFD, none; a status or none: the same rows, each
+    under its job's seq (none for a job not there)."""
     odd = attempts.excerpt(b'\x00"\\\n\t\\u0041\xff' + "é😀\u2028".encode() + b'}{][,"')
     records = [
         attempts.Record("j2", 7, 2, 1_000, 503, 7, "away", odd),
@@ -60,10 +66,12 @@ def test_a_cycles_requests_as_one_set_land_what_the_inserts_row_by_row_land(tmp_
         attempts.Record("1e3", w.MAX_TOKEN, 16, w.MAX_TOKEN, 299, 3, "ok", '{"ack": 1}'),
     ]
     sql = attempts.SQL_RECORD
-    by_rows = inserted(tmp_path / "a.db", sql, list(records), _KEPT, as_one=False)
-    at_once = inserted(tmp_path / "b.db", sql, list(records), _KEPT, as_one=True)
+    jobs = ("j2", "j1")
+    by_rows = inserted(tmp_path / "a.db", sql, list(records), _KEPT, False, jobs)
+    at_once = inserted(tmp_path / "b.db", sql, list(records), _KEPT, True, jobs)
     assert at_once == by_rows
-    assert [row[1:] for row in at_once[0]] == [tuple(r) for r in records]
+    assert [row[1:-1] for row in at_once[0]] == [tuple(r) for r in records]
+    assert [row[-1] for row in at_once[0]] == [1, 2, 1, None]
 
 
 def test_an_insert_naming_a_job_twice_or_of_one_row_runs_row_by_row():

@@ -29,6 +29,7 @@ import json
 from typing import NamedTuple
 
 from asnackq.core import worker as w
+from asnackq.store.attempts import has_job
 from asnackq.store.reads import fetch, has_table
 
 __all__ = [
@@ -70,12 +71,17 @@ SQL_PURGE = {
     "done": _PURGE.format(status="done", also="", **_NAMED),
     "dead": _PURGE.format(status="dead", also=" AND deadline <= :cutoff", **_NAMED),
 }
-# What the product kept of the purged jobs, by their ids (one JSON array): table, statement.
+# The purged jobs' kept requests (``asnackq.store.attempts``): under their seqs, then those
+# without a job under their ids, each through its index, named (``attempts.SQL_OF_JOB``);
+# in an earlier asnackq's table (no ``job``), by id.
+SQL_ATTEMPTS = """DELETE FROM asnackq_attempts INDEXED BY asnackq_attempts_of_job
+WHERE job IN (SELECT value FROM json_each(?))"""
+SQL_ATTEMPTS_UNKEYED = """DELETE FROM asnackq_attempts INDEXED BY asnackq_attempts_unkeyed
+WHERE job IS NULL AND id IN (SELECT value FROM json_each(?))"""
+SQL_ATTEMPTS_BY_ID = "DELETE FROM asnackq_attempts WHERE id IN (SELECT value FROM json_each(?))"
+# What else the product kept of the purged jobs, by their ids (one JSON array): table,
+# statement.
 KEPT = (
-    (
-        "asnackq_attempts",
-        "DELETE FROM asnackq_attempts WHERE id IN (SELECT value FROM json_each(?))",
-    ),
     (
         "asnackq_job_traces",
         "DELETE FROM asnackq_job_traces WHERE job_id IN (SELECT value FROM json_each(?))",
@@ -101,9 +107,12 @@ PG_TEXTS = {
     SQL_PURGE["dead"]: _PG_PURGE.format(
         status="dead", also=" AND deadline <= %(cutoff)s", **_PG_NAMED
     ),
-    KEPT[0][1]: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
-    KEPT[1][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
-    KEPT[2][1]: f"DELETE FROM redrives WHERE id {_ANY}",
+    SQL_ATTEMPTS: "DELETE FROM asnackq_attempts WHERE job = ANY(ARRAY("
+    "SELECT json_array_elements_text(%s::json)::bigint))",
+    SQL_ATTEMPTS_UNKEYED: f"DELETE FROM asnackq_attempts WHERE job IS NULL AND id {_ANY}",
+    SQL_ATTEMPTS_BY_ID: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
+    KEPT[0][1]: f"DELETE FROM asnackq_job_traces WHERE job_id {_ANY}",
+    KEPT[1][1]: f"DELETE FROM redrives WHERE id {_ANY}",
     SQL_DELIVERIES: f"DELETE FROM asnackq_deliveries WHERE job {_ANY} RETURNING event",
     SQL_EVENTS: f"""DELETE FROM asnackq_events WHERE id {_ANY}
   AND NOT EXISTS (SELECT 1 FROM asnackq_deliveries AS d WHERE d.event = asnackq_events.id)""",
@@ -162,6 +171,12 @@ def _purge(
     if not rows:
         return Batch(0, after), False
     ids = json.dumps([row[1] for row in rows])
+    keyed, _ = yield from has_job(on_sqlite)
+    if keyed:
+        yield w.Sql(SQL_ATTEMPTS, (json.dumps([row[0] for row in rows]),))
+        yield w.Sql(SQL_ATTEMPTS_UNKEYED, (ids,))
+    elif keyed is not None:
+        yield w.Sql(SQL_ATTEMPTS_BY_ID, (ids,))
     for table, statement in KEPT:
         present, _ = yield from has_table(table, on_sqlite)
         if present:
