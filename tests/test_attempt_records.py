@@ -324,7 +324,7 @@ async def test_an_earlier_table_is_read_by_id_then_keyed_by_job_keeping_its_rows
         ("j1", seq),
     ]
     assert sorted(row[0] for row in execute(where, INDEXES[store])) == [
-        "asnackq_attempts_of_job",
+        "asnackq_attempts_keyed",
         "asnackq_attempts_unkeyed",
     ]
     async with AsyncQueue.open(where) as queue:  # (created again: a no-op)
@@ -332,3 +332,32 @@ async def test_an_earlier_table_is_read_by_id_then_keyed_by_job_keeping_its_rows
     assert await answers() == [(503, "earlier"), (200, "now")]
     assert purge(where, epoch_ms() + 1, ("done",), epoch_ms()) == {"done": 1}
     assert execute(where, "SELECT id, job FROM asnackq_attempts") == [("j0", None)]
+
+
+async def test_the_reads_and_the_purges_deletes_can_use_their_indexes_on_postgresql(
+    pg_db,
+) -> None:
+    """Each partial index is implied by its statement's condition: with sequential scans
+    off, the planner takes it (else a purge batch would read the whole table)."""
+    import psycopg
+
+    from asnackq.store import retention
+
+    url = pg_db()
+    async with AsyncQueue.open(url) as queue:
+        await queue.keep_attempts()
+    texts = retention.PG_TEXTS
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute("SET enable_seqscan = off")
+        for sql, params, indexes in [
+            (
+                attempts.SQL_OF_JOB_PG.replace("?", "%s"),
+                ("j1", "j1"),
+                ("asnackq_attempts_keyed", "asnackq_attempts_unkeyed"),
+            ),
+            (texts[retention.SQL_ATTEMPTS], ("[1, 2]",), ("asnackq_attempts_keyed",)),
+            (texts[retention.SQL_ATTEMPTS_UNKEYED], ('["a"]',), ("asnackq_attempts_unkeyed",)),
+        ]:
+            plan = json.dumps(con.execute(f"EXPLAIN (FORMAT JSON) {sql}", params).fetchall())
+            for index in indexes:
+                assert index in plan, (sql, plan)

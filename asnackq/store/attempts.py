@@ -77,13 +77,17 @@ SQL_CREATE = (
   status INTEGER, latency_ms INTEGER NOT NULL, verdict TEXT NOT NULL, answer TEXT NOT NULL,
   job INTEGER)""",
 )
-# The indexes (after the column, in a table of an earlier asnackq): a job's rows by its seq;
-# the rows without a job by id; the earlier index by id, of every row, dropped.
+# The indexes (after the column, in a table of an earlier asnackq): the rows with a job by
+# its seq, the rows without one by id (each index holds its rows alone: a new row lands at
+# the first one's end, and an earlier table's history is not indexed twice); the earlier
+# indexes dropped (of every row by id; of every row by job, NULLs with them).
 SQL_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS asnackq_attempts_of_job ON asnackq_attempts(job, seq)",
+    "CREATE INDEX IF NOT EXISTS asnackq_attempts_keyed ON asnackq_attempts(job, seq)"
+    " WHERE job IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS asnackq_attempts_unkeyed ON asnackq_attempts(id, seq)"
     " WHERE job IS NULL",
     "DROP INDEX IF EXISTS asnackq_attempts_by_job",
+    "DROP INDEX IF EXISTS asnackq_attempts_of_job",
 )
 # Whether the table has its ``job`` column (an earlier asnackq's has not), and its addition.
 SQL_HAS_JOB = "SELECT count(*) FROM pragma_table_info('asnackq_attempts') WHERE name = 'job'"
@@ -102,8 +106,8 @@ FROM (VALUES (?, ?, ?, ?, ?, ?, ?, ?)) AS x"""
 # Each through its index, named: SQLite's statistics (``ANALYZE``) count a NULL as a value,
 # so on a table of an earlier asnackq's rows alone they would read every row for a seq's.
 SQL_OF_JOB = """SELECT token, attempt, at_ms, status, latency_ms, verdict, answer FROM (
-  SELECT * FROM asnackq_attempts INDEXED BY asnackq_attempts_of_job
-    WHERE job = (SELECT seq FROM jobs WHERE id = ?)
+  SELECT * FROM asnackq_attempts INDEXED BY asnackq_attempts_keyed
+    WHERE job IS NOT NULL AND job = (SELECT seq FROM jobs WHERE id = ?)
   UNION ALL SELECT * FROM asnackq_attempts INDEXED BY asnackq_attempts_unkeyed
     WHERE job IS NULL AND id = ?) AS a ORDER BY seq"""
 SQL_OF_JOB_PG = re.sub(r" INDEXED BY \w+", "", SQL_OF_JOB)
@@ -126,6 +130,7 @@ PG_TEXTS = {
 SELECT x.*, (SELECT seq FROM jobs WHERE jobs.id = x.column1)
 FROM (VALUES (%s, %s::bigint, %s::int, %s::bigint, %s::int, %s::int, %s, %s)) AS x""",
     SQL_OF_JOB: SQL_OF_JOB_PG.replace("?", "%s"),
+    SQL_OF_JOB_PG: SQL_OF_JOB_PG.replace("?", "%s"),  # (a read plan's, driven)
     SQL_OF_JOB_BY_ID: SQL_OF_JOB_BY_ID.replace("?", "%s"),
 }
 # A cycle's rows on PostgreSQL: one INSERT over a JSON array of them (``pg_sql.SETS``).

@@ -74,8 +74,8 @@ SQL_PURGE = {
 # The purged jobs' kept requests (``asnackq.store.attempts``): under their seqs, then those
 # without a job under their ids, each through its index, named (``attempts.SQL_OF_JOB``);
 # in an earlier asnackq's table (no ``job``), by id.
-SQL_ATTEMPTS = """DELETE FROM asnackq_attempts INDEXED BY asnackq_attempts_of_job
-WHERE job IN (SELECT value FROM json_each(?))"""
+SQL_ATTEMPTS = """DELETE FROM asnackq_attempts INDEXED BY asnackq_attempts_keyed
+WHERE job IS NOT NULL AND job IN (SELECT value FROM json_each(?))"""
 SQL_ATTEMPTS_UNKEYED = """DELETE FROM asnackq_attempts INDEXED BY asnackq_attempts_unkeyed
 WHERE job IS NULL AND id IN (SELECT value FROM json_each(?))"""
 SQL_ATTEMPTS_BY_ID = "DELETE FROM asnackq_attempts WHERE id IN (SELECT value FROM json_each(?))"
@@ -107,7 +107,7 @@ PG_TEXTS = {
     SQL_PURGE["dead"]: _PG_PURGE.format(
         status="dead", also=" AND deadline <= %(cutoff)s", **_PG_NAMED
     ),
-    SQL_ATTEMPTS: "DELETE FROM asnackq_attempts WHERE job = ANY(ARRAY("
+    SQL_ATTEMPTS: "DELETE FROM asnackq_attempts WHERE job IS NOT NULL AND job = ANY(ARRAY("
     "SELECT json_array_elements_text(%s::json)::bigint))",
     SQL_ATTEMPTS_UNKEYED: f"DELETE FROM asnackq_attempts WHERE job IS NULL AND id {_ANY}",
     SQL_ATTEMPTS_BY_ID: f"DELETE FROM asnackq_attempts WHERE id {_ANY}",
