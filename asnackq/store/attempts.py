@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from asnackq.core import worker as w
-from asnackq.store.reads import fetch, has_table
+from asnackq.store.reads import fetch
 
 __all__ = [
     "EXCERPT_BYTES",
@@ -89,10 +89,12 @@ SQL_INDEXES = (
     "DROP INDEX IF EXISTS asnackq_attempts_by_job",
     "DROP INDEX IF EXISTS asnackq_attempts_of_job",
 )
-# Whether the table has its ``job`` column (an earlier asnackq's has not), and its addition.
-SQL_HAS_JOB = "SELECT count(*) FROM pragma_table_info('asnackq_attempts') WHERE name = 'job'"
-SQL_HAS_JOB_PG = """SELECT count(*) FROM pg_attribute
-WHERE attrelid = to_regclass('asnackq_attempts') AND attname = 'job' AND NOT attisdropped"""
+# The table's columns (none: no table) and whether ``job`` is one of them (an earlier
+# asnackq's table has none), in one read; and its addition.
+SQL_HAS_JOB = """SELECT count(*), coalesce(sum(name = 'job'), 0)
+FROM pragma_table_info('asnackq_attempts')"""
+SQL_HAS_JOB_PG = """SELECT count(*), count(*) FILTER (WHERE attname = 'job') FROM pg_attribute
+WHERE attrelid = to_regclass('asnackq_attempts') AND attnum > 0 AND NOT attisdropped"""
 SQL_ADD_JOB = "ALTER TABLE asnackq_attempts ADD COLUMN job INTEGER"
 # Creating the table takes the schema's lock first: PostgreSQL's CREATE ... IF NOT EXISTS
 # is no guard against a concurrent one (two workers starting at once); SQLite's BEGIN
@@ -175,8 +177,8 @@ def plan_create() -> w.Plan[None]:
     ``job`` column and the indexes (its rows kept as they are)."""
     for statement in (SQL_LOCK, *SQL_CREATE):
         yield w.Sql(statement)
-    ((found,),) = yield from fetch(SQL_HAS_JOB)
-    if not found:
+    ((_, keyed),) = yield from fetch(SQL_HAS_JOB)
+    if not keyed:
         yield w.Sql(SQL_ADD_JOB)
     for statement in SQL_INDEXES:
         yield w.Sql(statement)
@@ -184,12 +186,11 @@ def plan_create() -> w.Plan[None]:
 
 
 def has_job(on_sqlite: bool) -> w.Plan[bool | None]:
-    """A read plan: None without the table, else whether it has its ``job`` column."""
-    present, _ = yield from has_table("asnackq_attempts", on_sqlite)
-    if not present:
-        return None, False
-    ((found,),) = yield from fetch(SQL_HAS_JOB if on_sqlite else SQL_HAS_JOB_PG)
-    return bool(found), False
+    """A read plan: None without the table, else whether it has its ``job`` column (one
+    read: a job's requests, or a purge's batch, cost no more reads of the catalog than
+    with ``has_table`` alone)."""
+    ((columns, keyed),) = yield from fetch(SQL_HAS_JOB if on_sqlite else SQL_HAS_JOB_PG)
+    return (bool(keyed) if columns else None), False
 
 
 FIELDS = ("token", "attempt", "at_ms", "status", "latency_ms", "verdict", "answer")
