@@ -31,7 +31,7 @@ from pathlib import Path
 from statistics import median
 
 from core_cycle import prefill
-from sink_throughput import load, rate, start, tree_env
+from sink_throughput import ASNACKQ, load, rate, start, tree_env
 
 from asnackq.aio import AsyncQueue, Dispatcher
 from asnackq.core import worker as w
@@ -124,7 +124,7 @@ def main() -> None:
     got: dict[str, dict[int, list[float]]] = {n: {c: [] for c in levels} for n in series}
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
         root = Path(tmp)
-        sink = [sys.executable, "-m", "asnackq", "sink", "--db"]
+        sink = [*ASNACKQ, "sink", "--db"]
         null, null_url = start([sys.executable, here, "--serve-null"])
         ours, url = start([*sink, str(root / "s.db")])
         theirs, base_url = (

@@ -12,6 +12,12 @@ Each server runs in its own process on 127.0.0.1 port 0 (the client in this one)
 Every request carries a new id, so every request is an applied effect.  With ``--rounds``,
 each round measures every server in turn (medians printed): all see the same machine.
 Targets at concurrency 64: sink >= 0.6 x ceiling, sink >= 5 x per-request.
+
+A second table gives each server's CPU per request: its process's user + system time
+(every thread, from ``/proc/PID/stat``) over the requests of each measurement.  The client
+runs in this process, so its share is not counted.  The CPU a request costs moves far less
+with the machine than the rate does: at concurrency 1 a request's rate is its latency, which
+moves with the disk's syncs and the scheduler's wakeups of the sink's threads.
 """
 
 from __future__ import annotations
@@ -25,12 +31,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from statistics import median
 
 import aiohttp
 from aiohttp import web
 
 from asnackq.core.worker import check_event
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+# ``python -m asnackq`` for a child that may import another tree (``tree_env``): ``-P`` keeps
+# the working directory off the front of its ``sys.path``, where, run from a checkout's
+# root, that checkout's asnackq would win over the tree's.  (A script's child, ``python
+# FILE``, has the script's directory there, which holds no asnackq.)
+ASNACKQ = [sys.executable, "-P", "-m", "asnackq"]
 
 
 def serve_null() -> None:
@@ -58,6 +72,12 @@ def start(command: list[str], tree: str | None = None) -> tuple[subprocess.Popen
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=tree_env(tree))
     assert proc.stdout is not None
     return proc, proc.stdout.readline().split()[-1]
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system seconds process ``pid`` has used so far, every thread's, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
 
 
 def tree_env(tree: str | None) -> dict[str, str] | None:
@@ -104,7 +124,7 @@ def main() -> None:
         return
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
-        sink = [sys.executable, "-m", "asnackq", "sink", "--db"]
+        sink = [*ASNACKQ, "sink", "--db"]
         servers = {
             "ceiling": ([sys.executable, __file__, "--serve-null"], None),
             "sink": ([*sink, f"{tmp}/group.db"], None),
@@ -112,30 +132,38 @@ def main() -> None:
         }
         if args.baseline:
             servers["base"] = ([*sink, f"{tmp}/base.db"], args.baseline)
-        results = measure(servers, levels, args.requests, args.rounds)
+        results, cpu = measure(servers, levels, args.requests, args.rounds)
     report(results, levels)
+    report_cpu(cpu, levels)
 
 
 Servers = dict[str, tuple[list[str], str | None]]
 Results = dict[str, dict[int, list[float]]]
 
 
-def measure(servers: Servers, levels: list[int], requests: int, rounds: int) -> Results:
-    """Requests/s of each server at each level, ``rounds`` times, the servers in turn."""
+def measure(
+    servers: Servers, levels: list[int], requests: int, rounds: int
+) -> tuple[Results, Results]:
+    """Requests/s of each server at each level, ``rounds`` times, the servers in turn, and
+    the CPU us per request of its process in each measurement."""
     results: Results = {name: {c: [] for c in levels} for name in servers}
+    cpu: Results = {name: {c: [] for c in levels} for name in servers}
     procs = {name: start(command, tree) for name, (command, tree) in servers.items()}
     try:
         for _, url in procs.values():
             asyncio.run(load(url, 200, 16, "warm"))
         for r in range(rounds):
             for c in levels:
-                for name, (_, url) in procs.items():
+                for name, (proc, url) in procs.items():
+                    before = process_cpu_s(proc.pid)
                     results[name][c].append(asyncio.run(load(url, requests, c, f"r{r}c{c}")))
+                    used = process_cpu_s(proc.pid) - before
+                    cpu[name][c].append(used / requests * 1e6)
     finally:
         for proc, _ in procs.values():
             proc.terminate()
             proc.wait(timeout=30)
-    return results
+    return results, cpu
 
 
 def report(results: Results, levels: list[int]) -> None:
@@ -148,6 +176,17 @@ def report(results: Results, levels: list[int]) -> None:
         cells += [ratio(results, *name.split("/"), c) for name in ratios]
         print(f"{c:>11} " + " ".join(cells))
     print("targets at concurrency 64: sink/ceiling >= 0.60, sink/per-req >= 5.0")
+
+
+def report_cpu(cpu: Results, levels: list[int]) -> None:
+    names = [name for name in cpu if name != "ceiling"]
+    ratios = ["sink/per-req", *(["sink/base"] if "base" in cpu else [])]
+    print("CPU us per request of each server's process (medians; ratios: lower uses less)")
+    print(f"{'concurrency':>11} " + " ".join(f"{n:>9}" for n in [*names, *ratios]))
+    for c in levels:
+        cells = [f"{median(cpu[n][c]):>9.0f}" for n in names]
+        cells += [ratio(cpu, *name.split("/"), c) for name in ratios]
+        print(f"{c:>11} " + " ".join(cells))
 
 
 def ratio(results: Results, a: str, b: str, c: int) -> str:

@@ -64,6 +64,7 @@ def instructions(target: str, jobs: int, tree: str | None, out: Path) -> int:
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
             sys.executable,
+            "-P",  # (the working directory off sys.path: the tree's asnackq, not its own)
             "-c",
             WORKER,
             target,

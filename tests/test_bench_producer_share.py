@@ -4,26 +4,15 @@ each delivery wakes one of them (never a poll), and they all end when told to st
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from asnackq.aio import AsyncQueue, Dispatcher
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "producer_share.py"
+from .benches import loaded
 
-
-def loaded() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("producer_share", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = loaded()
+bench = loaded("producer_share")
 
 
 async def test_room_wakes_the_longest_waiting_handler_alone_and_banks_what_none_waits_for() -> None:

@@ -6,33 +6,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import math
 import sqlite3
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from .benches import loaded
 from .sequencer import until
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "sustained.py"
-
-
-def loaded() -> ModuleType:
-    sys.path.insert(0, str(SCRIPT.parent))  # (it imports cpu_per_job's readings)
-    try:
-        spec = importlib.util.spec_from_file_location("sustained", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
-
-
-bench = loaded()
+bench = loaded("sustained")
 
 
 def ticket(job_id: str) -> dict[str, object]:
