@@ -17,7 +17,9 @@ A second table gives each server's CPU per request: its process's user + system 
 (every thread, from ``/proc/PID/stat``) over the requests of each measurement.  The client
 runs in this process, so its share is not counted.  The CPU a request costs moves far less
 with the machine than the rate does: at concurrency 1 a request's rate is its latency, which
-moves with the disk's syncs and the scheduler's wakeups of the sink's threads.
+moves with the disk's syncs and the scheduler's wakeups of the sink's threads.  The kernel
+counts that time in clock ticks (10 ms): give each measurement enough requests (the default
+2,000 at a few hundred us each) that a tick is a small part of it.
 """
 
 from __future__ import annotations
@@ -190,8 +192,12 @@ def report_cpu(cpu: Results, levels: list[int]) -> None:
 
 
 def ratio(results: Results, a: str, b: str, c: int) -> str:
-    """The median of the per-round ratios a/b at concurrency c, and their range."""
-    ratios = sorted(x / y for x, y in zip(results[a][c], results[b][c], strict=True))
+    """The median of the per-round ratios a/b at concurrency c, and their range (a round
+    whose b read 0, as a CPU time under one clock tick can, has none)."""
+    pairs = zip(results[a][c], results[b][c], strict=True)
+    ratios = sorted(x / y for x, y in pairs if y)
+    if not ratios:
+        return f"{'-':>9}"
     return f"{median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 

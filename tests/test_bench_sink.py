@@ -47,7 +47,7 @@ def test_a_process_cpu_counts_the_time_its_other_threads_used() -> None:
 @pytest.mark.process
 def test_a_run_prints_each_servers_rate_and_cpu_per_request(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--concurrency", "1,4", "--requests", "40"],
+        [sys.executable, str(SCRIPT), "--concurrency", "1,4", "--requests", "400"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -61,6 +61,7 @@ def test_a_run_prints_each_servers_rate_and_cpu_per_request(tmp_path: Path) -> N
         cells = line.split()
         assert cells[0] == level
         assert float(cells[1]) > 0 and float(cells[2]) > 0  # each sink used CPU
+        assert cells[3] != "-"  # (and so a ratio)
     rates = lines[lines.index(next(x for x in lines if x.startswith("concurrency"))) + 1]
     assert rates.split()[0] == "1" and float(rates.split()[2]) > 0  # the sink's rate
     assert list(tmp_path.iterdir()) == []  # its databases are gone with the run
@@ -81,3 +82,9 @@ def test_a_child_given_a_tree_imports_that_trees_asnackq_from_a_checkouts_root(
     with proc:
         assert proc.wait(timeout=60) == 0
     assert last == "['sink']"  # the tree's module ran, not the checkout's sink
+
+
+def test_a_ratio_skips_the_rounds_whose_divisor_read_zero() -> None:
+    cpu = {"sink": {1: [300.0, 250.0, 320.0]}, "base": {1: [0.0, 125.0, 160.0]}}
+    assert bench.ratio(cpu, "sink", "base", 1) == "2.00 (2.00-2.00)"
+    assert bench.ratio({"sink": {1: [300.0]}, "base": {1: [0.0]}}, "sink", "base", 1).strip() == "-"
