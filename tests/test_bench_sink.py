@@ -39,7 +39,7 @@ def test_a_process_cpu_counts_the_time_its_other_threads_used() -> None:
         try:
             assert child.stdout is not None
             assert child.stdout.readline() == "burnt\n"
-            assert 0.29 <= bench.process_cpu_s(child.pid) < 30
+            assert 0.25 <= bench.process_cpu_s(child.pid) < 30  # (its main thread: far less)
         finally:
             child.kill()
 
