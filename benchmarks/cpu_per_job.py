@@ -49,11 +49,10 @@ from statistics import median
 from typing import Any
 
 import psycopg
-from sink_throughput import tree_env
+from sink_throughput import proc_stat, tree_env
 
 from asnackq.aio import AsyncQueue, Dispatcher
 
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 READING = 2  # statements (and transactions) of one ``server_counts``
 FIGURES = (
     "worker CPU us",
@@ -115,10 +114,9 @@ def server_processes_s(data: Path) -> dict[int, float]:
     used = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            pid, ppid = int(stat.parent.name), int(fields[1])
+            pid, (ppid, cpu) = int(stat.parent.name), proc_stat(stat)
             if postmaster in (pid, ppid):
-                used[pid] = (int(fields[11]) + int(fields[12])) * TICK_S
+                used[pid] = cpu
     return used
 
 

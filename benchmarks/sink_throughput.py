@@ -76,10 +76,16 @@ def start(command: list[str], tree: str | None = None) -> tuple[subprocess.Popen
     return proc, proc.stdout.readline().split()[-1]
 
 
+def proc_stat(stat: Path) -> tuple[int, float]:
+    """A process's parent pid and the user + system seconds it has used so far (every
+    thread's), from its ``/proc/PID/stat``."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # (after the command's name)
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) * TICK_S
+
+
 def process_cpu_s(pid: int) -> float:
-    """User + system seconds process ``pid`` has used so far, every thread's, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    """User + system seconds process ``pid`` has used so far, every thread's."""
+    return proc_stat(Path(f"/proc/{pid}/stat"))[1]
 
 
 def tree_env(tree: str | None) -> dict[str, str] | None:
@@ -124,6 +130,8 @@ def main() -> None:
     if args.serve_null:
         serve_null()
         return
+    if args.requests < 1:
+        raise SystemExit("--requests must be at least 1")
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="asnackq-bench-", dir=".") as tmp:
         sink = [*ASNACKQ, "sink", "--db"]
