@@ -151,6 +151,8 @@ class WebhookReceiver(Generic[C]):
             raise as_json(request, web.HTTPBadRequest(text=str(error))) from None
         except web.HTTPException as refusal:
             self.counts["refused"] += 1
+            if not request.content.is_eof():  # (refused before the body was whole)
+                spoil(request, refusal)
             raise as_json(request, refusal) from None
         digest = hashlib.sha256(body).hexdigest()
         return await self._apply(request, event_id, digest, token, payload)
@@ -232,17 +234,23 @@ async def read_within(
         )
     except (web.RequestPayloadError, ConnectionError) as error:  # bad framing, hang-up
         refusal = web.HTTPBadRequest(text=f"the body cannot be read: {one_line(error)}")
-    request.content.feed_eof()
-    refusal.force_close()
+    spoil(request, refusal)
     raise refusal
 
 
+def spoil(request: web.BaseRequest, refusal: web.HTTPException) -> None:
+    """The rest of ``request``'s body is never read: ``refusal`` is the connection's last
+    answer, aiohttp parses nothing more that arrives on it, and the body is marked ended, so
+    that it is not drained after the answer (aiohttp's lingering read, which on a server that
+    inflates bodies itself - its default - inflates a compressed rest on the event loop: a
+    gzip bomb's gigabytes)."""
+    request.protocol.close()  # (first: no byte is parsed into the body once it is ended)
+    request.content.feed_eof()
+    refusal.force_close()
+
+
 def too_large(limit: int) -> web.HTTPException:
-    refusal = web.HTTPRequestEntityTooLarge(
-        limit, limit + 1, text=f"the body is over {limit} bytes"
-    )
-    refusal.force_close()  # (the rest of the body is not read)
-    return refusal
+    return web.HTTPRequestEntityTooLarge(limit, limit + 1, text=f"the body is over {limit} bytes")
 
 
 def rejected(request: web.Request, event_id: str, reason: str) -> web.Response:
