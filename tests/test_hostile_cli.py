@@ -9,15 +9,17 @@ import os
 import pathlib
 import socket
 import sqlite3
+import subprocess
 import time
 
 import pytest
 
 from asnackq.core import worker as w
 from asnackq.core.worker import epoch_ms
+from asnackq.lab import procs
 from asnackq.lab.procs import PIPE, sink_process, stop, worker
 
-from .test_cli import fails
+from .test_cli import fails, ok
 
 
 def digest(path):
@@ -182,3 +184,39 @@ def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_pat
             stop(work)
     assert work.returncode == 0, err
     assert '"done": 1' in out
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("code", "args"),
+    [
+        (1, ["stats", "postgresql://u:Hunter%zz2@127.0.0.1:9/q"]),  # libpq quotes a bad %
+        (1, ["stats", "postgresql://u@127.0.0.1:9/q?password=Hunter%zz2"]),
+        (1, ["stats", "postgresql://u:Hunter%20zz2@127.0.0.1:9/q"]),  # (decoded: a space)
+        (1, ["stats", "postgresql://127.0.0.1:Hunter/zz2@127.0.0.1:9/q"]),  # a '/' in it
+        (2, ["stats", "postgresql+psycopg://u:Hunterzz2@127.0.0.1:9/q"]),
+        (2, ["init", "pgsql://u:Hunterzz2@127.0.0.1:9/q"]),
+        (2, ["init", "host=127.0.0.1 user=u password=Hunterzz2 dbname=q"]),
+        (2, ["init", "host=x.db"]),  # (a file of that name: through ./, below)
+        (2, ["outbox", "pending", "postgresql://u:Hunterzz2@127.0.0.1:9/q"]),
+    ],
+)
+def test_a_password_in_a_target_that_cannot_be_used_is_never_shown(tmp_path, code, args):
+    """libpq quotes a token it cannot read (a bad percent-encoding, a password's piece read
+    as a port); a URL of another scheme was taken for a file path, a libpq keyword string
+    made a queue file named after its password, and the outbox echoed a URL as its path."""
+    run = subprocess.run(
+        procs.command(*args), capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode == code, said
+    assert said.count("\n") == 1 and "Traceback" not in said, said
+    assert "Hunter" not in said and "zz2" not in said, said
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.process
+def test_a_file_whose_name_looks_like_a_keyword_string_is_made_through_dot_slash(tmp_path):
+    path = tmp_path / "host=x.db"
+    ok("init", f"{tmp_path}/host=x.db")
+    assert path.is_file()

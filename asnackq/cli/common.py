@@ -94,6 +94,15 @@ def target(text: str) -> Target:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def file_only(text: str) -> Path:
+    """An argparse type: a SQLite file's path, where no URL is taken (one is refused, and
+    never echoed: it may hold a password)."""
+    found = target(text)
+    if not isinstance(found, Path):
+        raise argparse.ArgumentTypeError("must be a SQLite file here, not a PostgreSQL URL")
+    return found
+
+
 def existing_queue(path: Target) -> Target:
     """A queue that must already exist (``init`` creates one; typos create nothing)."""
     try:

@@ -9,7 +9,6 @@ import json
 import signal
 import sqlite3
 import ssl
-from pathlib import Path
 from typing import Any, cast
 
 from asnackq.cli.common import (
@@ -30,6 +29,7 @@ from asnackq.cli.common import (
     add_tls_files,
     check_sink,
     exact_int,
+    file_only,
     log_to_stderr,
     port,
     receiver_rules,
@@ -221,15 +221,15 @@ def add_outbox(commands: Commands) -> None:
         "taking its type, which the queue's worker sends: asnackq work SOURCE), in one "
         "transaction.",
     )
-    accept.add_argument("source", type=Path)
+    accept.add_argument("source", type=file_only)
     accept.add_argument("--id", required=True, help="its id ([A-Za-z0-9_-]{1,64})")
     accept.add_argument("--qty", type=exact_int, help="the order's quantity, 1..1000")
     add_event_options(accept)
     pending = actions.add_parser("pending", help="unsent items in seq order (read-only)")
-    pending.add_argument("source", type=Path)
+    pending.add_argument("source", type=file_only)
     pending.add_argument("--limit", type=within(int, 1, 16), default=16, help="items listed")
     dispatch = actions.add_parser("dispatch", help="send one ordered batch; stop at a failure")
-    dispatch.add_argument("source", type=Path)
+    dispatch.add_argument("source", type=file_only)
     dispatch.add_argument("--sink", required=True, type=sink_url, help="the sink's /events URL")
     add_sink_tls(dispatch)
     add_receiver_rules(dispatch)

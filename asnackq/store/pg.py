@@ -56,7 +56,7 @@ from asnackq.core import worker as w
 from asnackq.store.outage import Backoff
 from asnackq.store.pg_sql import SCHEMAS, many, plan_open, text, translate
 from asnackq.store.pg_walks import Walks
-from asnackq.store.targets import one_line, shown
+from asnackq.store.targets import one_line, scrubbed, shown
 
 __all__ = [
     "SQL_XACT_STATUS",
@@ -189,7 +189,7 @@ TCP_OPTIONS: dict[str, Any] = {
 
 def _refused(url: str, error: psycopg.Error) -> Exception:
     """A failed connection as one line, without the password (libpq may echo the URL)."""
-    why = one_line(error).replace(url, shown(url))
+    why = scrubbed(one_line(error), url)
     if isinstance(error, psycopg.OperationalError):
         return Unreachable(f"cannot connect to {shown(url)}: {why}")
     return ValueError(f"not a usable PostgreSQL URL {shown(url)}: {why}")
@@ -223,7 +223,7 @@ def wait_until_reachable(url: str, wait_s: float, waiting: Callable[[str], None]
             if time.monotonic() + delay > deadline:
                 raise _refused(url, error) from None
             if failures == 0:
-                waiting(one_line(error).replace(url, shown(url)))
+                waiting(scrubbed(one_line(error), url))
         failures += 1
         time.sleep(delay)
 

@@ -46,7 +46,7 @@ from asnackq.store.pg import (
 )
 from asnackq.store.pg_sql import SCHEMAS, Params, plan_open, translate
 from asnackq.store.pg_walks import Walks
-from asnackq.store.targets import one_line, shown
+from asnackq.store.targets import one_line, scrubbed, shown
 from asnackq.store.turns import turn
 
 __all__ = ["RECONNECT_TIMEOUT_S", "RESOLVE_S", "SCOUT_NAME", "AsyncStore", "BorrowedStore"]
@@ -165,7 +165,7 @@ class AsyncStore:
         try:
             self.con = await aconnect(self.url, self.schema, timeout_s=RECONNECT_TIMEOUT_S)
         except (Unreachable, psycopg.OperationalError) as error:
-            self.why = one_line(error).replace(self.url, shown(self.url))
+            self.why = scrubbed(one_line(error), self.url)
             raise StoreUnavailable(self.why, self.health.failed()) from None
         self.health.back()
         return self.con
@@ -225,7 +225,7 @@ class AsyncStore:
 
     def _lost(self, error: BaseException | None) -> None:
         self.health.lost()
-        why = "closed" if error is None else one_line(error)
+        why = "closed" if error is None else scrubbed(one_line(error), self.url)
         self.why = f"lost the session to {shown(self.url)}: {why}"
 
     async def _committed(self, xid: str, started: str) -> bool:

@@ -3,19 +3,23 @@
 Rules of this module:
 
 * A target is a URL only when it starts with ``postgresql://`` or ``postgres://``;
-  everything else is a path (SQLite).  Nothing here imports psycopg: SQLite users need
-  no PostgreSQL driver.
-* A URL is shown only through ``shown()``: a password never reaches output or errors.
+  everything else is a path (SQLite) - but for text that looks meant for a database
+  elsewhere (another scheme's ``NAME://``, a mistyped ``postgres:``, a libpq keyword string
+  such as ``host=... password=...``), which is refused unechoed, never made a file named
+  after it.  Nothing here imports psycopg: SQLite users need no PostgreSQL driver.
+* A URL is shown only through ``shown()``, and an error about one only through
+  ``scrubbed()``: a password never reaches output or errors.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMES", "Target", "is_url", "one_line", "parse_target", "shown"]
+__all__ = ["SCHEMES", "Target", "is_url", "one_line", "parse_target", "scrubbed", "shown"]
 
 SCHEMES = ("postgresql://", "postgres://")
 Target = Path | str  # a Path is a file; a str here is always a URL
@@ -34,20 +38,53 @@ def parse_target(text: str) -> Target:
     """
     if is_url(text):
         return text
-    if text.lower().startswith(("postgres:", "postgresql:")):
+    if text.lower().startswith(("postgres:", "postgresql:")) or _SCHEME.match(text):
         raise ValueError(
             "not a PostgreSQL URL (expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE)"
+        )
+    if _KEYWORDS.match(text):
+        raise ValueError(
+            "a libpq keyword string is not a target: give its database as "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (a file of such a name: ./NAME)"
         )
     return Path(text)
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # (a URL of any other scheme)
+_KEYWORDS = re.compile(
+    r"(?i)\s*(?:host|hostaddr|port|dbname|user|password|passfile|service|sslmode)\s*="
+)
+# The user and password of a URL, as libpq reads one, run to an '@' before any '/' ('?' and
+# '#' included); a password holding a '/' (generated ones may) is then no URL libpq can
+# read, and still a secret: from the first ':' after the user to the last '@' is hidden (a
+# rare '@' further on hides more than the password, never less).  A parameter's value runs
+# to the next '&'.
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://[^:/@]*):(.*)@", re.IGNORECASE | re.DOTALL)
+_PASSWORD = re.compile(r"(?i)([?&]password=)([^&]*)")
+_PIECES = re.compile(r"[/?#&:@]")
+
+
 def shown(value: Target | os.PathLike[str]) -> str:
     """A target fit for output: a URL's password replaced by ``***``."""
-    text = os.fspath(value)
-    # As libpq reads a URL: the user and password run to an '@' before any '/' ('?' and '#'
-    # included), and a parameter's value to the next '&'.
-    text = re.sub(r"^([a-z]+://[^:/@]*):[^@/]*@", r"\1:***@", text)
-    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", text)
+    text = _USERINFO.sub(r"\1:***@", os.fspath(value), count=1)
+    return _PASSWORD.sub(r"\1***", text)
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text``, an error about ``url`` (libpq's may quote a part of it, such as a password
+    it cannot decode), with ``url`` shown and each of its passwords, as written and
+    decoded, replaced by ``***``."""
+    found = _USERINFO.match(url)
+    written = [found.group(2)] if found else []
+    written += [value for _, value in _PASSWORD.findall(url)]
+    # (and its pieces: libpq, reading a password that holds a '/' as a host, port and
+    # database, may quote any of them)
+    written += [part for raw in written for part in _PIECES.split(raw) if len(part) > 2]
+    secrets = {one for raw in written for one in (raw, urllib.parse.unquote(raw)) if one}
+    text = text.replace(url, shown(url))
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def one_line(error: BaseException) -> str:
