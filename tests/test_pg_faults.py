@@ -35,6 +35,7 @@ from . import pgdb
 from .conftest import T0
 from .pgdb import query
 from .slow_commit import in_commit, job_row, slow_queue
+from .test_dashboard import dashboard, state, until
 
 JOBS = 800
 # Commits are synchronous (an immediate shutdown keeps what it acknowledged); fsync is off
@@ -430,3 +431,23 @@ async def test_a_fleet_rides_out_a_server_restart(server, url, mode):
     assert sorted(statuses(url).values()) == sorted([("done", "a")] * 200 + [("done", "b")] * 200)
     for seen in (a.seen, b.seen):
         assert {s.webhook_id for s in seen} == {f"e{i}" for i in range(200)}
+
+
+@pytest.mark.process
+def test_the_dashboard_says_the_server_is_away_and_shows_it_again_once_back(server, url):
+    """A server away raised ``Unreachable`` (no ``ValueError``) in the dashboard's sampling
+    task, which ended: its figures stayed frozen, ``error`` null, until it was restarted."""
+    fill(url)
+    with dashboard(url) as base:
+        pending = {"pending": JOBS, "leased": 0, "done": 0, "dead": 0}
+        until(lambda: (found := state(base))["error"] is None and found.get("stats"), 60)
+        server.halt("fast")
+        try:
+            away = until(lambda: (found := state(base))["error"] and found, 60)
+            assert "cannot read the queue" in away["error"]
+            later = until(lambda: (found := state(base))["at_ms"] > away["at_ms"] and found, 60)
+            assert later["error"]  # (still sampling, still saying why)
+        finally:
+            server.resume()
+        back = until(lambda: (found := state(base))["error"] is None and found, 60)
+        assert back["at_ms"] > later["at_ms"] and back["stats"]["by_status"] == pending

@@ -41,7 +41,7 @@ from asnackq.store import files, readers, reads
 from asnackq.store.outage import database_error
 from asnackq.store.reads import fetch
 from asnackq.store.sqlite_aio import steps
-from asnackq.store.targets import Target, is_url, one_line, shown
+from asnackq.store.targets import Target, is_url, one_line, scrubbed, shown
 
 __all__ = ["AUDIT_LISTED", "Watcher", "attempt", "reading"]
 
@@ -91,9 +91,10 @@ async def attempt(what: str, where: Target, read: Reading) -> tuple[Any, float]:
                     f"the {what} {shown(where)} holds a value of another type than its "
                     f"schema's ({one_line(error)}): asnackq audit names the row"
                 ) from None
-            if not database_error(error):
-                raise
-            raise ValueError(f"cannot read the {what} {shown(where)}: {one_line(error)}") from None
+            if not (database_error(error) or isinstance(error, ConnectionError)):
+                raise  # (a server away, or its session lost: ``pg.Unreachable``, below)
+            why = scrubbed(one_line(error), str(where)) if is_url(where) else one_line(error)
+            raise ValueError(f"cannot read the {what} {shown(where)}: {why}") from None
 
 
 def reading(where: Target, table: str, what: str, make: w.Make) -> Reading:
@@ -276,11 +277,15 @@ class Watcher:
 
     async def run(self) -> None:
         """Sample until cancelled; a failed read shows as ``error`` over the last state, and
-        the next try comes after ``SAMPLE_S`` (a lock or an error is no cost to scale by)."""
+        the next try comes after ``SAMPLE_S`` (a lock or an error is no cost to scale by).
+        Whatever a sample raises, sampling goes on: a dashboard never freezes on old figures
+        while saying nothing (its text, not a URL's password: ``attempt``; an error of
+        another kind by its type alone)."""
         while True:
             await asyncio.sleep(self.pause())
             try:
                 await self.sample()
-            except ValueError as error:
-                self.state = {**self.state, "error": str(error), "at_ms": w.epoch_ms()}
+            except Exception as error:
+                said = str(error) if isinstance(error, ValueError) else type(error).__name__
+                self.state = {**self.state, "error": said, "at_ms": w.epoch_ms()}
                 self.took = 0.0
