@@ -415,6 +415,8 @@ def test_bad_input_is_a_usage_line_and_writes_nothing(where: str, tmp_path: Path
         ("add", where, "other", "--url", URL, "--rate", "fast"),
         ("add", where, "other", "--url", URL, "--burst", "3"),
         ("add", where, "other", "--url", URL, "--timeout-s", "700"),
+        ("add", where, "other", "--url", URL, "--timeout-s", "1e-9"),  # (times every send out)
+        ("update", where, "orders", "--timeout-s", "0.0009"),
         ("update", where, "orders"),
         ("update", where, "orders", "--url", "http://example.com/x"),
         ("rotate-secret", where, "orders"),

@@ -197,14 +197,24 @@ def test_work_waits_for_a_queue_another_process_holds_exclusively(queue, tmp_pat
         (2, ["stats", "postgresql+psycopg://u:Hunterzz2@127.0.0.1:9/q"]),
         (2, ["init", "pgsql://u:Hunterzz2@127.0.0.1:9/q"]),
         (2, ["init", "host=127.0.0.1 user=u password=Hunterzz2 dbname=q"]),
-        (2, ["init", "host=x.db"]),  # (a file of that name: through ./, below)
+        (2, ["init", "host=x.db"]),  # (a file of that name: by its absolute path, below)
+        (2, ["init", ":memory:"]),  # (an in-memory database keeps nothing)
+        (2, ["init", "file:x.db?mode=memory"]),
+        (2, ["sink", "--db", "file:x.db?mode=memory", "--port", "0"]),
+        (2, ["init", "file:x.db"]),  # (SQLite opens x.db)
+        (2, ["init", "x.db-wal"]),  # (x.db's write-ahead log: deleted as x.db opens)
+        (2, ["stats", "x.db-journal"]),
         (2, ["outbox", "pending", "postgresql://u:Hunterzz2@127.0.0.1:9/q"]),
     ],
 )
-def test_a_password_in_a_target_that_cannot_be_used_is_never_shown(tmp_path, code, args):
+def test_a_target_that_cannot_be_used_is_one_line_without_its_password_nor_a_file(
+    tmp_path, code, args
+):
     """libpq quotes a token it cannot read (a bad percent-encoding, a password's piece read
     as a port); a URL of another scheme was taken for a file path, a libpq keyword string
-    made a queue file named after its password, and the outbox echoed a URL as its path."""
+    made a queue file named after its password, and the outbox echoed a URL as its path;
+    ``:memory:`` and ``file:`` URIs opened an in-memory database (a sink there answered
+    "applied" and kept nothing), and ``x.db-wal`` a file SQLite deletes as ``x.db`` opens."""
     run = subprocess.run(
         procs.command(*args), capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
@@ -216,7 +226,33 @@ def test_a_password_in_a_target_that_cannot_be_used_is_never_shown(tmp_path, cod
 
 
 @pytest.mark.process
-def test_a_file_whose_name_looks_like_a_keyword_string_is_made_through_dot_slash(tmp_path):
-    path = tmp_path / "host=x.db"
-    ok("init", f"{tmp_path}/host=x.db")
-    assert path.is_file()
+def test_a_file_named_like_a_keyword_string_or_a_uri_is_given_by_its_absolute_path(tmp_path):
+    for name in ("host=x.db", "file:x.db"):
+        ok("init", tmp_path / name)
+        assert (tmp_path / name).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file:x.db", "host=x.db"]
+
+
+@pytest.mark.process
+def test_enqueue_refuses_a_line_past_its_bound_without_holding_it(queue, tmp_path):
+    """A stream without newlines (``/dev/zero``) was read as one line for as long as it
+    grew: gigabytes of memory in seconds, and no answer."""
+    before = digest(queue)
+    said = fails("enqueue", queue, "/dev/zero")
+    assert said.startswith("asnackq enqueue: /dev/zero:1: a line over 1,576,960 characters")
+    long = tmp_path / "long.jsonl"
+    good = '{"id": "b", "qty": 1}'
+    long.write_text(f"{good}\n{good:<10096}\n{good:<10097}\n")  # (the bound, then past it)
+    said = fails("enqueue", queue, long, "--max-event-bytes", "1000")
+    assert ":3: a line over 10,096 characters (an event is at most --max-event-bytes 1,000" in said
+    assert digest(queue) == before
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("where", ["a directory", "no directory"])
+def test_lab_refuses_a_json_file_it_cannot_write_before_the_run(tmp_path, where):
+    """``--json DIR`` ran the whole experiment, then failed on the file (its results lost)."""
+    path = tmp_path if where == "a directory" else tmp_path / "none" / "r.json"
+    said = fails("lab", "--jobs", "1", "--json", path, code=2)
+    assert said.startswith(f"asnackq lab: --json {path}: {where}"), said
+    assert sorted(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from asnackq.cli.common import (
     QUEUE_HELP,
+    TIMEOUT,
     Commands,
     Usage,
     concurrency_arg,
@@ -41,7 +42,6 @@ from asnackq.wire.webhooks import new_secret, read_secrets
 __all__ = ["add_endpoint"]
 
 T = TypeVar("T")
-SECONDS = within(float, 0, 600)
 
 
 def add_endpoint(commands: Commands) -> None:
@@ -117,7 +117,9 @@ def add_settings(parser: argparse.ArgumentParser, update: bool) -> None:
     parser.add_argument("--rate", help="sends a second, or 'off': unlimited" + keep)
     parser.add_argument("--burst", type=within(int, 1, r.MAX_BURST), help="with --rate" + keep)
     parser.add_argument("--concurrency", type=concurrency_arg, help="1..1024 or auto" + keep)
-    parser.add_argument("--timeout-s", type=SECONDS, help="an answer's wait" + keep)
+    # (as ``asnackq work --timeout-s``: a wait of a nanosecond times every send out, and a
+    # send that timed out spends no attempt)
+    parser.add_argument("--timeout-s", type=TIMEOUT, help="an answer's wait" + keep)
     parser.add_argument("--retry-base-ms", type=within(int, 1, ep.MAX_DELAY_MS))
     parser.add_argument("--retry-cap-ms", type=within(int, 1, ep.MAX_DELAY_MS))
     parser.add_argument(

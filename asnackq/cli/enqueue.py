@@ -109,9 +109,19 @@ Numbered = list[tuple[int, Intake]]  # each intake with its input's line number
 
 
 def read_intakes(stream: IO[str], name: str, args: argparse.Namespace) -> Numbered:
-    """Parse and validate every JSON line (``NAME:LINE: why`` on the first bad one)."""
+    """Parse and validate every JSON line (``NAME:LINE: why`` on the first bad one).  A line
+    is read up to its bound only (``line_limit``): a stream without newlines (``/dev/zero``)
+    is refused, not held in memory as it grows."""
     items = []
-    for number, line in enumerate(stream, 1):
+    limit = line_limit(args.max_event_bytes)
+    number = 0
+    while line := stream.readline(limit + 1):
+        number += 1
+        if len(line) > limit and not line.endswith("\n"):
+            raise Failure(
+                f"{name}:{number}: a line over {limit:,} characters (an event is at most "
+                f"--max-event-bytes {args.max_event_bytes:,} bytes)"
+            )
         if not line.strip():
             continue
         try:
@@ -123,6 +133,12 @@ def read_intakes(stream: IO[str], name: str, args: argparse.Namespace) -> Number
             raise Failure(f"{name}:{number}: {error}") from None
         items.append((number, item))
     return items
+
+
+def line_limit(max_event_bytes: int) -> int:
+    """The longest JSON line an intake may be: its event's bytes, each written as a JSON
+    escape at most (6 characters: ``\\u00e9``), and room for its other keys."""
+    return 6 * max_event_bytes + 4096
 
 
 def checked_intake(record: dict[str, Any], args: argparse.Namespace) -> Intake:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -303,6 +304,7 @@ def run_fanout(args: argparse.Namespace) -> int:
             fanout.require_fresh(config.db)
     except ValueError as error:
         raise Usage(str(error)) from None
+    check_json_file(args.json)
     with tempfile.TemporaryDirectory(prefix="asnackq-lab-") as tmp:
         result = fanout.run_fanout(config, args.dir or Path(tmp))
     if args.json is not None:
@@ -359,6 +361,20 @@ def lab_config(args: argparse.Namespace) -> LabConfig:
     return config
 
 
+def check_json_file(path: Path | None) -> None:
+    """Refuse a ``--json FILE`` that cannot be written, before the run starts (the run's
+    results were lost to a directory's name after minutes of it)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise Usage(f"--json {path}: a directory, not a file")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise Usage(f"--json {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise Usage(f"--json {path}: not writable")
+
+
 def run_lab(args: argparse.Namespace) -> int:
     from asnackq.lab import report, report_rows
     from asnackq.lab import run_lab as experiment
@@ -372,6 +388,7 @@ def run_lab(args: argparse.Namespace) -> int:
         config = lab_config(args)
     except ValueError as error:
         raise Usage(str(error)) from None
+    check_json_file(args.json)
     if args.report is not None:
         report.check_target(args.report)
     result = experiment(config, Console(stderr=True))

@@ -6,7 +6,11 @@ Rules of this module:
   everything else is a path (SQLite) - but for text that looks meant for a database
   elsewhere (another scheme's ``NAME://``, a mistyped ``postgres:``, a libpq keyword string
   such as ``host=... password=...``), which is refused unechoed, never made a file named
-  after it.  Nothing here imports psycopg: SQLite users need no PostgreSQL driver.
+  after it; and for names SQLite reads as no file of the path's (``:memory:``, a ``file:``
+  URI, which may name an in-memory database: a sink there would answer "applied" and keep
+  nothing) or as a journal of another file (``NAME-wal``, ``-shm``, ``-journal``).  A file
+  named like a keyword string or a URI is given by its absolute path.  Nothing here imports
+  psycopg: SQLite users need no PostgreSQL driver.
 * A URL is shown only through ``shown()``, and an error about one only through
   ``scrubbed()``: a password never reaches output or errors.
 """
@@ -44,10 +48,23 @@ def parse_target(text: str) -> Target:
         )
     if _KEYWORDS.match(text):
         raise ValueError(
-            "a libpq keyword string is not a target: give its database as "
-            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (a file of such a name: ./NAME)"
+            "a libpq keyword string is not a target: give its database as postgresql://USER:"
+            "PASSWORD@HOST:PORT/DATABASE (a file of such a name: its absolute path)"
+        )
+    if text == ":memory:" or text[:5].lower() == "file:":
+        raise ValueError(
+            "not a file's path: SQLite reads this name as an in-memory database or a URI, "
+            "which may keep nothing (a file of such a name: its absolute path)"
+        )
+    if text.endswith(SIDE_FILES):
+        raise ValueError(
+            f"a name ending in {'/'.join(SIDE_FILES)} is SQLite's own for another file's "
+            "journal: a queue there would be deleted, or its data taken for a journal"
         )
     return Path(text)
+
+
+SIDE_FILES = ("-journal", "-wal", "-shm")  # (SQLite's names for a file's journals)
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # (a URL of any other scheme)
