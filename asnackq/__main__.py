@@ -2,6 +2,6 @@
 
 import sys
 
-from asnackq.cli import main
+from asnackq.command import main
 
 sys.exit(main())

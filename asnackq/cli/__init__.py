@@ -54,7 +54,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``asnackq`` command; return its exit code."""
     lifeline.end_with_parent()  # (started by the lab: end with it)
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)  # (its commands' modules imported: a while)
+    except KeyboardInterrupt:  # (Ctrl-C before any command ran: nothing was done)
+        print("asnackq: interrupted", file=sys.stderr)
+        return 130
     run: Command = args.run
     # A file another program holds is waited for, said in one line (``store.sessions``).
     logs.to_stderr(STORE_LOG, f"asnackq {args.command}", getattr(args, "log_format", "text"))

@@ -48,12 +48,14 @@ __all__ = [
     "add_tls_files",
     "check_sink",
     "complete_help",
+    "ended",
     "exact_int",
     "existing_queue",
     "log_to_stderr",
     "port",
     "receiver_rules",
     "renamed",
+    "setting_up",
     "sink_tls",
     "sink_url",
     "stop_signals",
@@ -423,6 +425,50 @@ def wait_for_database(where: Target, wait_s: float, command: str) -> None:
         )
 
     pg.wait_until_reachable(str(where), wait_s, waiting)
+
+
+async def ended(running: asyncio.Future[Any]) -> None:
+    """``running`` ended (cancelled if it still runs) and its outcome read, so that a run
+    left early by its caller neither outlives the queue it uses nor leaves its error unread
+    (asyncio's "Task exception was never retrieved", with a traceback)."""
+    running.cancel()
+    await asyncio.wait([running])
+    if not running.cancelled():
+        running.exception()
+
+
+@contextlib.contextmanager
+def setting_up() -> Iterator[Callable[[], None]]:
+    """While a run is set up, before ``stop_signals`` hands its signals to the run: each
+    SIGINT or SIGTERM cancels the current task and is kept.  The function yielded raises
+    ``KeyboardInterrupt`` (``interrupted``, exit 130) if one came: a stop whose cancellation
+    something in the set-up took in (a Ctrl-C there was lost, and the run went on) is still
+    a stop, never a run; as is a cancellation that ends the set-up (else asyncio.run's
+    ``CancelledError``)."""
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    if task is None:
+        raise RuntimeError("setting_up() is for a task")
+    asked: list[int] = []
+
+    def stop(signum: int) -> None:
+        asked.append(signum)
+        task.cancel()
+
+    def go_on() -> None:
+        if asked:
+            raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        yield go_on
+    except asyncio.CancelledError:
+        if asked:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
 
 
 @contextlib.contextmanager

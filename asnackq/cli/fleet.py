@@ -12,7 +12,7 @@ import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from asnackq.cli.common import Usage, stop_signals
+from asnackq.cli.common import Usage, ended, setting_up, stop_signals
 from asnackq.cli.render import emit, key_values, plural
 from asnackq.core import worker as w
 
@@ -67,29 +67,36 @@ def run_fleet(
     exporter = WorkerMetrics(args.metrics_host, args.metrics_port, args.allow_remote)
 
     async def main() -> tuple[dict[str, Summary], bool]:
-        async with opened as queue, exporter:
-            try:
-                fleet = Fleet(
-                    queue,
-                    owner=owner,
-                    on_start=exporter.watch_endpoint,
-                    on_stop=exporter.unwatch_endpoint,
-                    max_concurrency=64 if args.max_concurrency is None else args.max_concurrency,
-                    sender_options={
-                        "allow_remote": args.allow_remote,
-                        "allow_networks": args.allow_network,
-                        **tls,
-                    },
-                    **options,
-                )
-            except ValueError as error:
-                raise Usage(str(error)) from None
-            running = asyncio.ensure_future(fleet.run(until_empty=args.until_empty))
-            with stop_signals(running):
-                await asyncio.wait([running])
-            if not running.cancelled() and running.exception() is not None:
-                raise running.exception()  # type: ignore[misc]
-            return fleet.summaries, running.cancelled()
+        with setting_up() as go_on:
+            async with opened as queue, exporter:
+                try:
+                    fleet = Fleet(
+                        queue,
+                        owner=owner,
+                        on_start=exporter.watch_endpoint,
+                        on_stop=exporter.unwatch_endpoint,
+                        max_concurrency=64
+                        if args.max_concurrency is None
+                        else args.max_concurrency,
+                        sender_options={
+                            "allow_remote": args.allow_remote,
+                            "allow_networks": args.allow_network,
+                            **tls,
+                        },
+                        **options,
+                    )
+                except ValueError as error:
+                    raise Usage(str(error)) from None
+                go_on()
+                running = asyncio.ensure_future(fleet.run(until_empty=args.until_empty))
+                try:
+                    with stop_signals(running):
+                        await asyncio.wait([running])
+                finally:  # (left early: the run ends before its queue closes)
+                    await ended(running)
+                if not running.cancelled() and running.exception() is not None:
+                    raise running.exception()  # type: ignore[misc]
+                return fleet.summaries, running.cancelled()
 
     tracer = options.get("trace")
     try:

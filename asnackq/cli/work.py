@@ -35,10 +35,12 @@ from asnackq.cli.common import (
     add_sink_tls,
     check_sink,
     concurrency_arg,
+    ended,
     exact_int,
     existing_queue,
     log_to_stderr,
     receiver_rules,
+    setting_up,
     sink_tls,
     sink_url,
     stop_signals,
@@ -80,6 +82,17 @@ def when_up(call: Callable[[], T], where: Target, gives_up: float) -> T:
             if time.monotonic() >= gives_up:
                 raise
         time.sleep(0.2)
+
+
+def live_line(console: Console) -> Live:
+    """A terminal's progress line (log lines go above it)."""
+    return Live(
+        console=console,
+        transient=True,
+        auto_refresh=False,
+        redirect_stdout=False,
+        redirect_stderr=console.is_terminal,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -396,70 +409,65 @@ def run_work(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     async def main() -> tuple[Summary, Rate | None, bool, BaseException | None]:
-        async with (
-            queue_when_up(args.queue, gives_up) as queue,
-            sender or endpoint_send(queue, args, tls) as http,
-            exporter,
-        ):
-            # A sink's run takes every job but the endpoints' deliveries; an endpoint's run,
-            # that endpoint's deliveries alone (``asnackq.core.lanes``).
-            lane = (
-                lanes.PLAIN if args.endpoint is None else await endpoint_lane(queue, args.endpoint)
-            )
-            queue = queue.in_lane(lane)
-            if clear:
-                await queue.clear_rate()
-            send: AsyncSend = http
-            if args.kill_after_acks:
-                send = killed_after(args.kill_after_acks, http)
-            try:  # the Dispatcher's own ranges: an option out of range is a usage error
-                dispatcher = Dispatcher(
-                    queue,
-                    exporter.timed(send),
-                    owner=owner,
-                    concurrency=args.concurrency,
-                    max_concurrency=256 if args.max_concurrency is None else args.max_concurrency,
-                    rate=rate,
-                    burst=args.burst,
-                    **run_options(args, tracer, retry, breaker),
-                )
-            except ValueError as error:
-                raise Usage(str(error)) from None
-            exporter.watch(dispatcher)
-            running = asyncio.ensure_future(
-                dispatcher.run(
-                    until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty
-                )
-            )
-            with (
-                stop_signals(running),
-                Live(  # (a terminal's: log lines go above the progress line)
-                    console=console,
-                    transient=True,
-                    auto_refresh=False,
-                    redirect_stdout=False,
-                    redirect_stderr=console.is_terminal,
-                ) as live,
+        with setting_up() as go_on:
+            async with (
+                queue_when_up(args.queue, gives_up) as queue,
+                sender or endpoint_send(queue, args, tls) as http,
+                exporter,
             ):
-                while not running.done():
-                    await asyncio.wait([running], timeout=0.25)
-                    if tracer is not None and dispatcher.adaptive:
-                        tracer.limit(
-                            owner, dispatcher.settings.clock(), dispatcher.snapshot()["concurrency"]
-                        )
-                    if console.is_terminal:
-                        live.update(
-                            progress_line(
-                                dispatcher.snapshot(),
-                                time.perf_counter() - started,
-                                dispatcher.paused,
-                                dispatcher.db_down,
-                            ),
-                            refresh=True,
-                        )
-            stopped = running.cancelled()
-            failure = None if stopped else running.exception()
-            return dispatcher.summary, dispatcher.settings.rate, stopped, failure
+                dispatcher = await dispatcher_for(queue, http)
+                go_on()
+                running = asyncio.ensure_future(
+                    dispatcher.run(
+                        until_empty=True, max_jobs=args.max_jobs, follow=not args.until_empty
+                    )
+                )
+                try:
+                    with stop_signals(running), live_line(console) as live:
+                        while not running.done():
+                            await asyncio.wait([running], timeout=0.25)
+                            if tracer is not None and dispatcher.adaptive:
+                                clock = dispatcher.settings.clock()
+                                tracer.limit(owner, clock, dispatcher.snapshot()["concurrency"])
+                            if console.is_terminal:
+                                line = progress_line(
+                                    dispatcher.snapshot(),
+                                    time.perf_counter() - started,
+                                    dispatcher.paused,
+                                    dispatcher.db_down,
+                                )
+                                live.update(line, refresh=True)
+                finally:  # (left early: the run ends before its queue closes, its end read)
+                    await ended(running)
+                stopped = running.cancelled()
+                failure = None if stopped else running.exception()
+                return dispatcher.summary, dispatcher.settings.rate, stopped, failure
+
+    async def dispatcher_for(queue: AsyncQueue, http: AsyncSend) -> Dispatcher:
+        # A sink's run takes every job but the endpoints' deliveries; an endpoint's run,
+        # that endpoint's deliveries alone (``asnackq.core.lanes``).
+        lane = lanes.PLAIN if args.endpoint is None else await endpoint_lane(queue, args.endpoint)
+        queue = queue.in_lane(lane)
+        if clear:
+            await queue.clear_rate()
+        send: AsyncSend = http
+        if args.kill_after_acks:
+            send = killed_after(args.kill_after_acks, http)
+        try:  # the Dispatcher's own ranges: an option out of range is a usage error
+            dispatcher = Dispatcher(
+                queue,
+                exporter.timed(send),
+                owner=owner,
+                concurrency=args.concurrency,
+                max_concurrency=256 if args.max_concurrency is None else args.max_concurrency,
+                rate=rate,
+                burst=args.burst,
+                **run_options(args, tracer, retry, breaker),
+            )
+        except ValueError as error:
+            raise Usage(str(error)) from None
+        exporter.watch(dispatcher)
+        return dispatcher
 
     try:  # (shared: the run's rate at its end, its own or the queue's)
         run, shared, stopped, failure = asyncio.run(main())
