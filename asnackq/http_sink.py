@@ -67,7 +67,13 @@ from asnackq.sink import faults, spans
 from asnackq.sink.capacity import Capacity
 from asnackq.sink.checks import Signatures, Unverified, check_token_header, read_secrets
 from asnackq.sink.inbox import LOG, SinkUnavailable
-from asnackq.sink.receiver import Rejected, WebhookReceiver, as_json, read_within
+from asnackq.sink.receiver import (
+    Rejected,
+    WebhookReceiver,
+    as_json,
+    expect_continue,
+    read_within,
+)
 from asnackq.sink.stock import StockInbox, open_sink_db
 from asnackq.store.outage import StoreUnavailable, database_error
 from asnackq.store.targets import one_line
@@ -84,6 +90,7 @@ __all__ = [
     "SinkConfig",
     "WebhookReceiver",
     "as_json",
+    "expect_continue",
     "make_app",
     "read_secrets",
     "serve",

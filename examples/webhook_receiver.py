@@ -27,7 +27,7 @@ import aiosqlite
 from aiohttp import web
 
 from asnackq.core.worker import epoch_ms
-from asnackq.http_sink import Rejected, WebhookReceiver, read_secrets
+from asnackq.http_sink import Rejected, WebhookReceiver, expect_continue, read_secrets
 from asnackq.wire.logs import OneLine
 
 TABLES = (
@@ -76,7 +76,7 @@ def payments(path: str, secrets: tuple[str, ...]) -> web.Application:
 
     app = web.Application()
     app.cleanup_ctx.append(connection)
-    app.router.add_post("/webhooks", receive)
+    app.router.add_post("/webhooks", receive, expect_handler=expect_continue)
     return app
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from asnackq.http_sink import WebhookReceiver
+from asnackq.http_sink import WebhookReceiver, expect_continue
 
 from .test_receiving import SECRET, App, app_con, body, post, receiving, signed
 
@@ -59,7 +59,7 @@ async def served_as_apps_do(app: App, **options: Any) -> AsyncIterator[tuple[str
     compressed bodies itself), with a lingering drain long enough to see (an hour)."""
     receiver = await WebhookReceiver.within(app.con, [SECRET], app.effect, **options)
     web_app = web.Application()
-    web_app.router.add_post("/hooks", receiver.handle)
+    web_app.router.add_post("/hooks", receiver.handle, expect_handler=expect_continue)
     runner = web.AppRunner(web_app, access_log=None, lingering_time=3600)
     await runner.setup()
     try:
@@ -109,3 +109,30 @@ async def test_a_refusal_before_the_body_is_whole_closes_the_connection_undraine
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:80]
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["status"]
     assert await app_con.ledger() == [] and await app_con.inbox() == []
+
+
+@pytest.mark.parametrize(
+    ("expect", "status"), [(b"\xff", 417), (b"x", 417), (b"100-continue", 200)]
+)
+async def test_an_expect_header_is_refused_in_one_json_line_or_continued(
+    app_con: App, expect: bytes, status: int
+) -> None:
+    """aiohttp's own expect handler echoes the header: ``Expect: \\xff`` was a ``500`` and
+    a traceback in the application's log."""
+    data = body(1)
+    async with served_as_apps_do(app_con) as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            lines = "".join(f"{k}: {v}\r\n" for k, v in signed("e-1", data).items())
+            start = f"POST /hooks HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
+            writer.write(f"{start}{lines}".encode() + b"Expect: " + expect + b"\r\n\r\n")
+            if status == 200:  # (the body once told to go on)
+                assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30) == (
+                    b"HTTP/1.1 100 Continue\r\n\r\n"
+                )
+            writer.write(data)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        finally:
+            writer.close()
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+    assert await app_con.ledger() == ([("e-1", 1)] if status == 200 else [])
